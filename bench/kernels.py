@@ -1,0 +1,102 @@
+"""Kernel benchmark: FORGE dW + AdamW update against the unfused baseline, with the roofline floor.
+
+For each Llama shape W [M, N] and token count K (bf16 activations X [K, N], dY [K, M]; fp32
+weight and AdamW state, the fp32 regime):
+
+    forge       kernels.fused_linear_update: dW tile by tile, AdamW in the epilogue
+    unfused     cuBLAS dW = (dYᵀ X) in bf16, cast to fp32 (what autograd hands an fp32 parameter
+                under autocast), then torch.optim.AdamW(fused=True).step()
+    floor       max(2KMN / measured bf16 matmul rate, minimum bytes / measured copy bandwidth),
+                minimum bytes = X and dY read once + W, m, v read and written once (fp32)
+
+All measured side by side in one run (triton.testing.do_bench, median). Prints a table; writes JSON.
+
+    python bench/kernels.py [--shapes 4096x4096,14336x4096] [--tokens 256,1024] [--out bench/results/x.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+
+import torch
+import triton
+
+from forge_num import kernels, rules
+
+LLAMA8B = "4096x4096,14336x4096,4096x14336"
+HYPER = {"lr": 1e-4, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
+
+
+def measure_ceilings() -> dict:
+    """The two ceilings of this GPU, measured now: bf16 matmul FLOP/s and device copy bytes/s."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    t_mm = triton.testing.do_bench(lambda: a @ b, warmup=100, rep=500, return_mode="median") * 1e-3
+    src = torch.empty(2 * 1024**3 // 4, device="cuda", dtype=torch.float32).normal_()
+    dst = torch.empty_like(src)
+    t_cp = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median") * 1e-3
+    return {"bf16_flops": 2 * 8192**3 / t_mm, "copy_bytes_per_s": 2 * src.numel() * 4 / t_cp}
+
+
+def bench_one(M: int, N: int, K: int, ceilings: dict) -> dict:
+    torch.manual_seed(0)
+    x = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(K, M, device="cuda", dtype=torch.bfloat16) * 1e-3
+    w = torch.randn(M, N, device="cuda") * 0.02
+    m = torch.zeros_like(w)
+    v = torch.zeros_like(w)
+    h = rules.ADAMW.scalars(HYPER, 1)
+
+    def forge():
+        kernels.fused_linear_update(w, x, dy, [m, v], rules.ADAMW, h)
+
+    p = torch.nn.Parameter(w.clone())
+    opt = torch.optim.AdamW([p], fused=True, **HYPER)
+
+    def unfused():
+        p.grad = (dy.t() @ x).float()
+        opt.step()
+        p.grad = None
+
+    t_forge = triton.testing.do_bench(forge, warmup=25, rep=200, return_mode="median") * 1e-3
+    t_unfused = triton.testing.do_bench(unfused, warmup=25, rep=200, return_mode="median") * 1e-3
+    flops = 2.0 * K * M * N
+    min_bytes = 2 * (K * N + K * M) + 3 * 2 * 4 * M * N
+    floor = max(flops / ceilings["bf16_flops"], min_bytes / ceilings["copy_bytes_per_s"])
+    return {"M": M, "N": N, "K": K, "forge_ms": t_forge * 1e3, "unfused_ms": t_unfused * 1e3,
+            "floor_ms": floor * 1e3, "speedup_vs_unfused": t_unfused / t_forge, "forge_over_floor": t_forge / floor,
+            "config": str(kernels.default_config(M, N, K, torch.bfloat16))}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default=LLAMA8B)
+    ap.add_argument("--tokens", default="256,1024,4096,16384")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    ceilings = measure_ceilings()
+    rows = []
+    for shape in args.shapes.split(","):
+        M, N = (int(s) for s in shape.split("x"))
+        for K in (int(t) for t in args.tokens.split(",")):
+            rows.append(bench_one(M, N, K, ceilings))
+            r = rows[-1]
+            print(f"{M:>6}x{N:<6} K={K:<6} forge {r['forge_ms']:8.3f} ms  unfused {r['unfused_ms']:8.3f} ms  "
+                  f"floor {r['floor_ms']:7.3f} ms  speedup {r['speedup_vs_unfused']:5.2f}x  "
+                  f"forge/floor {r['forge_over_floor']:5.2f}", flush=True)
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+            "python": platform.python_version(), "ceilings": ceilings,
+            "command": "python bench/kernels.py " + " ".join(argv or [])}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    print(f"\nceilings: bf16 matmul {ceilings['bf16_flops'] / 1e12:.0f} TFLOP/s, copy {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

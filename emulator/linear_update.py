@@ -1,0 +1,146 @@
+"""Tile-level mirror of kernels/linear_update.py in NumPy: same grid, tile order, K-block loop,
+masking and epilogue, op for op. Function names, argument order and flags follow the kernels.
+
+What is mirrored exactly:
+  * the program grid (pid_m, pid_n) and, inside a program, the K-block loop in order, with the
+    same zero fill of out-of-range rows, columns and k;
+  * the mainloop dot: fp32 operands as the FMA chain acc = fma(a_k, b_k, acc) over k in order
+    (Triton's "ieee" FMA dot); bf16 operands through the Hopper tensor-core model
+    (emulator/tensor_core.py) when the architecture has a verified model;
+  * the epilogue: forge_num.rules.guarded_update bound to exact fp32 NumPy ops (emulator/rules.py).
+
+What is not mirrored bit for bit: the order in which ``tl.sum`` adds a tile's fp64 squares for the
+norm telemetry (a compiler-chosen tree). The emulator sums them in row-major order; both sums are
+within the bound of proofs/telemetry.md of the exact Σ g², which tests check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from forge_num.rules import Rule
+
+from . import fp32
+from .rules import bind_guarded
+
+TELEMETRY_GRANULE = 16  # as kernels.TELEMETRY_GRANULE
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _load_tile(mat: np.ndarray, rows: np.ndarray, cols: np.ndarray, fill) -> np.ndarray:
+    """mat[rows][:, cols] with out-of-range entries replaced by ``fill`` (a masked tl.load)."""
+    r_ok = rows < mat.shape[0]
+    c_ok = cols < mat.shape[1]
+    out = np.full((rows.size, cols.size), fill, dtype=mat.dtype)
+    out[np.ix_(r_ok, c_ok)] = mat[np.ix_(rows[r_ok], cols[c_ok])]
+    return out
+
+
+def _store_tile(mat: np.ndarray, rows: np.ndarray, cols: np.ndarray, tile: np.ndarray) -> None:
+    r_ok = rows < mat.shape[0]
+    c_ok = cols < mat.shape[1]
+    mat[np.ix_(rows[r_ok], cols[c_ok])] = tile[np.ix_(r_ok, c_ok)]
+
+
+def dot_ieee(a: np.ndarray, b: np.ndarray, acc: np.ndarray) -> np.ndarray:
+    """Triton's fp32 FMA dot: acc[m, n] <- fma(a[m, k], b[k, n], acc[m, n]) for k in order."""
+    for k in range(a.shape[1]):
+        acc = fp32.fma(a[:, k : k + 1], b[k : k + 1, :], acc)
+    return acc
+
+
+def dot_bf16(a_bits: np.ndarray, b_bits: np.ndarray, acc: np.ndarray, arch: str) -> np.ndarray:
+    """bf16 x bf16 -> fp32 tensor-core dot of ``arch`` (its verified bit-exact model)."""
+    from .tensor_core import mainloop_model
+
+    return mainloop_model(arch)(a_bits, b_bits, acc)
+
+
+def weight_grad_tile(x, dy, offs_m, offs_n, BK: int, mainloop: str, arch: str) -> np.ndarray:
+    """acc[BM, BN] = dY[:, offs_m]ᵀ X[:, offs_n] over K in blocks of BK, in order (zero fill)."""
+    K = x.shape[0]
+    acc = np.zeros((offs_m.size, offs_n.size), dtype=np.float32)
+    offs_k = np.arange(BK)
+    for k0 in range(0, K, BK):
+        rk = k0 + offs_k
+        dy_tile = _load_tile(dy, rk, offs_m, 0)  # [BK, BM]
+        x_tile = _load_tile(x, rk, offs_n, 0)  # [BK, BN]
+        if mainloop == "ieee":
+            acc = dot_ieee(dy_tile.T, x_tile, acc)
+        else:
+            acc = dot_bf16(dy_tile.T, x_tile, acc, arch)
+    return acc
+
+
+def tile_telemetry(g: np.ndarray, in_tile: np.ndarray, finite: np.ndarray) -> tuple[float, int]:
+    """(Σ g² in fp64 -- squares exact, summed row-major --, number of non-finite g in the tile)."""
+    g64 = g.astype(np.float64)
+    with np.errstate(all="ignore"):
+        sq = np.where(in_tile, g64 * g64, 0.0)
+    return float(np.sum(sq.ravel())), int(np.sum(in_tile & ~finite))
+
+
+@dataclass
+class LinearUpdateResult:
+    """What the fused kernel writes."""
+
+    weight: np.ndarray
+    states: list
+    acc_out: np.ndarray | None  # the debug variant's stored accumulator (or the unfused dW)
+    norm_sq: float
+    nonfinite: int
+    norm_sq_partials: np.ndarray
+
+
+def fused_linear_update_kernel(
+    w, states, x, dy, accum, *, rule: Rule | None, h, grad_scale, update: bool, store_acc: bool,
+    BM: int, BN: int, BK: int, mainloop: str, arch: str = "sm_90",
+) -> LinearUpdateResult:
+    """Run every program of the kernel's grid, in (pid_m, pid_n) order, on copies of the inputs."""
+    M, N = (w.shape if w is not None else (dy.shape[1], x.shape[1]))
+    w = None if w is None else w.copy()
+    states = [s.copy() for s in states]
+    acc_out = np.zeros((M, N), np.float32) if store_acc else None
+    slots_n = cdiv(max(N, 1), TELEMETRY_GRANULE)
+    partials = np.zeros(cdiv(max(M, 1), TELEMETRY_GRANULE) * slots_n, dtype=np.float64)
+    nonfinite = 0
+    guarded = bind_guarded(rule) if update else None
+    for pid_m in range(cdiv(M, BM)):
+        for pid_n in range(cdiv(N, BN)):
+            offs_m = pid_m * BM + np.arange(BM)
+            offs_n = pid_n * BN + np.arange(BN)
+            g = weight_grad_tile(x, dy, offs_m, offs_n, BK, mainloop, arch)
+            in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+            if accum is not None:
+                g = fp32.add(_load_tile(accum, offs_m, offs_n, np.float32(0)), g)
+            if store_acc:
+                _store_tile(acc_out, offs_m, offs_n, g)
+            if update:
+                p = _load_tile(w, offs_m, offs_n, np.float32(0))
+                s = [_load_tile(t, offs_m, offs_n, np.float32(0)) for t in states] + [p, p]
+                p, s0, s1, finite = guarded(p, g, s[0], s[1], h, np.float32(grad_scale))
+                _store_tile(w, offs_m, offs_n, p)
+                for t, new in zip(states, (s0, s1)):
+                    _store_tile(t, offs_m, offs_n, new)
+            else:
+                finite = np.isfinite(g)
+            part, bad = tile_telemetry(g, in_tile, finite)
+            partials[(pid_m * (BM // TELEMETRY_GRANULE)) * slots_n + pid_n * (BN // TELEMETRY_GRANULE)] = part
+            nonfinite += bad
+    return LinearUpdateResult(w, states, acc_out, float(np.sum(partials)), nonfinite, partials)
+
+
+def elementwise_update_kernel(param, grad, states, *, rule: Rule, h, grad_scale):
+    """The element-wise kernel: the same guarded rule on flattened (param, grad, state)."""
+    guarded = bind_guarded(rule)
+    p = param.reshape(-1).copy()
+    g = grad.reshape(-1).astype(np.float32)
+    s = [t.reshape(-1).copy() for t in states] + [p, p]
+    p, s0, s1, finite = guarded(p, g, s[0], s[1], h, np.float32(grad_scale))
+    new_states = [new.reshape(param.shape) for new, _ in zip((s0, s1), states)]
+    return p.reshape(param.shape), new_states, int(np.sum(~finite))

@@ -1,0 +1,360 @@
+"""forge_num.kernels: the Triton kernels and their launchers (check -> allocate -> launch).
+
+Public functions (CUDA tensors; CPU tensors only under ``TRITON_INTERPRET=1`` after
+``forge_num.interpreter.install()``):
+
+    fused_linear_update(weight, x, dy, states, rule, h, *, grad_scale=1.0, accum=None,
+                        config=None, acc_out=None) -> UpdateStats
+        dW = dyᵀ x tile by tile, rule applied to weight and states in place; dW never stored
+        (``acc_out``: the debug variant, which also stores the accumulator tile).
+    linear_mainloop(x, dy, *, accum=None, config=None) -> dW (fp32)
+        the same mainloop storing its accumulator: the first half of the unfused comparator.
+    elementwise_update(param, grad, states, rule, h, *, grad_scale=1.0) -> UpdateStats
+        the same guarded rule on (param, grad, state): non-linear parameters, and the second half
+        of the unfused comparator.
+    unfused_linear_update(...) -> UpdateStats       linear_mainloop followed by elementwise_update
+    weight_grad_norm_sq(x, dy, accum=None) -> 0-d fp64   Σ dW² without storing dW
+    accumulate_weight_grad(x, dy, accum) -> None         accum += dyᵀ x, in place
+
+UpdateStats.norm_sq is Σ g² of the unscaled gradient in fp64: per-tile partials (fp64, exact
+squares) summed in a fixed order on the device, so a run is deterministic; nonfinite counts the
+gradient elements that were not finite (those elements of W and state were left unchanged).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import NamedTuple, Sequence
+
+import torch
+import triton
+
+from forge_num.rules import Rule
+
+from .linear_update import elementwise_update_kernel, fused_linear_update_kernel
+from .rules import guarded_update_jit
+
+__all__ = [
+    "UpdateStats",
+    "TileConfig",
+    "fused_linear_update",
+    "linear_mainloop",
+    "elementwise_update",
+    "unfused_linear_update",
+    "weight_grad_norm_sq",
+    "accumulate_weight_grad",
+    "configs_for",
+]
+
+# Telemetry partials live on a grid of TELEMETRY_GRANULE x TELEMETRY_GRANULE slots: tile
+# (pid_m, pid_n) writes slot (pid_m*BM/G, pid_n*BN/G), whatever tile shape autotuning picks.
+TELEMETRY_GRANULE = 16
+ELEMENTWISE_BLOCK = 1024
+
+
+class UpdateStats(NamedTuple):
+    norm_sq: torch.Tensor  # 0-d float64: Σ g² of the unscaled gradient
+    nonfinite: torch.Tensor  # 0-d int64: number of non-finite gradient elements
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    BM: int
+    BN: int
+    BK: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self):
+        for name in ("BM", "BN", "BK"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"TileConfig.{name} must be a power of two >= 16, got {v}")
+
+
+# Tile shapes the launcher may use, per mainloop mode. Every one of them is a test case
+# (tests/test_interpreter_kernels.py, tests/test_gpu_exactness.py), so autotuning can never pick
+# an unverified configuration. The fp32 "ieee" mode runs on the FMA pipes (no tensor cores): small
+# K blocks keep the operand tiles in shared memory small. bf16: the usual Hopper wgmma shapes.
+IEEE_CONFIGS = (
+    TileConfig(64, 64, 16, num_warps=4, num_stages=2),
+    TileConfig(64, 64, 32, num_warps=4, num_stages=2),
+    TileConfig(128, 64, 16, num_warps=8, num_stages=2),
+)
+BF16_CONFIGS = (
+    TileConfig(128, 128, 64, num_warps=8, num_stages=3),
+    TileConfig(128, 64, 64, num_warps=4, num_stages=4),
+    TileConfig(64, 128, 64, num_warps=4, num_stages=4),
+    TileConfig(64, 64, 64, num_warps=4, num_stages=4),
+)
+INTERPRETER_CONFIG = TileConfig(32, 32, 16, num_warps=4, num_stages=1)
+
+
+def configs_for(input_dtype: torch.dtype) -> tuple[TileConfig, ...]:
+    return IEEE_CONFIGS if input_dtype == torch.float32 else BF16_CONFIGS
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+# ------------------------------------------------------------------------------------------
+# checks
+# ------------------------------------------------------------------------------------------
+
+
+def _check_device(*tensors: torch.Tensor) -> None:
+    if _interpreting():
+        from forge_num import interpreter
+
+        if not interpreter.installed():
+            raise RuntimeError(
+                "TRITON_INTERPRET=1 is set but forge_num.interpreter.install() was not called: the "
+                "interpreter's fma and dot would not match the GPU"
+            )
+        return
+    for t in tensors:
+        if t.device.type != "cuda":
+            raise ValueError(
+                f"forge_num.kernels needs CUDA tensors, got a tensor on {t.device}; on other devices "
+                f"use forge_num.torch_backend"
+            )
+    devices = {t.device for t in tensors}
+    if len(devices) > 1:
+        raise ValueError(f"tensors are on different devices: {sorted(map(str, devices))}")
+
+
+def _check_fp32_like(name: str, t: torch.Tensor, ref: torch.Tensor) -> None:
+    if t.dtype != torch.float32:
+        raise TypeError(f"{name} must be float32 in the fp32 regime, got {t.dtype}")
+    if t.shape != ref.shape:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(ref.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got strides {t.stride()} for shape {tuple(t.shape)}")
+
+
+def _check_states(states: Sequence[torch.Tensor], ref: torch.Tensor, rule: Rule) -> list:
+    states = list(states)
+    if len(states) > 2 or len(states) > len(rule.state):
+        raise ValueError(f"rule {rule.name} keeps at most {len(rule.state)} state tensors, got {len(states)}")
+    for name, s in zip(rule.state, states):
+        _check_fp32_like(f"state {name!r}", s, ref)
+    return states
+
+
+def _check_scalars(rule: Rule, h: Sequence[float], grad_scale: float) -> tuple:
+    h = tuple(float(v) for v in h)
+    if len(h) != len(rule.scalar_names):
+        raise ValueError(f"rule {rule.name} takes {len(rule.scalar_names)} scalars {rule.scalar_names}, got {len(h)}")
+    for name, v in zip(rule.scalar_names, h):
+        if not math.isfinite(v):
+            raise ValueError(f"hyper-parameter scalar {name}={v} is not finite")
+    grad_scale = float(grad_scale)
+    if not (math.isfinite(grad_scale) and grad_scale >= 0.0):
+        raise ValueError(f"grad_scale must be finite and >= 0, got {grad_scale}")
+    return h, grad_scale
+
+
+def _check_linear_inputs(x: torch.Tensor, dy: torch.Tensor, M: int, N: int) -> str:
+    if x.dim() != 2 or dy.dim() != 2:
+        raise ValueError(f"x and dy must be 2-D [tokens, features], got shapes {tuple(x.shape)} and {tuple(dy.shape)}")
+    if x.dtype != dy.dtype:
+        raise TypeError(f"x and dy must have the same dtype, got {x.dtype} and {dy.dtype}")
+    if x.dtype not in (torch.float32, torch.bfloat16):
+        raise TypeError(f"x and dy must be float32 (ieee mainloop) or bfloat16 (tensor cores), got {x.dtype}")
+    if x.shape[0] != dy.shape[0]:
+        raise ValueError(f"x has {x.shape[0]} tokens but dy has {dy.shape[0]}")
+    if x.shape[1] != N:
+        raise ValueError(f"x has {x.shape[1]} features, the weight has {N} input features")
+    if dy.shape[1] != M:
+        raise ValueError(f"dy has {dy.shape[1]} features, the weight has {M} output features")
+    for name, t in (("x", x), ("dy", dy)):
+        if any(s < 0 for s in t.stride()):
+            raise ValueError(f"{name} has negative strides {t.stride()}")
+    return "ieee" if x.dtype == torch.float32 else "tf32"  # input_precision; ignored for bf16
+
+
+# ------------------------------------------------------------------------------------------
+# launch
+# ------------------------------------------------------------------------------------------
+
+
+def _telemetry_buffers(M: int, N: int, device) -> tuple[torch.Tensor, torch.Tensor, int]:
+    slots_m = triton.cdiv(max(M, 1), TELEMETRY_GRANULE)
+    slots_n = triton.cdiv(max(N, 1), TELEMETRY_GRANULE)
+    norm_sq = torch.zeros(slots_m * slots_n, dtype=torch.float64, device=device)
+    nonfinite = torch.zeros(slots_m * slots_n, dtype=torch.int32, device=device)
+    return norm_sq, nonfinite, slots_n
+
+
+def _launch_linear(
+    weight, states, x, dy, accum, acc_out, rule, h, grad_scale, *, update: bool, config: TileConfig | None,
+    n_state: int,
+) -> UpdateStats:
+    M, N = (weight.shape if weight is not None else (dy.shape[1], x.shape[1]))
+    K = x.shape[0]
+    device = x.device
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    if config is None:
+        config = INTERPRETER_CONFIG if _interpreting() else default_config(M, N, K, x.dtype)
+    norm_sq, nonfinite, slots_n = _telemetry_buffers(M, N, device)
+    dummy = norm_sq  # any tensor: pointers of absent operands are never dereferenced
+    s = list(states) + [None, None]
+    guarded = guarded_update_jit(rule) if update else _NO_UPDATE
+    grid = (triton.cdiv(M, config.BM), triton.cdiv(N, config.BN))
+    if M and N:
+        fused_linear_update_kernel[grid](
+            weight if weight is not None else dummy,
+            s[0] if s[0] is not None else dummy,
+            s[1] if s[1] is not None else dummy,
+            x, dy,
+            accum if accum is not None else dummy,
+            acc_out if acc_out is not None else dummy,
+            norm_sq, nonfinite,
+            M, N, K, x.stride(0), x.stride(1), dy.stride(0), dy.stride(1),
+            h, grad_scale, slots_n,
+            GUARDED_UPDATE=guarded, N_STATE=n_state,
+            UPDATE=update, STORE_ACC=acc_out is not None, HAS_ACCUM=accum is not None,
+            INPUT_PRECISION=precision,
+            BM=config.BM, BN=config.BN, BK=config.BK,
+            num_warps=config.num_warps, num_stages=config.num_stages,
+            enable_fp_fusion=False,
+        )
+    return UpdateStats(norm_sq.sum(), nonfinite.sum(dtype=torch.int64))
+
+
+def default_config(M: int, N: int, K: int, dtype: torch.dtype) -> TileConfig:
+    """The tile shape for a problem: the first of configs_for(dtype) (tuning tables: issue 5)."""
+    return configs_for(dtype)[0]
+
+
+def fused_linear_update(
+    weight: torch.Tensor,
+    x: torch.Tensor,
+    dy: torch.Tensor,
+    states: Sequence[torch.Tensor],
+    rule: Rule,
+    h: Sequence[float],
+    *,
+    grad_scale: float = 1.0,
+    accum: torch.Tensor | None = None,
+    config: TileConfig | None = None,
+    acc_out: torch.Tensor | None = None,
+) -> UpdateStats:
+    """Apply ``rule`` to ``weight`` (and ``states``) with the gradient dyᵀx, never stored."""
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D [out, in], got shape {tuple(weight.shape)}")
+    _check_fp32_like("weight", weight, weight)
+    M, N = weight.shape
+    _check_linear_inputs(x, dy, M, N)
+    states = _check_states(states, weight, rule)
+    h, grad_scale = _check_scalars(rule, h, grad_scale)
+    for name, t in (("accum", accum), ("acc_out", acc_out)):
+        if t is not None:
+            _check_fp32_like(name, t, weight)
+    _check_device(weight, x, dy, *states, *(t for t in (accum, acc_out) if t is not None))
+    return _launch_linear(
+        weight, states, x, dy, accum, acc_out, rule, h, grad_scale, update=True, config=config,
+        n_state=len(states),
+    )
+
+
+def linear_mainloop(
+    x: torch.Tensor, dy: torch.Tensor, *, accum: torch.Tensor | None = None, config: TileConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """dW = dyᵀ x (+ accum) in fp32 by the fused kernel's own mainloop, stored."""
+    M, N = dy.shape[1], x.shape[1]
+    _check_linear_inputs(x, dy, M, N)
+    if out is None:
+        out = torch.empty((M, N), dtype=torch.float32, device=x.device)
+    _check_fp32_like("out", out, out.new_empty((M, N)))
+    if accum is not None:
+        _check_fp32_like("accum", accum, out)
+    _check_device(x, dy, out, *(t for t in (accum,) if t is not None))
+    _launch_linear(None, (), x, dy, accum, out, None, (), 1.0, update=False, config=config, n_state=0)
+    return out
+
+
+def weight_grad_norm_sq(
+    x: torch.Tensor, dy: torch.Tensor, accum: torch.Tensor | None = None, config: TileConfig | None = None
+) -> torch.Tensor:
+    """Σ (dyᵀx + accum)² in fp64, without storing the gradient (the norm-only pass of clipping)."""
+    M, N = dy.shape[1], x.shape[1]
+    _check_linear_inputs(x, dy, M, N)
+    if accum is not None:
+        _check_fp32_like("accum", accum, accum.new_empty((M, N)))
+    _check_device(x, dy, *(t for t in (accum,) if t is not None))
+    stats = _launch_linear(None, (), x, dy, accum, None, None, (), 1.0, update=False, config=config, n_state=0)
+    return stats.norm_sq
+
+
+def accumulate_weight_grad(
+    x: torch.Tensor, dy: torch.Tensor, accum: torch.Tensor, config: TileConfig | None = None
+) -> None:
+    """accum <- accum + dyᵀ x (fp32), for every micro-batch but the last."""
+    linear_mainloop(x, dy, accum=accum, config=config, out=accum)
+
+
+def elementwise_update(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    states: Sequence[torch.Tensor],
+    rule: Rule,
+    h: Sequence[float],
+    *,
+    grad_scale: float = 1.0,
+) -> UpdateStats:
+    """Apply ``rule`` to ``param`` (any shape, contiguous fp32) with the materialized ``grad``."""
+    _check_fp32_like("param", param, param)
+    if grad.shape != param.shape:
+        raise ValueError(f"grad has shape {tuple(grad.shape)}, param has {tuple(param.shape)}")
+    if grad.dtype not in (torch.float32, torch.bfloat16):
+        raise TypeError(f"grad must be float32 or bfloat16, got {grad.dtype}")
+    if not grad.is_contiguous():
+        raise ValueError(f"grad must be contiguous, got strides {grad.stride()}")
+    states = _check_states(states, param, rule)
+    h, grad_scale = _check_scalars(rule, h, grad_scale)
+    _check_device(param, grad, *states)
+    numel = param.numel()
+    n_prog = max(1, triton.cdiv(numel, ELEMENTWISE_BLOCK))
+    norm_sq = torch.zeros(n_prog, dtype=torch.float64, device=param.device)
+    nonfinite = torch.zeros(n_prog, dtype=torch.int32, device=param.device)
+    s = list(states) + [None, None]
+    if numel:
+        elementwise_update_kernel[(n_prog,)](
+            param, grad,
+            s[0] if s[0] is not None else param,
+            s[1] if s[1] is not None else param,
+            norm_sq, nonfinite, numel, h, grad_scale,
+            GUARDED_UPDATE=guarded_update_jit(rule), N_STATE=len(states), BLOCK=ELEMENTWISE_BLOCK,
+            enable_fp_fusion=False,
+        )
+    return UpdateStats(norm_sq.sum(), nonfinite.sum(dtype=torch.int64))
+
+
+def unfused_linear_update(
+    weight: torch.Tensor,
+    x: torch.Tensor,
+    dy: torch.Tensor,
+    states: Sequence[torch.Tensor],
+    rule: Rule,
+    h: Sequence[float],
+    *,
+    grad_scale: float = 1.0,
+    accum: torch.Tensor | None = None,
+    config: TileConfig | None = None,
+) -> UpdateStats:
+    """The comparator: the same mainloop storing dW, then the element-wise kernel of the same rule."""
+    grad = linear_mainloop(x, dy, accum=accum, config=config)
+    return elementwise_update(weight, grad, states, rule, h, grad_scale=grad_scale)
+
+
+@triton.jit
+def _no_update(p, g, s0, s1, h, grad_scale):  # placeholder GUARDED_UPDATE when UPDATE is False
+    return p, s0, s1, g == g
+
+
+_NO_UPDATE = _no_update

@@ -1,0 +1,160 @@
+"""The FORGE kernel: dW = dYᵀX computed one output tile at a time, the update rule applied in the
+epilogue, in registers. dW never exists in memory.
+
+Shapes (nn.Linear layout):  W [M, N] (out_features x in_features), X [K, N] (the layer's input,
+K = tokens), dY [K, M] (the gradient of the layer's output), dW = dYᵀ X [M, N].
+
+One program owns the tile rows [pid_m*BM, +BM) x columns [pid_n*BN, +BN) of W:
+
+    acc = 0                                   fp32 [BM, BN]
+    for k0 in 0, BK, 2BK, ... < K:            the K-block loop, in order
+        acc = dot(dY[k0:k0+BK, rows]ᵀ, X[k0:k0+BK, cols], acc)    out-of-range k, rows, cols read as 0
+    g = acc (+ accum[rows, cols])             gradient accumulation over micro-batches
+    W, S0, S1 = guarded_update(W, g, S0, S1, h, grad_scale)      forge_num.rules, op for op
+    partial[tile] = Σ g² (fp64), nonfinite[tile] = #non-finite g
+
+The mainloop has two modes, fixed by the operand dtype:
+  * fp32 operands, ``input_precision="ieee"``: Triton's FMA dot. Per output element it is the chain
+    acc = fma(dY[k, m], X[k, n], acc) for k = 0, 1, ..., K-1 (in order; the zero padding of the last
+    K block adds fma(0, 0, acc), which is acc except that it turns -0 into +0). The result does not
+    depend on BM or BN; on BK only in the sign of a zero accumulator (proofs/fusion.md, Lemma 4).
+  * bf16 operands: tensor cores (wgmma on sm_90), fp32 accumulation; each k16 instruction is a block
+    FMA modelled bit for bit by forge_num.emulator.tensor_core on Hopper.
+
+Flags (constexpr):
+  UPDATE     apply the rule to W and its state (False: only the mainloop, for the unfused comparator,
+             the norm-only pass of exact clipping and gradient accumulation)
+  STORE_ACC  also store g (the accumulator, plus accum if HAS_ACCUM) to acc_out: the debug variant
+             of the fused kernel, and the mainloop half of the unfused comparator
+  HAS_ACCUM  add the fp32 buffer accum[M, N] to the accumulator before anything else
+  N_STATE    how many state tensors the rule keeps (0, 1 or 2)
+
+Launch with ``enable_fp_fusion=False`` (see kernels/ieee.py); the launchers in kernels/__init__.py do.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def weight_grad_tile(
+    x_ptr, dy_ptr, K, M, N,
+    stride_xk, stride_xn, stride_dyk, stride_dym,
+    offs_m, offs_n,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """acc[BM, BN] = dY[:, offs_m]ᵀ X[:, offs_n] over the whole K, in K blocks of BK, in order."""
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    offs_k = tl.arange(0, BK)
+    in_m = offs_m < M
+    in_n = offs_n < N
+    for k0 in range(0, K, BK):
+        rk = k0 + offs_k
+        in_k = rk < K
+        # dY tile [BK, BM] and X tile [BK, BN]; 64-bit offsets (K*stride can pass 2^31)
+        dy = tl.load(
+            dy_ptr + rk[:, None].to(tl.int64) * stride_dyk + offs_m[None, :].to(tl.int64) * stride_dym,
+            mask=in_k[:, None] & in_m[None, :], other=0.0,
+        )
+        x = tl.load(
+            x_ptr + rk[:, None].to(tl.int64) * stride_xk + offs_n[None, :].to(tl.int64) * stride_xn,
+            mask=in_k[:, None] & in_n[None, :], other=0.0,
+        )
+        acc = tl.dot(tl.trans(dy), x, acc, input_precision=INPUT_PRECISION)
+    return acc
+
+
+@triton.jit
+def tile_telemetry(g, in_tile, finite):
+    """(Σ g² over the tile in fp64, number of non-finite g) -- g² is exact in fp64 (48 bits)."""
+    g64 = g.to(tl.float64)
+    sq = tl.where(in_tile, g64 * g64, 0.0)
+    norm_sq = tl.sum(tl.sum(sq, axis=1), axis=0)
+    nonfinite = tl.sum(tl.sum(tl.where(in_tile & (finite == 0), 1, 0), axis=1), axis=0)
+    return norm_sq, nonfinite
+
+
+@triton.jit
+def fused_linear_update_kernel(
+    # tensors
+    w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, accum_ptr, acc_out_ptr, norm_sq_ptr, nonfinite_ptr,
+    # sizes and strides (W, S0, S1, accum, acc_out are contiguous [M, N])
+    M, N, K, stride_xk, stride_xn, stride_dyk, stride_dym,
+    # the rule's per-step scalars (a tuple of fp32) and the gradient scale (clipping coefficient)
+    h, grad_scale,
+    # telemetry: tile (pid_m, pid_n) writes slot (pid_m*BM/16, pid_n*BN/16) of a [*, slots_n] grid
+    slots_n,
+    # compile-time
+    GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr,
+    UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, HAS_ACCUM: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+
+    g = weight_grad_tile(
+        x_ptr, dy_ptr, K, M, N, stride_xk, stride_xn, stride_dyk, stride_dym,
+        offs_m, offs_n, BM, BN, BK, INPUT_PRECISION,
+    )
+
+    in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    offs = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+    if HAS_ACCUM:
+        g = tl.load(accum_ptr + offs, mask=in_tile, other=0.0) + g  # as autograd: grad = grad + new
+    if STORE_ACC:
+        tl.store(acc_out_ptr + offs, g, mask=in_tile)
+
+    if UPDATE:
+        p = tl.load(w_ptr + offs, mask=in_tile, other=0.0)
+        s0 = p  # placeholders for absent state slots (never stored)
+        s1 = p
+        if N_STATE >= 1:
+            s0 = tl.load(s0_ptr + offs, mask=in_tile, other=0.0)
+        if N_STATE >= 2:
+            s1 = tl.load(s1_ptr + offs, mask=in_tile, other=0.0)
+        p, s0, s1, finite = GUARDED_UPDATE(p, g, s0, s1, h, grad_scale)
+        tl.store(w_ptr + offs, p, mask=in_tile)
+        if N_STATE >= 1:
+            tl.store(s0_ptr + offs, s0, mask=in_tile)
+        if N_STATE >= 2:
+            tl.store(s1_ptr + offs, s1, mask=in_tile)
+    else:
+        finite = (g == g) & (tl.abs(g) < float("inf"))
+
+    norm_sq, nonfinite = tile_telemetry(g, in_tile, finite)
+    slot = (pid_m * (BM // 16)) * slots_n + pid_n * (BN // 16)  # 16 = kernels.TELEMETRY_GRANULE
+    tl.store(norm_sq_ptr + slot, norm_sq)
+    tl.store(nonfinite_ptr + slot, nonfinite)
+
+
+@triton.jit
+def elementwise_update_kernel(
+    p_ptr, g_ptr, s0_ptr, s1_ptr, norm_sq_ptr, nonfinite_ptr,
+    numel, h, grad_scale,
+    GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """The same guarded rule on (param, grad, state) flattened: for every parameter that is not a
+    fused linear weight, and as the second half of the unfused comparator."""
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    in_range = offs < numel
+    p = tl.load(p_ptr + offs, mask=in_range, other=0.0)
+    g = tl.load(g_ptr + offs, mask=in_range, other=0.0).to(tl.float32)
+    s0 = p
+    s1 = p
+    if N_STATE >= 1:
+        s0 = tl.load(s0_ptr + offs, mask=in_range, other=0.0)
+    if N_STATE >= 2:
+        s1 = tl.load(s1_ptr + offs, mask=in_range, other=0.0)
+    p, s0, s1, finite = GUARDED_UPDATE(p, g, s0, s1, h, grad_scale)
+    tl.store(p_ptr + offs, p, mask=in_range)
+    if N_STATE >= 1:
+        tl.store(s0_ptr + offs, s0, mask=in_range)
+    if N_STATE >= 2:
+        tl.store(s1_ptr + offs, s1, mask=in_range)
+    g64 = g.to(tl.float64)
+    tl.store(norm_sq_ptr + pid, tl.sum(tl.where(in_range, g64 * g64, 0.0), axis=0))
+    tl.store(nonfinite_ptr + pid, tl.sum(tl.where(in_range & (finite == 0), 1, 0), axis=0))

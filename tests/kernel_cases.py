@@ -1,0 +1,158 @@
+"""One kernel case, checked the same way under the interpreter (CPU) and on the GPU.
+
+A case draws W, X, dY and the rule's state, runs
+
+    fused       kernels.fused_linear_update (with the debug store of its accumulator)
+    unfused     kernels.linear_mainloop + kernels.elementwise_update
+    emulator    forge_num.emulate (whole kernel in ieee mode; in bf16 mode the epilogue given the
+                stored accumulator, and the whole kernel too when a tensor-core model exists)
+
+and asserts: fused == unfused bit for bit (weight, state, accumulator); fused == emulator bit for
+bit; telemetry within the bound of proofs/telemetry.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from forge_num import kernels, rules
+from forge_num.emulator import emulate, emulate_elementwise
+from forge_num.emulator.bounds import sum_of_squares_order_bound
+
+
+@dataclass
+class Case:
+    rule: str
+    M: int
+    N: int
+    K: int
+    dtype: torch.dtype
+    hyper: dict
+    step: int
+    seed: int
+    config: kernels.TileConfig | None = None
+    grad_scale: float = 1.0
+    with_accum: bool = False
+    transpose_inputs: bool = False  # X and dY as transposed (non-contiguous) views
+    bad_rows: int = 0  # rows of the accumulation buffer set to NaN/inf (non-finite gradients)
+
+
+def bf16_bits(t: torch.Tensor) -> np.ndarray:
+    return t.contiguous().view(torch.int16).cpu().numpy().view(np.uint16)
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bitwise equality of float32 arrays, any NaN equal to any NaN."""
+    a = np.asarray(a, np.float32)
+    b = np.asarray(b, np.float32)
+    nan = np.isnan(a)
+    return a.shape == b.shape and bool(np.all(nan == np.isnan(b))) and np.array_equal(
+        a.view(np.uint32)[~nan], b.view(np.uint32)[~nan]
+    )
+
+
+def make_inputs(case: Case, device):
+    g = torch.Generator().manual_seed(case.seed)
+    rule = rules.get_rule(case.rule)
+    n_state = rule.state_slots(case.hyper)
+    # spread magnitudes over several binades so roundings are exercised
+    def spread(*shape):
+        return torch.randn(*shape, generator=g) * torch.exp2(torch.randint(-6, 7, shape, generator=g).float())
+
+    w = spread(case.M, case.N)
+    states = [spread(case.M, case.N) for _ in range(n_state)]
+    if rule.name in ("adam", "adamw") and n_state == 2:
+        states[1] = states[1].abs() * 1e-3  # exp_avg_sq >= 0
+    if case.transpose_inputs:
+        x = spread(case.N, case.K).to(case.dtype).t()
+        dy = spread(case.M, case.K).to(case.dtype).t()
+    else:
+        x = spread(case.K, case.N).to(case.dtype)
+        dy = spread(case.K, case.M).to(case.dtype)
+    accum = None
+    if case.with_accum or case.bad_rows:
+        accum = spread(case.M, case.N) * 0.1
+        for r in range(min(case.bad_rows, case.M)):
+            accum[r, (r * 7) % case.N] = (math.nan, math.inf, -math.inf)[r % 3]
+    to = lambda t: None if t is None else t.to(device)  # noqa: E731
+    return to(w), [to(s) for s in states], to(x), to(dy), to(accum)
+
+
+def run_case(case: Case, device) -> dict:
+    rule = rules.get_rule(case.rule)
+    h = rule.scalars(case.hyper, case.step)
+    w, states, x, dy, accum = make_inputs(case, device)
+    w0 = w.clone()
+    s_init = [s.clone() for s in states]
+    config = case.config
+
+    # fused, with the debug store of the accumulator
+    wf, sf = w0.clone(), [s.clone() for s in s_init]
+    acc = torch.full_like(w0, math.nan)
+    stats_f = kernels.fused_linear_update(wf, x, dy, sf, rule, h, grad_scale=case.grad_scale, accum=accum,
+                                          config=config, acc_out=acc)
+    # unfused: the same mainloop storing dW, then the element-wise kernel
+    wu, su = w0.clone(), [s.clone() for s in s_init]
+    grad = kernels.linear_mainloop(x, dy, accum=accum, config=config)
+    stats_u = kernels.elementwise_update(wu, grad, su, rule, h, grad_scale=case.grad_scale)
+
+    assert same_bits(acc.cpu().numpy(), grad.cpu().numpy()), "debug accumulator != unfused mainloop"
+    assert same_bits(wf.cpu().numpy(), wu.cpu().numpy()), "fused weight != unfused weight"
+    for a, b in zip(sf, su):
+        assert same_bits(a.cpu().numpy(), b.cpu().numpy()), "fused state != unfused state"
+    assert int(stats_f.nonfinite) == int(stats_u.nonfinite)
+
+    # the emulator: epilogue given the stored accumulator (both modes)
+    p_e, s_e, bad_e = emulate_elementwise(
+        w0.cpu().numpy(), acc.cpu().numpy(), [s.cpu().numpy() for s in s_init], rule=rule, h=h,
+        grad_scale=np.float32(case.grad_scale),
+    )
+    assert same_bits(p_e, wf.cpu().numpy()), "emulated epilogue != kernel weight"
+    for a, b in zip(s_e, sf):
+        assert same_bits(a, b.cpu().numpy()), "emulated epilogue != kernel state"
+    assert bad_e == int(stats_f.nonfinite)
+
+    # the emulator: the whole kernel
+    whole = case.dtype == torch.float32 or _has_tensor_core_model()
+    if whole:
+        to_np = (lambda t: t.cpu().numpy()) if case.dtype == torch.float32 else bf16_bits
+        tile = (config.BM, config.BN, config.BK) if config else _used_tile(x)
+        res = emulate(
+            w0.cpu().numpy(), to_np(x), to_np(dy), [s.cpu().numpy() for s in s_init], rule=rule, h=h,
+            grad_scale=case.grad_scale, accum=None if accum is None else accum.cpu().numpy(),
+            tile=tile, store_acc=True,
+        )
+        assert same_bits(res.acc_out, acc.cpu().numpy()), "emulated mainloop != kernel accumulator"
+        assert same_bits(res.weight, wf.cpu().numpy()), "emulated kernel != kernel weight"
+        for a, b in zip(res.states, sf):
+            assert same_bits(a, b.cpu().numpy()), "emulated kernel != kernel state"
+        assert res.nonfinite == int(stats_f.nonfinite)
+
+    # telemetry: Σ g² within the proved order bound of the emulator's sum
+    g64 = acc.cpu().double()
+    ref = float((g64 * g64).sum())
+    got = float(stats_f.norm_sq)
+    if math.isfinite(ref):
+        assert abs(got - ref) <= sum_of_squares_order_bound(case.M * case.N, ref), (got, ref)
+    else:
+        assert not math.isfinite(got)
+    return {"whole_kernel_emulated": whole}
+
+
+def _has_tensor_core_model() -> bool:
+    try:
+        from forge_num.emulator.tensor_core import mainloop_model
+
+        mainloop_model("sm_90")
+        return True
+    except Exception:
+        return False
+
+
+def _used_tile(x):
+    cfg = kernels.INTERPRETER_CONFIG if kernels._interpreting() else kernels.default_config(0, 0, 0, x.dtype)
+    return (cfg.BM, cfg.BN, cfg.BK)

@@ -1,0 +1,95 @@
+"""Compile forge_num's kernels to PTX for sm_90 (no GPU needed) and count IEEE instructions.
+
+Run as a script (``python -m tests.ptx_check``) or through tests/test_ptx_subprocess.py, which runs
+it in a subprocess without TRITON_INTERPRET (the test session itself interprets kernels on CPU).
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import inspect
+import json
+import re
+import sys
+
+PTX_OP = {"add": "add.rn.f32", "sub": "sub.rn.f32", "mul": "mul.rn.f32", "fma": "fma.rn.f32",
+          "div": "div.rn.f32", "sqrt": "sqrt.rn.f32"}
+FORBIDDEN = [r"div\.full\.f32", r"div\.approx", r"sqrt\.approx", r"rcp\.approx", r"rsqrt", r"\bmad(\.\w+)?\.f32",
+             r"fma\.rn\.ftz", r"\bex2\."]
+
+
+def vocabulary_calls(fn) -> collections.Counter:
+    tree = ast.parse(inspect.getsource(fn))
+    return collections.Counter(n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name))
+
+
+def compile_ptx(kernel, signature, constexprs, options=None):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    opts = {"enable_fp_fusion": False, "num_warps": 4}
+    opts.update(options or {})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ptx"]
+
+
+def count(ptx: str) -> dict:
+    return {op: len(re.findall(re.escape(instr) + r"\b", ptx)) for op, instr in PTX_OP.items()}
+
+
+def forbidden(ptx: str) -> list:
+    return [pat for pat in FORBIDDEN if re.search(pat, ptx)]
+
+
+def check_elementwise(rule_name: str) -> dict:
+    from forge_num import rules
+    from forge_num.kernels.linear_update import elementwise_update_kernel
+    from forge_num.kernels.rules import guarded_update_jit
+
+    rule = rules.get_rule(rule_name)
+    n_state = len(rule.state)
+    sig = {"p_ptr": "*fp32", "g_ptr": "*fp32", "s0_ptr": "*fp32", "s1_ptr": "*fp32", "norm_sq_ptr": "*fp64",
+           "nonfinite_ptr": "*i32", "numel": "i32", "h": tuple("fp32" for _ in rule.scalar_names),
+           "grad_scale": "fp32", "GUARDED_UPDATE": "constexpr", "N_STATE": "constexpr", "BLOCK": "constexpr"}
+    # BLOCK = 128 threads x 1 element: each op appears once per element in the PTX
+    ptx = compile_ptx(elementwise_update_kernel, sig,
+                      {"GUARDED_UPDATE": guarded_update_jit(rule), "N_STATE": n_state, "BLOCK": 128})
+    calls = vocabulary_calls(rule.update) + vocabulary_calls(rules.guarded_update)
+    expected = {op: calls.get(op, 0) for op in PTX_OP}
+    return {"rule": rule_name, "expected": expected, "ptx": count(ptx), "forbidden": forbidden(ptx)}
+
+
+def check_fused(rule_name: str, dtype: str) -> dict:
+    from forge_num import rules
+    from forge_num.kernels.linear_update import fused_linear_update_kernel
+    from forge_num.kernels.rules import guarded_update_jit
+
+    rule = rules.get_rule(rule_name)
+    sig = {"w_ptr": "*fp32", "s0_ptr": "*fp32", "s1_ptr": "*fp32", "x_ptr": f"*{dtype}", "dy_ptr": f"*{dtype}",
+           "accum_ptr": "*fp32", "acc_out_ptr": "*fp32", "norm_sq_ptr": "*fp64", "nonfinite_ptr": "*i32",
+           "M": "i32", "N": "i32", "K": "i32", "stride_xk": "i32", "stride_xn": "i32", "stride_dyk": "i32",
+           "stride_dym": "i32", "h": tuple("fp32" for _ in rule.scalar_names), "grad_scale": "fp32",
+           "slots_n": "i32"}
+    const = {"GUARDED_UPDATE": guarded_update_jit(rule), "N_STATE": len(rule.state), "UPDATE": True,
+             "STORE_ACC": False, "HAS_ACCUM": False, "INPUT_PRECISION": "ieee" if dtype == "fp32" else "tf32",
+             "BM": 64, "BN": 64, "BK": 32 if dtype == "bf16" else 16}
+    for k in const:
+        sig[k] = "constexpr"
+    ptx = compile_ptx(fused_linear_update_kernel, sig, const, {"num_stages": 2})
+    return {"rule": rule_name, "dtype": dtype, "ptx": count(ptx), "forbidden": forbidden(ptx),
+            "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "fma_total": len(re.findall(r"fma\.rn\.f32", ptx))}
+
+
+def main() -> int:
+    from forge_num import rules
+
+    out = {"elementwise": [check_elementwise(r) for r in sorted(rules.RULES)],
+           "fused": [check_fused(r, d) for r in ("adamw", "lion") for d in ("fp32", "bf16")]}
+    json.dump(out, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""The Triton kernels under TRITON_INTERPRET=1 against the emulator, bit for bit (fp32 ieee mode),
+and fused against unfused; tiling, masking, indexing, strides, K edge cases, bad input."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from forge_num import kernels, rules
+from tests.kernel_cases import Case, run_case
+
+pytestmark = pytest.mark.interpreter
+
+if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+    pytest.skip("interpreter tests run where there is no GPU (TRITON_INTERPRET=1)", allow_module_level=True)
+
+ADAMW = {"lr": 1e-2, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
+HYPERS = {
+    "adamw": ADAMW,
+    "adam": {"lr": 1e-3, "betas": (0.8, 0.99999), "eps": 1e-16, "weight_decay": 0.1},
+    "sgd": {"lr": 0.1, "momentum": 0.9, "dampening": 0.0, "weight_decay": 1e-4, "nesterov": True},
+    "lion": {"lr": 1e-3, "betas": (0.9, 0.99), "weight_decay": 0.1},
+}
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("rule", sorted(rules.RULES))
+@pytest.mark.parametrize("M,N,K", [(1, 1, 1), (17, 33, 17), (33, 17, 40), (130, 33, 5)])
+def test_fused_equals_unfused_and_emulator(rule, M, N, K):
+    run_case(Case(rule, M, N, K, torch.float32, HYPERS[rule], step=3, seed=M * 1000 + N + K), CPU)
+
+
+@pytest.mark.parametrize("K", [0, 1, 15, 16, 33])
+def test_k_edge_cases(K):
+    """K = 0 is a zero gradient (as torch.optim treats a zero grad); K not a multiple of BK."""
+    run_case(Case("adamw", 17, 20, K, torch.float32, ADAMW, step=1, seed=K), CPU)
+
+
+@pytest.mark.parametrize("config", kernels.IEEE_CONFIGS, ids=str)
+def test_every_ieee_config(config):
+    run_case(Case("adamw", 70, 65, 18, torch.float32, ADAMW, step=2, seed=7, config=config), CPU)
+
+
+def test_accumulation_scaling_and_strided_inputs():
+    run_case(Case("adamw", 33, 40, 20, torch.float32, ADAMW, step=5, seed=3, with_accum=True,
+                  grad_scale=0.37109375, transpose_inputs=True), CPU)
+
+
+@pytest.mark.parametrize("rule", ["adamw", "sgd"])
+def test_nonfinite_gradients_leave_elements_unchanged(rule):
+    case = Case(rule, 9, 16, 4, torch.float32, HYPERS[rule], step=2, seed=11, bad_rows=3)
+    run_case(case, CPU)
+    from tests.kernel_cases import make_inputs
+
+    w, states, x, dy, accum = make_inputs(case, CPU)
+    w0 = w.clone()
+    stats = kernels.fused_linear_update(w, x, dy, states, rules.get_rule(rule), rules.get_rule(rule).scalars(case.hyper, 2), accum=accum)
+    assert int(stats.nonfinite) == 3
+    bad = ~torch.isfinite(accum)
+    assert torch.equal(w[bad], w0[bad]) and torch.all(torch.isfinite(w))
+    assert not torch.equal(w[~bad], w0[~bad])
+
+
+def test_sgd_without_momentum_keeps_no_state():
+    hyper = {"lr": 0.1, "momentum": 0.0}
+    assert rules.SGD.state_slots(hyper) == 0
+    run_case(Case("sgd", 17, 17, 3, torch.float32, hyper, step=4, seed=5), CPU)
+
+
+def test_bf16_mode_epilogue_matches_emulator():
+    """bf16 operands: fused == unfused bitwise, and the emulated epilogue given the accumulator."""
+    run_case(Case("adamw", 33, 17, 20, torch.bfloat16, ADAMW, step=2, seed=9), CPU)
+
+
+def test_norm_only_pass_and_accumulate():
+    torch.manual_seed(0)
+    x, dy = torch.randn(10, 7), torch.randn(10, 5)
+    acc = kernels.linear_mainloop(x, dy)
+    ref = float((acc.double() ** 2).sum())
+    assert abs(float(kernels.weight_grad_norm_sq(x, dy)) - ref) <= 1e-12 * ref
+    buf = torch.zeros(5, 7)
+    kernels.accumulate_weight_grad(x, dy, buf)
+    kernels.accumulate_weight_grad(x, dy, buf)
+    assert torch.equal(buf, acc + acc)
+
+
+def _good():
+    w = torch.zeros(4, 3)
+    return w, torch.zeros(5, 3), torch.zeros(5, 4), [torch.zeros(4, 3), torch.zeros(4, 3)]
+
+
+@pytest.mark.parametrize(
+    "mutate,exc,msg",
+    [
+        (lambda a: a.update(w=a["w"].double()), TypeError, "weight must be float32"),
+        (lambda a: a.update(x=torch.zeros(5, 2)), ValueError, "features"),
+        (lambda a: a.update(dy=torch.zeros(6, 4)), ValueError, "tokens"),
+        (lambda a: a.update(x=a["x"].half(), dy=a["dy"].half()), TypeError, "float32"),
+        (lambda a: a.update(x=a["x"].bfloat16()), TypeError, "same dtype"),
+        (lambda a: a.update(w=torch.zeros(3, 4).t()), ValueError, "contiguous"),
+        (lambda a: a.update(s=[torch.zeros(4, 3), torch.zeros(3, 4)]), ValueError, "shape"),
+        (lambda a: a.update(scale=math.nan), ValueError, "grad_scale"),
+        (lambda a: a.update(h=(math.inf,) + a["h"][1:]), ValueError, "not finite"),
+    ],
+)
+def test_bad_input_is_named(mutate, exc, msg):
+    w, x, dy, s = _good()
+    args = {"w": w, "x": x, "dy": dy, "s": s, "scale": 1.0, "h": rules.ADAMW.scalars(ADAMW, 1)}
+    mutate(args)
+    with pytest.raises(exc, match=msg):
+        kernels.fused_linear_update(args["w"], args["x"], args["dy"], args["s"], rules.ADAMW, args["h"],
+                                    grad_scale=args["scale"])
