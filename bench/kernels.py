@@ -50,8 +50,8 @@ def bench_one(M: int, N: int, K: int, ceilings: dict) -> dict:
     v = torch.zeros_like(w)
     h = rules.ADAMW.scalars(HYPER, 1)
 
-    def forge():
-        kernels.fused_linear_update(w, x, dy, [m, v], rules.ADAMW, h)
+    def forge(config=None):
+        kernels.fused_linear_update(w, x, dy, [m, v], rules.ADAMW, h, config=config)
 
     p = torch.nn.Parameter(w.clone())
     opt = torch.optim.AdamW([p], fused=True, **HYPER)
@@ -61,6 +61,10 @@ def bench_one(M: int, N: int, K: int, ceilings: dict) -> dict:
         opt.step()
         p.grad = None
 
+    per_config = {}
+    for cfg in kernels.configs_for(torch.bfloat16):
+        per_config[str(cfg)] = triton.testing.do_bench(lambda: forge(cfg), warmup=10, rep=100,
+                                                       return_mode="median") * 1e-3
     t_forge = triton.testing.do_bench(forge, warmup=25, rep=200, return_mode="median") * 1e-3
     t_unfused = triton.testing.do_bench(unfused, warmup=25, rep=200, return_mode="median") * 1e-3
     flops = 2.0 * K * M * N
@@ -68,7 +72,10 @@ def bench_one(M: int, N: int, K: int, ceilings: dict) -> dict:
     floor = max(flops / ceilings["bf16_flops"], min_bytes / ceilings["copy_bytes_per_s"])
     return {"M": M, "N": N, "K": K, "forge_ms": t_forge * 1e3, "unfused_ms": t_unfused * 1e3,
             "floor_ms": floor * 1e3, "speedup_vs_unfused": t_unfused / t_forge, "forge_over_floor": t_forge / floor,
-            "config": str(kernels.default_config(M, N, K, torch.bfloat16))}
+            "config": str(kernels.default_config(M, N, K, torch.bfloat16)),
+            "per_config_ms": {k: t * 1e3 for k, t in per_config.items()},
+            "best_config": min(per_config, key=per_config.get),
+            "best_config_speedup_vs_unfused": t_unfused / min(per_config.values())}
 
 
 def main(argv=None) -> int:
@@ -86,7 +93,8 @@ def main(argv=None) -> int:
             r = rows[-1]
             print(f"{M:>6}x{N:<6} K={K:<6} forge {r['forge_ms']:8.3f} ms  unfused {r['unfused_ms']:8.3f} ms  "
                   f"floor {r['floor_ms']:7.3f} ms  speedup {r['speedup_vs_unfused']:5.2f}x  "
-                  f"forge/floor {r['forge_over_floor']:5.2f}", flush=True)
+                  f"forge/floor {r['forge_over_floor']:5.2f}  best cfg {r['best_config_speedup_vs_unfused']:5.2f}x",
+                  flush=True)
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
             "python": platform.python_version(), "ceilings": ceilings,

@@ -61,10 +61,9 @@ def dot_bf16(a_bits: np.ndarray, b_bits: np.ndarray, acc: np.ndarray, arch: str)
     return mainloop_model(arch)(a_bits, b_bits, acc)
 
 
-def weight_grad_tile(x, dy, offs_m, offs_n, BK: int, mainloop: str, arch: str) -> np.ndarray:
-    """acc[BM, BN] = dY[:, offs_m]ᵀ X[:, offs_n] over K in blocks of BK, in order (zero fill)."""
+def weight_grad_tile(acc, x, dy, offs_m, offs_n, BK: int, mainloop: str, arch: str) -> np.ndarray:
+    """acc[BM, BN] += dY[:, offs_m]ᵀ X[:, offs_n] over K in blocks of BK, in order (zero fill)."""
     K = x.shape[0]
-    acc = np.zeros((offs_m.size, offs_n.size), dtype=np.float32)
     offs_k = np.arange(BK)
     for k0 in range(0, K, BK):
         rk = k0 + offs_k
@@ -114,10 +113,12 @@ def fused_linear_update_kernel(
         for pid_n in range(cdiv(N, BN)):
             offs_m = pid_m * BM + np.arange(BM)
             offs_n = pid_n * BN + np.arange(BN)
-            g = weight_grad_tile(x, dy, offs_m, offs_n, BK, mainloop, arch)
             in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-            if accum is not None:
-                g = fp32.add(_load_tile(accum, offs_m, offs_n, np.float32(0)), g)
+            if accum is not None:  # the chain continues from the accumulation buffer
+                acc = _load_tile(accum, offs_m, offs_n, np.float32(0))
+            else:
+                acc = np.zeros((BM, BN), dtype=np.float32)
+            g = weight_grad_tile(acc, x, dy, offs_m, offs_n, BK, mainloop, arch)
             if store_acc:
                 _store_tile(acc_out, offs_m, offs_n, g)
             if update:

@@ -14,7 +14,7 @@ Public functions (CUDA tensors; CPU tensors only under ``TRITON_INTERPRET=1`` af
         of the unfused comparator.
     unfused_linear_update(...) -> UpdateStats       linear_mainloop followed by elementwise_update
     weight_grad_norm_sq(x, dy, accum=None) -> 0-d fp64   Σ dW² without storing dW
-    accumulate_weight_grad(x, dy, accum) -> None         accum += dyᵀ x, in place
+    accumulate_weight_grad(x, dy, accum) -> None         accum <- the chain dyᵀ x started at accum
 
 UpdateStats.norm_sq is Σ g² of the unscaled gradient in fp64: per-tile partials (fp64, exact
 squares) summed in a fixed order on the device, so a run is deterministic; nonfinite counts the
@@ -88,6 +88,8 @@ BF16_CONFIGS = (
     TileConfig(128, 64, 64, num_warps=4, num_stages=4),
     TileConfig(64, 128, 64, num_warps=4, num_stages=4),
     TileConfig(64, 64, 64, num_warps=4, num_stages=4),
+    TileConfig(128, 64, 64, num_warps=8, num_stages=3),
+    TileConfig(64, 128, 32, num_warps=8, num_stages=4),
 )
 INTERPRETER_CONFIG = TileConfig(32, 32, 16, num_warps=4, num_stages=1)
 

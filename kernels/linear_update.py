@@ -6,10 +6,10 @@ K = tokens), dY [K, M] (the gradient of the layer's output), dW = dYᵀ X [M, N]
 
 One program owns the tile rows [pid_m*BM, +BM) x columns [pid_n*BN, +BN) of W:
 
-    acc = 0                                   fp32 [BM, BN]
+    acc = accum[rows, cols] or 0              fp32 [BM, BN]; accum: gradient accumulation buffer
     for k0 in 0, BK, 2BK, ... < K:            the K-block loop, in order
         acc = dot(dY[k0:k0+BK, rows]ᵀ, X[k0:k0+BK, cols], acc)    out-of-range k, rows, cols read as 0
-    g = acc (+ accum[rows, cols])             gradient accumulation over micro-batches
+    g = acc
     W, S0, S1 = guarded_update(W, g, S0, S1, h, grad_scale)      forge_num.rules, op for op
     partial[tile] = Σ g² (fp64), nonfinite[tile] = #non-finite g
 
@@ -26,7 +26,10 @@ Flags (constexpr):
              the norm-only pass of exact clipping and gradient accumulation)
   STORE_ACC  also store g (the accumulator, plus accum if HAS_ACCUM) to acc_out: the debug variant
              of the fused kernel, and the mainloop half of the unfused comparator
-  HAS_ACCUM  add the fp32 buffer accum[M, N] to the accumulator before anything else
+  HAS_ACCUM  start the accumulator from the fp32 buffer accum[M, N] (gradient accumulation over
+             micro-batches: the chain continues from the previous micro-batches' sum). Written as
+             the dot's initial value on purpose: Triton rewrites add(dot(a, b, 0), c) into
+             dot(a, b, c) (its dot-add combine), so "accum + dot" would not be what runs.
   N_STATE    how many state tensors the rule keeps (0, 1 or 2)
 
 Launch with ``enable_fp_fusion=False`` (see kernels/ieee.py); the launchers in kernels/__init__.py do.
@@ -38,13 +41,12 @@ import triton.language as tl
 
 @triton.jit
 def weight_grad_tile(
-    x_ptr, dy_ptr, K, M, N,
+    acc, x_ptr, dy_ptr, K, M, N,
     stride_xk, stride_xn, stride_dyk, stride_dym,
     offs_m, offs_n,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
-    """acc[BM, BN] = dY[:, offs_m]ᵀ X[:, offs_n] over the whole K, in K blocks of BK, in order."""
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    """acc[BM, BN] += dY[:, offs_m]ᵀ X[:, offs_n] over the whole K, in K blocks of BK, in order."""
     offs_k = tl.arange(0, BK)
     in_m = offs_m < M
     in_n = offs_n < N
@@ -95,15 +97,17 @@ def fused_linear_update_kernel(
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_n = pid_n * BN + tl.arange(0, BN)
 
-    g = weight_grad_tile(
-        x_ptr, dy_ptr, K, M, N, stride_xk, stride_xn, stride_dyk, stride_dym,
-        offs_m, offs_n, BM, BN, BK, INPUT_PRECISION,
-    )
-
     in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     offs = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
     if HAS_ACCUM:
-        g = tl.load(accum_ptr + offs, mask=in_tile, other=0.0) + g  # as autograd: grad = grad + new
+        acc = tl.load(accum_ptr + offs, mask=in_tile, other=0.0)
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+    g = weight_grad_tile(
+        acc, x_ptr, dy_ptr, K, M, N, stride_xk, stride_xn, stride_dyk, stride_dym,
+        offs_m, offs_n, BM, BN, BK, INPUT_PRECISION,
+    )
+
     if STORE_ACC:
         tl.store(acc_out_ptr + offs, g, mask=in_tile)
 

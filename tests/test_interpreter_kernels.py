@@ -81,10 +81,13 @@ def test_norm_only_pass_and_accumulate():
     acc = kernels.linear_mainloop(x, dy)
     ref = float((acc.double() ** 2).sum())
     assert abs(float(kernels.weight_grad_norm_sq(x, dy)) - ref) <= 1e-12 * ref
+    # accumulation continues the FMA chain: two micro-batches == one batch of both, bit for bit
+    # (K of the first a multiple of BK, so no zero-padded steps in between)
+    x1, dy1 = torch.randn(16, 7), torch.randn(16, 5)
     buf = torch.zeros(5, 7)
+    kernels.accumulate_weight_grad(x1, dy1, buf)
     kernels.accumulate_weight_grad(x, dy, buf)
-    kernels.accumulate_weight_grad(x, dy, buf)
-    assert torch.equal(buf, acc + acc)
+    assert torch.equal(buf, kernels.linear_mainloop(torch.cat([x1, x]), torch.cat([dy1, dy])))
 
 
 def _good():
