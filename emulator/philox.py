@@ -1,0 +1,204 @@
+"""The project's random stream: Triton's Philox4x32-10, replayed in NumPy, and its key derivation.
+
+Philox4x32-10 (Salmon, Moraes, Dror, Shaw, "Parallel random numbers: as easy as 1, 2, 3",
+SC 2011; Random123's ``philox4x32_10``) exactly as Triton 3.6's ``tl.randint4x(seed, offset)``
+computes it (``python/triton/language/random.py``; read from the installed triton 3.6.0):
+
+    key      (k0, k1) = (seed64 & 0xFFFFFFFF, seed64 >> 32),   seed64 = seed as uint64
+                        (a signed seed is sign-extended, i.e. taken mod 2^64)
+    counter  (c0, c1, c2, c3) = (offset_lo32, offset_hi32, 0, 0)
+                        offset_hi32 = (offset >> 32) mod 2^32 for a 64-bit offset, 0 for a 32-bit one
+    round    (all words uint32, arithmetic mod 2^32; umulhi = high 32 bits of the 64-bit product)
+             c0' = umulhi(B, c2) ^ c1 ^ k0          A = 0xD2511F53 (ROUND_A)
+             c2' = umulhi(A, c0) ^ c3 ^ k1          B = 0xCD9E8D57 (ROUND_B)
+             c1' = B * c2
+             c3' = A * c0
+             then k0 += 0x9E3779B9, k1 += 0xBB67AE85 (Weyl key bump, after the round)
+    output   (c0, c1, c2, c3) after 10 rounds, in that order (Random123's output order)
+
+``tl.randint`` is word c0. The multiplications are done on uint64 arrays: a product of two
+32-bit words is below 2^64, so ``p >> 32`` is umulhi and ``p & 0xFFFFFFFF`` the low product,
+exactly. tests/test_emulator_random.py holds the Random123 and Triton known-answer vectors and
+tests/test_interpreter_rounding.py holds this module against ``tl.randint4x`` bit for bit.
+
+Which 16- or 24-bit slice of which word rounds which stored value is the *random-slice table*; it
+is defined once, in ``rounding_bits`` below (the Triton twin in kernels/random.py has the same
+table):
+
+    one call  randint4x(seed, offset)  per element,  offset = the element's flat row-major index
+              in the whole (unsharded) parameter, as int64;  seed = derive_seed(user seed, step,
+              parameter id)
+
+     word  bits     name      rounds                                         random input
+     ----  -------  --------  ---------------------------------------------  -----------------
+     c0    15..0    r_p       the weight p, fp32 -> bf16 (SR)                 16 bits
+     c0    31..16   r_m16     m, fp32 -> bf16 (SR)      ("bf16-sr" regime)    16 bits
+     c1    15..0    r_v16     v, fp32 -> bf16 (SR)      ("bf16-sr" regime)    16 bits
+     c1    31..16   -         reserved (a third bf16 state, e.g. AMSGrad's max v)
+     c2    31..8    r_m24     m, fp32 -> 8-bit code (SR) ("8bit" regime)      24 bits
+     c3    31..8    r_v24     v, fp32 -> 8-bit code (SR) ("8bit" regime)      24 bits
+     c2, c3 7..0    -         unused
+
+       c0: |31      r_m16       16|15       r_p        0|
+       c1: |31     (reserved)   16|15       r_v16      0|
+       c2: |31             r_m24             8|7 unused 0|
+       c3: |31             r_v24             8|7 unused 0|
+
+Every stored value of one element in one step has its own bits, so the roundings of p, m and v
+are independent of each other; distinct elements have distinct counters and distinct steps or
+parameters have distinct keys (see ``derive_seed``), so no two roundings share random bits.
+
+Key derivation (``derive_seed``), run on the host for the kernels and the emulator alike:
+
+    mix64(z):  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9      (mod 2^64)
+               z = (z ^ (z >> 27)) * 0x94D049BB133111EB      (mod 2^64)
+               return z ^ (z >> 31)
+    h0 = 0x666F7267656E756D                     (ASCII "forgenum": a domain tag)
+    h1 = mix64(((h0 ^ user_seed) + G) mod 2^64)  G = 0x9E3779B97F4A7C15 (SplitMix64's gamma)
+    h2 = mix64(((h1 ^ step)      + G) mod 2^64)
+    h3 = mix64(((h2 ^ param_id)  + G) mod 2^64)  ->  seed = h3  (a 64-bit value)
+
+mix64 is SplitMix64's output function (Steele, Lea, Flood, "Fast splittable pseudorandom number
+generators", OOPSLA 2014; Stafford's "Mix13" constants). Each step is a bijection of 64-bit words
+(xor with a constant, adding a constant, ``z ^ (z >> s)`` with s >= 1, multiplication by an odd
+constant), so for any two of the three arguments fixed the seed is an *injective* function of the
+third: two parameters of one step, or two steps of one parameter, never share a key. Across
+arguments a collision needs two 64-bit outputs of a well-mixed function to coincide (about
+n^2 / 2^65 for n keys). The seed may exceed 2^63; Triton passes such a Python int as uint64 and
+``seed.to(tl.uint64)`` keeps its bits.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+__all__ = [
+    "PHILOX_ROUND_A",
+    "PHILOX_ROUND_B",
+    "PHILOX_KEY_A",
+    "PHILOX_KEY_B",
+    "N_ROUNDS_DEFAULT",
+    "philox",
+    "randint4x",
+    "randint",
+    "rounding_bits",
+    "mix64",
+    "derive_seed",
+]
+
+PHILOX_ROUND_A = 0xD2511F53
+PHILOX_ROUND_B = 0xCD9E8D57
+PHILOX_KEY_A = 0x9E3779B9
+PHILOX_KEY_B = 0xBB67AE85
+N_ROUNDS_DEFAULT = 10
+
+_M32 = 0xFFFFFFFF
+_M64 = 0xFFFFFFFFFFFFFFFF
+
+
+def philox(seed, c0, c1, c2, c3, n_rounds: int = N_ROUNDS_DEFAULT):
+    """Philox4x32 on counter words ``c0..c3`` (uint32 arrays, broadcast) under the 64-bit ``seed``.
+
+    As Triton's ``tl.philox`` with 32-bit counters: key = (seed64 mod 2^32, seed64 >> 32).
+    Returns four uint32 arrays.
+    """
+    seed64 = operator.index(seed) & _M64
+    k0, k1 = seed64 & _M32, seed64 >> 32
+    c = [np.asarray(w).astype(np.uint64) & np.uint64(_M32) for w in (c0, c1, c2, c3)]
+    c0, c1, c2, c3 = np.broadcast_arrays(*c)
+    a = np.uint64(PHILOX_ROUND_A)
+    b = np.uint64(PHILOX_ROUND_B)
+    m32 = np.uint64(_M32)
+    s32 = np.uint64(32)
+    for _ in range(n_rounds):
+        pa = a * c0  # A * c0, exact in 64 bits
+        pb = b * c2  # B * c2
+        c0, c1, c2, c3 = (
+            (pb >> s32) ^ c1 ^ np.uint64(k0),
+            pb & m32,
+            (pa >> s32) ^ c3 ^ np.uint64(k1),
+            pa & m32,
+        )
+        k0 = (k0 + PHILOX_KEY_A) & _M32
+        k1 = (k1 + PHILOX_KEY_B) & _M32
+    return tuple(w.astype(np.uint32) for w in (c0, c1, c2, c3))
+
+
+def _offset_words(offset):
+    """(offset_lo32, offset_hi32) as ``tl.randint4x`` forms them from an integer offset block."""
+    off = np.asarray(offset)
+    if off.dtype.kind not in "iu":
+        raise TypeError(f"offsets must be integers, got {off.dtype}")
+    if off.dtype.itemsize > 4:
+        lo = (off & 0xFFFFFFFF).astype(np.uint32)
+        hi = ((off >> 32) & 0xFFFFFFFF).astype(np.uint32)  # arithmetic shift for int64, as Triton
+    else:
+        lo = off.astype(np.uint32)  # an int32 offset is reinterpreted as uint32
+        hi = np.zeros_like(lo)
+    return lo, hi
+
+
+def randint4x(seed, offset, n_rounds: int = N_ROUNDS_DEFAULT):
+    """Four uint32 words per offset, bit for bit ``tl.randint4x(seed, offset, n_rounds)``.
+
+    ``offset``: an integer array (or int); a Python int or int list becomes int64, so offsets of
+    2^32 and more use the high counter word exactly as a Triton int64 offset does.
+    """
+    lo, hi = _offset_words(offset)
+    zero = np.zeros_like(lo)
+    return philox(seed, lo, hi, zero, zero, n_rounds)
+
+
+def randint(seed, offset, n_rounds: int = N_ROUNDS_DEFAULT):
+    """Word c0 of ``randint4x``, as ``tl.randint``."""
+    return randint4x(seed, offset, n_rounds)[0]
+
+
+def rounding_bits(seed, offset):
+    """The random-slice table (module docstring): ``(r_p, r_m16, r_v16, r_m24, r_v24)``, uint32.
+
+    r_p, r_m16, r_v16 lie in [0, 2^16) and feed ``bf16_sr_bits``; r_m24, r_v24 lie in [0, 2^24)
+    and feed ``quantize_block_sr``.
+    """
+    c0, c1, c2, c3 = randint4x(seed, offset)
+    r_p = c0 & np.uint32(0xFFFF)
+    r_m16 = c0 >> np.uint32(16)
+    r_v16 = c1 & np.uint32(0xFFFF)
+    r_m24 = c2 >> np.uint32(8)
+    r_v24 = c3 >> np.uint32(8)
+    return r_p, r_m16, r_v16, r_m24, r_v24
+
+
+# ---------------------------------------------------------------------------------------------
+# key derivation (host side, standard library only)
+
+_DOMAIN = 0x666F7267656E756D  # b"forgenum"
+_GAMMA = 0x9E3779B97F4A7C15
+
+
+def mix64(z: int) -> int:
+    """SplitMix64's output function: a bijection of 64-bit words."""
+    z &= _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def _u64(name: str, value) -> int:
+    v = operator.index(value)
+    if isinstance(value, bool) or not 0 <= v <= _M64:
+        raise ValueError(f"{name} must be an integer in [0, 2^64), got {value!r}")
+    return v
+
+
+def derive_seed(user_seed: int, step: int, param_id: int) -> int:
+    """The Philox key (a 64-bit int) of one parameter in one step (formula in the module docstring).
+
+    Injective in each argument when the other two are fixed. All three must lie in [0, 2^64).
+    """
+    h = _DOMAIN
+    for name, w in (("user_seed", user_seed), ("step", step), ("param_id", param_id)):
+        h = mix64(((h ^ _u64(name, w)) + _GAMMA) & _M64)
+    return h

@@ -1,0 +1,131 @@
+"""The transformers.Trainer recipe.
+
+    from forge_num.hf import trainer_optimizers
+    args = TrainingArguments(..., max_grad_norm=1.0, gradient_accumulation_steps=4)
+    optimizers = trainer_optimizers(model, args, num_training_steps=1000)   # prepares the model
+    trainer = Trainer(model=model, args=args, train_dataset=ds, optimizers=optimizers)
+    trainer.train()
+
+``trainer_optimizers`` builds a forge_num optimizer from the TrainingArguments (learning rate,
+betas, epsilon, weight decay — not applied to 1-D parameters such as biases and norm weights — and
+the lr scheduler of ``lr_scheduler_type`` with its warmup), prepares the model (updates in backward),
+and maps the two options Trainer would otherwise apply to gradients that no longer exist:
+
+* ``max_grad_norm`` becomes forge_num's exact global clipping (a norm-only backward pass, then the
+  updating one: the loss of the model's output runs both when Trainer calls ``backward()``), and
+  ``args.max_grad_norm`` is set to 0 so that Trainer does not clip (its ``clip_grad_norm_`` would
+  see no gradients and clip nothing). Trainer's logged ``grad_norm`` is then 0; the real one is in
+  ``optimizer.stats['grad_norm']``.
+* ``gradient_accumulation_steps`` becomes the optimizer's ``accumulation_steps``: Trainer keeps
+  calling ``backward`` per micro-batch (with the loss scaled as it always does) and ``step()`` once
+  per accumulation; forge_num accumulates linear-weight gradients in fp32 buffers (4 bytes per
+  parameter during the step) and autograd the rest, so nothing is accumulated twice. A last, short
+  accumulation (an epoch not divisible by the accumulation) is applied at ``step()`` as torch would.
+
+What cannot be mapped raises ``ValueError``: fp16 mixed precision (GradScaler scales and unscales
+gradients that are never materialized; use ``bf16=True``), DeepSpeed, FSDP and multi-GPU
+DataParallel (their gradient reduction would have to come before the in-backward update).
+"""
+
+from __future__ import annotations
+
+from forge_num.optim import SGD, Adam, AdamW, ForgeOptimizer, Lion
+from forge_num.prepare import prepare
+
+__all__ = ["trainer_optimizers"]
+
+_OPTIMIZERS = {"adamw": AdamW, "adam": Adam, "sgd": SGD, "lion": Lion}
+
+
+def _check_args(args) -> None:
+    if getattr(args, "fp16", False):
+        raise ValueError(
+            "forge_num: fp16=True uses a GradScaler, which unscales gradients that forge_num never "
+            "materializes; use bf16=True (autocast) or fp32"
+        )
+    if getattr(args, "deepspeed", None):
+        raise ValueError(
+            "forge_num: DeepSpeed is not supported (it owns the gradients and the optimizer step)"
+        )
+    if getattr(args, "fsdp", None):
+        raise ValueError("forge_num: FSDP is not supported by the in-backward update yet")
+    if getattr(args, "n_gpu", 1) > 1:
+        raise ValueError("forge_num: multi-GPU DataParallel is not supported; use one process per GPU")
+
+
+def _param_groups(model, weight_decay):
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+def trainer_optimizers(
+    model,
+    args,
+    *,
+    num_training_steps: int | None = None,
+    optimizer: str = "adamw",
+    **optimizer_kwargs,
+) -> tuple[ForgeOptimizer, object]:
+    """(optimizer, lr_scheduler) for ``Trainer(optimizers=...)``.
+
+    Prepares ``model`` and sets ``args.max_grad_norm = 0`` (see the module docstring).
+    """
+    from transformers import get_scheduler
+
+    _check_args(args)
+    if optimizer not in _OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {sorted(_OPTIMIZERS)}, got {optimizer!r}")
+    if num_training_steps is None:
+        if getattr(args, "max_steps", -1) and args.max_steps > 0:
+            num_training_steps = args.max_steps
+        else:
+            raise ValueError("give num_training_steps= (or set TrainingArguments.max_steps)")
+    max_grad_norm = float(getattr(args, "max_grad_norm", 0.0) or 0.0)
+    accumulation = int(getattr(args, "gradient_accumulation_steps", 1) or 1)
+    options = dict(
+        max_grad_norm=max_grad_norm if max_grad_norm > 0 else None,
+        clipping="exact",
+        accumulation_steps=accumulation,
+    )
+    options.update(optimizer_kwargs)
+    cls = _OPTIMIZERS[optimizer]
+    groups = _param_groups(model, args.weight_decay)
+    if cls in (AdamW, Adam):
+        opt = cls(
+            groups,
+            lr=args.learning_rate,
+            betas=(args.adam_beta1, args.adam_beta2),
+            eps=args.adam_epsilon,
+            **options,
+        )
+    elif cls is Lion:
+        opt = cls(groups, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), **options)
+    else:
+        opt = cls(groups, lr=args.learning_rate, **options)
+
+    # Trainer must not clip (or try to) a second time: it clips only when args.max_grad_norm > 0.
+    try:
+        args.max_grad_norm = 0.0
+    except Exception as e:  # a frozen TrainingArguments
+        raise ValueError(
+            "forge_num: cannot set TrainingArguments.max_grad_norm = 0 (Trainer would clip gradients "
+            "that do not exist); create the arguments with max_grad_norm=0 and pass max_grad_norm= here"
+        ) from e
+    if args.max_grad_norm != 0.0:
+        raise ValueError("forge_num: TrainingArguments.max_grad_norm could not be set to 0")
+
+    prepare(model, opt)
+    sched = get_scheduler(
+        args.lr_scheduler_type,
+        opt,
+        num_warmup_steps=args.get_warmup_steps(num_training_steps),
+        num_training_steps=num_training_steps,
+        scheduler_specific_kwargs=getattr(args, "lr_scheduler_kwargs", None) or {},
+    )
+    return opt, sched

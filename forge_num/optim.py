@@ -1,0 +1,728 @@
+"""forge_num's optimizers: AdamW, Adam, SGD and Lion as ``torch.optim.Optimizer`` subclasses.
+
+Each optimizer applies the one definition of its rule (``forge_num.rules``) through a backend: the
+Triton kernels (``forge_num.kernels``) for CUDA tensors, ``forge_num.torch_backend`` elsewhere.
+
+Two ways to use them:
+
+* **Plain** — like any torch optimizer: ``loss.backward(); opt.step()``. ``step()`` applies the
+  guarded rule to every parameter's ``.grad``.
+* **In backward** — ``model = forge_num.prepare(model, opt)``: every linear weight is updated inside
+  its layer's backward from ``dW = dYᵀX`` block by block (dW never exists whole), every other
+  trainable parameter in a post-accumulate-grad hook, and ``step()`` only finalizes the step (step
+  counter, telemetry, checks); it never updates a parameter a second time.
+
+torch compatibility: ``param_groups`` hold torch's keys (so every ``torch.optim.lr_scheduler`` works:
+the learning rate is read from the group at each update), and ``state_dict()`` uses torch's state keys
+(``step`` as a 0-d float32 tensor, ``exp_avg``, ``exp_avg_sq``, ``momentum_buffer``): the fp32 state
+dict of ``forge_num.AdamW`` loads into ``torch.optim.AdamW`` and back.
+
+Options of the step (constructor keywords):
+
+``max_grad_norm`` / ``clipping``
+    Global gradient-norm clipping, ``g <- g * min(1, max_norm / (norm + 1e-6))`` computed with the
+    same tensor operations as ``torch.nn.utils.clip_grad_norm_``.
+    ``"exact"``: in backward mode the norm needs every gradient before any update, so the last
+    micro-batch runs a *norm-only backward* first (linear weights: ``weight_grad_norm_sq``, no dW
+    materialized; other parameters: their ordinary gradient, freed at once), then the real backward
+    with the coefficient: one extra backward per step. Use ``opt.backward(loss)`` (or call
+    ``.backward()`` on the ``loss`` of a Hugging Face model output, which prepare() wraps).
+    ``"previous"``: scale by the coefficient of the previous step's norm (free, one step stale; the
+    first step is not clipped). ``None`` / ``max_grad_norm=None``: no clipping.
+``accumulation_steps``
+    In backward mode: micro-batches per step. Linear weights accumulate ``dW`` into an fp32 buffer
+    the size of the weight (4 bytes/parameter: the memory FORGE otherwise saves, for the duration of
+    the step), consumed by the last micro-batch's update; other parameters accumulate ``.grad`` as
+    autograd does. The result equals torch accumulating ``.grad`` over the micro-batches. A step()
+    after fewer micro-batches applies what has been accumulated (as torch would).
+``nonfinite``
+    Non-finite gradient elements never reach weights or state (the guarded rule keeps those
+    elements); ``"skip"`` records them in the telemetry, ``"raise"`` raises ``FloatingPointError``
+    in ``step()``. With exact clipping a non-finite global norm skips the whole update.
+``precision``
+    ``"fp32"`` (fp32 weights and states, bit-exact); ``"bf16-sr"`` and ``"8bit"`` are not implemented
+    yet and raise ``NotImplementedError``.
+
+Telemetry: ``opt.stats`` (the last step) and ``opt.stats_history``: dicts with ``step``,
+``grad_norm`` (global L2 norm of the unscaled gradient, fp64 accumulation), ``nonfinite`` (count),
+``clip_coef`` and ``skipped``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import torch
+
+from forge_num import rules as _rules
+from forge_num import torch_backend
+
+__all__ = ["AdamW", "Adam", "SGD", "Lion", "ForgeOptimizer"]
+
+_PRECISIONS = {
+    "fp32": None,
+    "bf16-sr": "bf16 weights and states with stochastic rounding",
+    "8bit": "8-bit block-wise states with stochastic rounding",
+}
+
+
+def _backend_for(t: torch.Tensor, choice: str):
+    if choice == "torch" or (choice == "auto" and not t.is_cuda):
+        return torch_backend
+    from forge_num import kernels  # CUDA (or TRITON_INTERPRET=1)
+
+    return kernels
+
+
+class _Rec:
+    """Book-keeping of one parameter updated in backward (registered by prepare())."""
+
+    __slots__ = ("name", "events", "accum", "updated", "norm_seen", "fused_now")
+
+    def __init__(self, name):
+        self.name = name
+        self.events = 0  # gradient contributions (one per backward) since the last step()
+        self.accum = None  # fp32 dW accumulation buffer of a linear weight
+        self.updated = False  # the rule was applied this step
+        self.norm_seen = False  # visited by the current norm pass
+        self.fused_now = (
+            False  # the fused path took this backward's gradient (the hook that follows ignores it)
+        )
+
+
+class ForgeOptimizer(torch.optim.Optimizer):
+    """Base class: the bookkeeping shared by AdamW, Adam, SGD and Lion."""
+
+    _GROUP_DEFAULTS: dict = {}  # torch's group keys and defaults (kept for state-dict compatibility)
+    # Torch options that exist in the matching torch optimizer and are not supported: name -> allowed values.
+    _UNSUPPORTED = {
+        "maximize": (False,),
+        "foreach": (None, False),
+        "fused": (None, False),
+        "differentiable": (False,),
+    }
+
+    def __init__(
+        self,
+        params,
+        defaults: dict,
+        *,
+        precision: str = "fp32",
+        max_grad_norm: float | None = None,
+        clipping: str | None = "exact",
+        accumulation_steps: int = 1,
+        nonfinite: str = "skip",
+        backend: str = "auto",
+    ):
+        if precision not in _PRECISIONS:
+            raise ValueError(f"precision must be one of {sorted(_PRECISIONS)}, got {precision!r}")
+        if _PRECISIONS[precision] is not None:
+            raise NotImplementedError(
+                f"precision {precision!r} ({_PRECISIONS[precision]}) is not implemented yet; "
+                "use precision='fp32'"
+            )
+        if clipping not in ("exact", "previous", None):
+            raise ValueError(f"clipping must be 'exact', 'previous' or None, got {clipping!r}")
+        if max_grad_norm is not None:
+            max_grad_norm = float(max_grad_norm)
+            if not (max_grad_norm > 0 and math.isfinite(max_grad_norm)):
+                raise ValueError(
+                    f"max_grad_norm must be a positive finite number or None, got {max_grad_norm}"
+                )
+        if int(accumulation_steps) != accumulation_steps or accumulation_steps < 1:
+            raise ValueError(f"accumulation_steps must be an integer >= 1, got {accumulation_steps!r}")
+        if nonfinite not in ("skip", "raise"):
+            raise ValueError(f"nonfinite must be 'skip' or 'raise', got {nonfinite!r}")
+        if backend not in ("auto", "torch", "kernels"):
+            raise ValueError(f"backend must be 'auto', 'torch' or 'kernels', got {backend!r}")
+        self.precision = precision
+        self.max_grad_norm = max_grad_norm
+        self.clipping = clipping if max_grad_norm is not None else None
+        self.accumulation_steps = int(accumulation_steps)
+        self.nonfinite = nonfinite
+        self.backend = backend
+        super().__init__(params, defaults)
+        self._init_step_state()
+
+    def _init_step_state(self):
+        self._recs: dict[torch.Tensor, _Rec] = {}  # parameters updated in backward
+        self._passive: list[torch.Tensor] = []  # trainable model parameters this optimizer does not hold
+        self._grad_seen: dict = {}  # plain mode: (id, version) of each .grad consumed by the last step()
+        self._mode = "idle"  # idle | norm | update | skip
+        self._norms: list[torch.Tensor] = []  # per-parameter fp32 norms of the norm pass
+        self._stash: dict[torch.Tensor, torch.Tensor | None] = {}
+        self._coef: torch.Tensor | None = None  # clipping coefficient of the current step
+        self._coef_float: float | None = None
+        self._skip_step = False
+        self._norm_sq: list[torch.Tensor] = []
+        self._bad: list[torch.Tensor] = []
+        self._bad_names: list[str] = []
+        self._max_events = 0
+        self._global_step = 0
+        self._prev_norm: float | None = None
+        self.stats: dict | None = None
+        self.stats_history: list[dict] = []
+
+    # ---------------------------------------------------------------------------------------
+    # Groups, hyper-parameters, state
+    # ---------------------------------------------------------------------------------------
+
+    def _add_param_group_checked(self, param_group: dict) -> None:
+        torch.optim.Optimizer.add_param_group(self, param_group)
+        group = self.param_groups[-1]
+        self._check_group(group)
+        for p in group["params"]:
+            if p.dtype != torch.float32:
+                raise TypeError(
+                    f"{type(self).__name__}(precision='fp32') keeps fp32 weights; a parameter of shape "
+                    f"{tuple(p.shape)} has dtype {p.dtype}. Keep the weights in fp32 (use torch.autocast "
+                    "for bf16 compute)."
+                )
+
+    def _check_group(self, group: dict) -> None:
+        for key, allowed in self._UNSUPPORTED.items():
+            if key in group and group[key] not in allowed:
+                raise NotImplementedError(
+                    f"forge_num.{type(self).__name__} does not support {key}={group[key]!r} "
+                    f"(allowed: {', '.join(map(repr, allowed))})"
+                )
+        if group.get("capturable", False):
+            raise NotImplementedError(
+                f"forge_num.{type(self).__name__} does not support capturable=True (CUDA graphs)"
+            )
+        if group.get("amsgrad", False):
+            raise NotImplementedError(f"forge_num.{type(self).__name__} does not support amsgrad=True")
+        rule = self._rule(group)
+        rule.scalars(self._hyper(group), 1)  # validates the hyper-parameters (ValueError)
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        for key, value in self._GROUP_DEFAULTS.items():
+            for group in self.param_groups:
+                group.setdefault(key, value)
+
+    def _rule(self, group) -> _rules.Rule:
+        raise NotImplementedError
+
+    def _hyper(self, group) -> dict:
+        return group
+
+    def _prepare_state(self, p, group):
+        """(rule, h, states) for the next update of ``p``; advances the rule's step counter if it has one."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------------------------------
+    # Applying updates
+    # ---------------------------------------------------------------------------------------
+
+    def _index_groups(self):
+        self._group_by_param = {p: g for g in self.param_groups for p in g["params"]}
+
+    def add_param_group(self, param_group: dict) -> None:
+        self._add_param_group_checked(param_group)
+        if hasattr(self, "_recs"):
+            self._index_groups()
+
+    def _scale(self, device=None) -> float:
+        """The gradient scale of this step's updates (an fp32 value as a Python float; 1.0 unclipped)."""
+        if self._coef is None and self.clipping == "previous" and self._prev_norm is not None:
+            self._coef = self._clip_coef_from(torch.tensor(self._prev_norm, dtype=torch.float32))
+        if self._coef is None:
+            return 1.0
+        if self._coef_float is None:
+            self._coef_float = float(self._coef)  # exact: the coefficient is an fp32 value
+        return self._coef_float
+
+    def _record(self, stats, name):
+        self._norm_sq.append(stats.norm_sq)
+        self._bad.append(stats.nonfinite)
+        self._bad_names.append(name)
+
+    def _apply_elementwise(self, p, grad, name):
+        group = self._group_by_param[p]
+        rule, h, states = self._prepare_state(p, group)
+        backend = _backend_for(p, self.backend)
+        stats = backend.elementwise_update(
+            p.detach(), grad.contiguous(), states, rule, h, grad_scale=self._scale()
+        )
+        self._record(stats, name)
+
+    def _apply_linear(self, p, x, dy, accum, name):
+        group = self._group_by_param[p]
+        rule, h, states = self._prepare_state(p, group)
+        backend = _backend_for(p, self.backend)
+        stats = backend.fused_linear_update(
+            p.detach(), x, dy, states, rule, h, grad_scale=self._scale(), accum=accum
+        )
+        self._record(stats, name)
+
+    # ---------------------------------------------------------------------------------------
+    # Entry points used by prepare(): the in-backward events
+    # ---------------------------------------------------------------------------------------
+
+    def _register(self, p, name):
+        self._recs[p] = _Rec(name)
+        self._index_groups()
+
+    def _unregister(self, p):
+        self._recs.pop(p, None)
+
+    def _next_event(self, p, rec):
+        """Count one gradient contribution; returns True if it is the last micro-batch of the step."""
+        if self._mode == "idle" and self.clipping == "exact" and rec.events + 1 == self.accumulation_steps:
+            raise RuntimeError(
+                "forge_num: exact gradient clipping (max_grad_norm with clipping='exact') needs a norm-only "
+                "backward pass before the updating one; call opt.backward(loss) instead of loss.backward() "
+                "(the loss of a Hugging Face model's output does this by itself after prepare()), or use "
+                "clipping='previous'"
+            )
+        if rec.events >= self.accumulation_steps:
+            raise RuntimeError(
+                f"forge_num: {rec.name} received a gradient in a new backward, but it was already "
+                f"updated in backward for this step ({rec.events} backward(s) since the last "
+                f"optimizer.step(), accumulation_steps={self.accumulation_steps}). Call optimizer.step() "
+                "after each backward (or after every accumulation_steps micro-batches); for gradient "
+                "accumulation pass accumulation_steps= to the optimizer. (A parameter used in two "
+                "reentrant-checkpointed segments also shows up like this: use use_reentrant=False.)"
+            )
+        rec.events += 1
+        self._max_events = max(self._max_events, rec.events)
+        return rec.events == self.accumulation_steps
+
+    def _on_linear_grad(self, p, x, dy):
+        """The fused path: dW = dyᵀx of one (single-use) linear weight, [M, N] = p's layout."""
+        rec = self._recs[p]
+        rec.fused_now = True
+        if self._mode == "norm":
+            rec.norm_seen = True
+            backend = _backend_for(p, self.backend)
+            n2 = backend.weight_grad_norm_sq(x, dy, accum=self._earlier(p, rec, self._stash.get(p)))
+            self._norms.append(n2.sqrt().to(torch.float32))
+            return
+        last = self._next_event(p, rec)
+        if not last:
+            if rec.accum is None:
+                # -0.0 is the identity of IEEE addition: -0.0 + d == d bitwise, so the first
+                # accumulation equals torch assigning the first .grad.
+                rec.accum = torch.full_like(
+                    p, -0.0, dtype=torch.float32, memory_format=torch.contiguous_format
+                )
+                if p.grad is not None:  # an earlier micro-batch took the materialized path
+                    rec.accum.add_(p.grad)
+                    p.grad = None
+            _backend_for(p, self.backend).accumulate_weight_grad(x, dy, rec.accum)
+            return
+        accum = self._earlier(p, rec, p.grad)
+        rec.accum = None
+        p.grad = None
+        if self._mode == "skip":
+            return
+        self._apply_linear(p, x, dy, accum, rec.name)
+        rec.updated = True
+
+    @staticmethod
+    def _earlier(p, rec, grad):
+        """The gradient of earlier micro-batches (buffer and/or .grad) as one fp32 tensor, or None."""
+        if grad is None:
+            return rec.accum
+        if rec.accum is None:
+            return grad.contiguous()
+        return torch.add(rec.accum, grad)
+
+    def _on_grad_ready(self, p):
+        """The hook path: p.grad holds autograd's (summed) gradient of this backward."""
+        rec = self._recs[p]
+        if rec.fused_now or p.grad is None:
+            rec.fused_now = False
+            return  # torch runs the hook even where the fused layer returned no gradient for p
+        if self._mode == "norm":
+            rec.norm_seen = True
+            old = self._stash.get(p)
+            total = p.grad if old is None else old + p.grad
+            if rec.accum is not None:
+                total = rec.accum + total
+            self._norms.append(torch.linalg.vector_norm(total, 2.0))
+            p.grad = None  # restored from the stash after the norm pass
+            return
+        last = self._next_event(p, rec)
+        if not last:
+            return  # autograd keeps accumulating .grad, as torch does
+        grad = p.grad
+        if rec.accum is not None:
+            grad = torch.add(rec.accum, grad)
+            rec.accum = None
+        p.grad = None
+        if self._mode == "skip":
+            return
+        self._apply_elementwise(p, grad, rec.name)
+        rec.updated = True
+
+    # ---------------------------------------------------------------------------------------
+    # Clipping passes
+    # ---------------------------------------------------------------------------------------
+
+    def _clip_coef_from(self, total_norm: torch.Tensor) -> torch.Tensor:
+        # The operations of torch.nn.utils.clip_grad_norm_ (torch 2.13), on an fp32 0-d tensor.
+        clip_coef = self.max_grad_norm / (total_norm + 1e-6)
+        return torch.clamp(clip_coef, max=1.0)
+
+    def _total_norm(self, norms: list[torch.Tensor]) -> torch.Tensor:
+        if not norms:
+            return torch.zeros((), dtype=torch.float32)
+        device = norms[0].device
+        return torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]), 2.0)
+
+    def _run_backward(self, run) -> None:
+        """run(retain_graph) runs one backward of the current loss; the passes of one micro-batch."""
+        if self._mode != "idle":
+            run(self._mode == "norm")  # nested (a wrapped loss inside opt.backward): one pass of the outer
+            return
+        last = self._max_events + 1 >= self.accumulation_steps
+        try:
+            if self._recs and self.clipping == "exact" and last:
+                self._mode = "norm"
+                for rec in self._recs.values():
+                    rec.norm_seen = False
+                for p in [*self._recs, *self._passive]:
+                    if p.grad is not None:
+                        self._stash[p] = p.grad
+                        p.grad = None
+                self._norms = []
+                try:
+                    run(True)
+                    # parameters this micro-batch did not reach still carry earlier micro-batches' gradient
+                    for p, rec in self._recs.items():
+                        if not rec.norm_seen:
+                            g = self._pending_total(p, rec)
+                            if g is not None:
+                                self._norms.append(torch.linalg.vector_norm(g, 2.0))
+                finally:
+                    for p in [*self._recs, *self._passive]:  # the norm pass leaves no gradient behind
+                        p.grad = self._stash.pop(p, None)
+                total = self._total_norm(self._norms)
+                self._norms = []
+                if torch.isfinite(total):
+                    self._coef = self._clip_coef_from(total)
+                    self._mode = "update"
+                else:
+                    self._skip_step = True
+                    self._mode = "skip"
+                run(False)
+            else:
+                self._mode = "update"
+                run(False)
+        finally:
+            self._mode = "idle"
+
+    def _pending_total(self, p, rec):
+        g = p.grad
+        if rec.accum is not None:
+            g = rec.accum if g is None else torch.add(rec.accum, g)
+        return g
+
+    def backward(self, loss: torch.Tensor, **kwargs) -> None:
+        """``loss.backward()``, with the norm-only pass first when exact clipping needs it."""
+        if kwargs.get("retain_graph") or kwargs.get("create_graph"):
+            raise ValueError("opt.backward(loss) does not take retain_graph/create_graph")
+        self._run_backward(lambda retain: loss.backward(retain_graph=retain, **kwargs))
+
+    # ---------------------------------------------------------------------------------------
+    # step()
+    # ---------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._index_groups()
+        prepared = bool(self._recs)
+        pending = [(p, rec) for p, rec in self._recs.items() if rec.events and not rec.updated]
+        plain = [
+            p for g in self.param_groups for p in g["params"] if p not in self._recs and p.grad is not None
+        ]
+        # A .grad that is the same tensor, unmodified, as at the last step() came from no new backward.
+        fresh = [p for p in plain if self._grad_seen.get(p) != (id(p.grad), p.grad._version)]
+        if self._max_events == 0 and not fresh:
+            what = (
+                "no parameter of the prepared model received a gradient"
+                if prepared
+                else "every .grad is the one the last step() consumed"
+                if plain
+                else "no parameter has a .grad"
+            )
+            raise RuntimeError(
+                f"forge_num: optimizer.step() was called but no backward ran since the last step ({what}). "
+                "Call loss.backward() (or opt.backward(loss)) before each optimizer.step()."
+            )
+        if self._coef is None and self.clipping == "exact" and not self._skip_step and (plain or pending):
+            # plain mode, or a step() before the last micro-batch: every gradient is materialized here
+            norms = [torch.linalg.vector_norm(p.grad, 2.0) for p in plain]
+            norms += [torch.linalg.vector_norm(self._pending_total(p, rec), 2.0) for p, rec in pending]
+            total = self._total_norm(norms)
+            if torch.isfinite(total):
+                self._coef = self._clip_coef_from(total)
+            else:
+                self._skip_step = True
+        if not self._skip_step:
+            for p, rec in pending:  # a parameter absent from the last micro-batch(es), or an early step()
+                grad = self._pending_total(p, rec)
+                self._apply_elementwise(p, grad, rec.name)
+            where = {
+                p: f"param_groups[{i}]['params'][{j}]"
+                for i, g in enumerate(self.param_groups)
+                for j, p in enumerate(g["params"])
+            }
+            for p in plain:
+                self._apply_elementwise(p, p.grad, where[p])
+        for p, rec in pending:
+            rec.accum = None
+            p.grad = None
+        self._grad_seen = {p: (id(p.grad), p.grad._version) for p in plain}
+        self._finish_step()
+        return loss
+
+    def _finish_step(self):
+        grad_norm = nonfinite = None
+        if self._norm_sq:  # one transfer for the whole step
+            dev = self._norm_sq[0].device
+            totals = torch.stack(
+                [
+                    torch.stack([n.to(dev, torch.float64) for n in self._norm_sq]).sum(),
+                    torch.stack([b.to(dev, torch.float64) for b in self._bad]).sum(),
+                ]
+            ).cpu()
+            grad_norm = math.sqrt(float(totals[0]))
+            nonfinite = int(totals[1])
+        bad_counts = [int(b) for b in self._bad] if nonfinite else []
+        nonfinite = nonfinite or 0
+        self._global_step += 1
+        self.stats = {
+            "step": self._global_step,
+            "grad_norm": grad_norm,
+            "nonfinite": nonfinite,
+            "clip_coef": None if self._coef is None else float(self._coef),
+            "skipped": self._skip_step,
+        }
+        self.stats_history.append(self.stats)
+        if grad_norm is not None and math.isfinite(grad_norm):
+            self._prev_norm = grad_norm
+        bad_names = [n for n, c in zip(self._bad_names, bad_counts) if c]
+        skipped = self._skip_step
+        for rec in self._recs.values():
+            rec.events = 0
+            rec.updated = False
+            rec.accum = None
+        self._max_events = 0
+        self._coef = None
+        self._coef_float = None
+        self._skip_step = False
+        self._norm_sq, self._bad, self._bad_names = [], [], []
+        if self.nonfinite == "raise" and (nonfinite or skipped):
+            if skipped:
+                raise FloatingPointError(
+                    f"forge_num: step {self._global_step} had a non-finite global gradient norm (found by the "
+                    "exact-clipping norm pass); the whole update was skipped, weights and state are unchanged"
+                )
+            where = f" in {', '.join(bad_names[:5])}" if bad_names else ""
+            raise FloatingPointError(
+                f"forge_num: step {self._global_step} had {nonfinite} non-finite gradient element(s){where}; "
+                "those elements of the weights and optimizer state were left unchanged"
+            )
+
+    # ---------------------------------------------------------------------------------------
+    # Checkpoints
+    # ---------------------------------------------------------------------------------------
+
+    def state_dict(self):
+        sd = super().state_dict()
+        sd["forge_num"] = {"global_step": self._global_step, "prev_norm": self._prev_norm}
+        return sd
+
+    def load_state_dict(self, state_dict):
+        extra = state_dict.get("forge_num", {})
+        state_dict = {k: v for k, v in state_dict.items() if k != "forge_num"}
+        if any(rec.events for rec in getattr(self, "_recs", {}).values()):
+            raise RuntimeError("forge_num: load_state_dict() in the middle of a step; call step() first")
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:
+            self._check_group(group)
+        for state in self.state.values():
+            if "step" in state and not torch.is_tensor(state["step"]):
+                state["step"] = torch.tensor(float(state["step"]), dtype=torch.float32)
+        self._global_step = int(extra.get("global_step", 0))
+        self._prev_norm = extra.get("prev_norm")
+        self._index_groups()  # torch's load_state_dict replaces the group dicts
+
+
+# --------------------------------------------------------------------------------------------
+# The four optimizers
+# --------------------------------------------------------------------------------------------
+
+
+def _zeros(p):
+    return torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
+class Adam(ForgeOptimizer):
+    """Adam (L2 weight decay), as ``torch.optim.Adam(foreach=False)`` with an IEEE square root.
+
+    ``decoupled_weight_decay=True`` makes it AdamW, as in torch.
+    """
+
+    _GROUP_DEFAULTS = {
+        "amsgrad": False,
+        "maximize": False,
+        "foreach": None,
+        "capturable": False,
+        "differentiable": False,
+        "fused": None,
+        "decoupled_weight_decay": False,
+    }
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        amsgrad: bool = False,
+        *,
+        maximize: bool = False,
+        foreach: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
+        decoupled_weight_decay: bool = False,
+        **options,
+    ):
+        if isinstance(lr, torch.Tensor):
+            lr = float(lr)
+        defaults = dict(
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            amsgrad=amsgrad,
+            maximize=maximize,
+            foreach=foreach,
+            capturable=capturable,
+            differentiable=differentiable,
+            fused=fused,
+            decoupled_weight_decay=decoupled_weight_decay,
+        )
+        super().__init__(params, defaults, **options)
+
+    def _rule(self, group):
+        return _rules.ADAMW if group.get("decoupled_weight_decay", False) else _rules.ADAM
+
+    def _prepare_state(self, p, group):
+        state = self.state[p]
+        if len(state) == 0:
+            state["step"] = torch.tensor(0.0, dtype=torch.float32)
+            state["exp_avg"] = _zeros(p)
+            state["exp_avg_sq"] = _zeros(p)
+        state["step"] += 1  # as torch: the step counter advances before the update
+        rule = self._rule(group)
+        h = rule.scalars(group, int(state["step"].item()))
+        return rule, h, [state["exp_avg"], state["exp_avg_sq"]]
+
+
+class AdamW(Adam):
+    """AdamW (decoupled weight decay), as ``torch.optim.AdamW(foreach=False)`` with an IEEE square root."""
+
+    _GROUP_DEFAULTS = {**Adam._GROUP_DEFAULTS, "decoupled_weight_decay": True}
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        amsgrad: bool = False,
+        **kwargs,
+    ):
+        if kwargs.pop("decoupled_weight_decay", True) is not True:
+            raise ValueError("AdamW has decoupled weight decay; use forge_num.Adam for L2 weight decay")
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, decoupled_weight_decay=True, **kwargs)
+
+
+class SGD(ForgeOptimizer):
+    """SGD with momentum, dampening, Nesterov and L2 weight decay, as ``torch.optim.SGD(foreach=False)``."""
+
+    _GROUP_DEFAULTS = {"maximize": False, "foreach": None, "differentiable": False, "fused": None}
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        *,
+        maximize: bool = False,
+        foreach: bool | None = None,
+        differentiable: bool = False,
+        fused: bool | None = None,
+        **options,
+    ):
+        if isinstance(lr, torch.Tensor):
+            lr = float(lr)
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            dampening=dampening,
+            weight_decay=weight_decay,
+            nesterov=nesterov,
+            maximize=maximize,
+            foreach=foreach,
+            differentiable=differentiable,
+            fused=fused,
+        )
+        super().__init__(params, defaults, **options)
+
+    def _rule(self, group):
+        return _rules.SGD
+
+    def _prepare_state(self, p, group):
+        rule = _rules.SGD
+        if rule.state_slots(group) == 0:
+            return rule, rule.scalars(group, 1), []
+        state = self.state[p]
+        first = "momentum_buffer" not in state or state["momentum_buffer"] is None
+        if first:
+            state["momentum_buffer"] = _zeros(p)  # the rule sets it to the gradient (torch: clone(grad))
+        return rule, rule.scalars(group, 1 if first else 2), [state["momentum_buffer"]]
+
+
+class Lion(ForgeOptimizer):
+    """Lion (Chen et al. 2023) as the reference implementation lion-pytorch computes it."""
+
+    _GROUP_DEFAULTS = {}
+    _UNSUPPORTED = {}
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-4,
+        betas: tuple[float, float] = (0.9, 0.99),
+        weight_decay: float = 0.0,
+        **options,
+    ):
+        if isinstance(lr, torch.Tensor):
+            lr = float(lr)
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay), **options)
+
+    def _rule(self, group):
+        return _rules.LION
+
+    def _prepare_state(self, p, group):
+        state = self.state[p]
+        if len(state) == 0:
+            state["exp_avg"] = _zeros(p)
+        return _rules.LION, _rules.LION.scalars(group, 1), [state["exp_avg"]]

@@ -1,0 +1,364 @@
+"""prepare(model, optimizer): move every parameter update of a model into its backward pass.
+
+* Every ``nn.Linear`` (and transformers' GPT-2 ``Conv1D``, whose weight is stored [in, out]) whose
+  weight the optimizer trains becomes a *fused layer*: the module keeps its class (a subclass of it
+  is swapped in), its Parameter objects, names and state_dict keys; its forward is an autograd
+  Function whose backward computes ``dX = dY·W`` with the pre-update W and then hands ``(X, dY)`` to
+  the optimizer, which applies the rule to W from ``dW = dYᵀX`` block by block (the Triton kernel on
+  CUDA, ``forge_num.torch_backend`` elsewhere): no weight gradient is materialized. The bias gradient
+  (``dY`` summed over tokens) goes to autograd and the element-wise path.
+* Every other trainable parameter the optimizer holds gets a post-accumulate-grad hook that applies
+  the element-wise update and frees ``.grad`` at once. Frozen parameters are untouched.
+* A parameter used more than once in a step takes the *materialized path*, for that parameter only:
+  its layer returns ``dW`` to autograd, which sums all uses, and the hook applies the rule once after
+  the last use. Tied weights (one Parameter in two modules, e.g. embedding and LM head) are found at
+  prepare() time and those Linear modules are left as they are; a fused module called twice is found
+  when its backward runs (two live uses of one weight in the graph).
+* Under ``torch.autocast`` the layer computes its output and dX in the autocast dtype exactly as
+  ``F.linear`` does, and dW in fp32 from the low-precision X and dY: never rounded to bf16, whereas
+  torch's autocast rounds its dW to bf16 before the cast back to fp32 (so there the two differ, by
+  design; in fp32 they are bitwise equal).
+* Gradient checkpointing (Hugging Face's, ``use_reentrant=False`` by default, and reentrant) works:
+  recomputed forwards are never counted as uses. Limitation: a fused module called in two different
+  *reentrant* checkpointed segments is seen as two backwards (an error says so).
+
+``unprepare(model)`` (or ``handle.remove()``) restores the modules and removes the hooks.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from forge_num.optim import ForgeOptimizer
+
+__all__ = ["prepare", "unprepare", "PreparedHandle"]
+
+_RUNTIME: "weakref.WeakKeyDictionary[nn.Module, _Layer]" = weakref.WeakKeyDictionary()
+_FUSED_CLASSES: dict[type, type] = {}
+
+
+# --------------------------------------------------------------------------------------------
+# Use tracking: how many live graph nodes use one weight
+# --------------------------------------------------------------------------------------------
+
+
+class _Group:
+    """The uses of one weight that are alive in the autograd graph at the same time."""
+
+    __slots__ = ("multi", "__weakref__")
+
+    def __init__(self):
+        self.multi = None  # decided at the first backward of the group, then fixed
+
+
+class _Use:
+    __slots__ = ("group", "done", "__weakref__")
+
+    def __init__(self, group):
+        self.group = group
+        self.done = False
+
+
+class _Layer:
+    """What a fused module needs at run time."""
+
+    def __init__(self, opt: ForgeOptimizer, layout: str):
+        self.opt = opt
+        self.layout = layout  # "linear": weight [out, in]; "conv1d": weight [in, out]
+        self.live: "weakref.WeakSet[_Use]" = weakref.WeakSet()
+
+    def new_use(self) -> _Use:
+        live = [u for u in self.live if not u.done]
+        group = live[0].group if live else _Group()
+        use = _Use(group)
+        self.live.add(use)
+        return use
+
+    def materialize(self, use: _Use) -> bool:
+        group = use.group
+        if group.multi is None:
+            # A recomputed forward (activation checkpointing) made its own, already freed, nodes:
+            # only uses still alive and not yet backwarded count.
+            group.multi = sum(1 for u in self.live if not u.done and u.group is group) > 1
+        return group.multi
+
+
+# --------------------------------------------------------------------------------------------
+# The fused layer
+# --------------------------------------------------------------------------------------------
+
+
+def _autocast_dtype(device_type: str):
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return None
+
+
+def _plain_forward(layout, x, weight, bias):
+    if layout == "linear":
+        return F.linear(x, weight, bias)
+    size_out = x.size()[:-1] + (weight.shape[1],)
+    return torch.addmm(bias, x.view(-1, x.size(-1)), weight).view(size_out)
+
+
+class _FusedLinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, layer, use):
+        dt = _autocast_dtype(x.device.type)
+        if dt is not None:
+            xc = x.to(dt)
+            wc = weight.to(dt)
+            bc = bias.to(dt) if bias is not None else None
+        else:
+            xc, wc, bc = x, weight, bias
+        with torch.autocast(x.device.type, enabled=False):
+            out = _plain_forward(layer.layout, xc, wc, bc)
+        ctx.save_for_backward(xc, weight)
+        # The Parameter itself (checkpointing hands back a detached recomputed alias as the saved weight).
+        ctx.param = weight
+        ctx.layer, ctx.use, ctx.dt, ctx.x_dtype = layer, use, dt, x.dtype
+        ctx.has_bias = bias is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        xc, weight = ctx.saved_tensors
+        layer, use, dt = ctx.layer, ctx.use, ctx.dt
+        opt = layer.opt
+        conv = layer.layout == "conv1d"
+        x2 = xc.reshape(-1, xc.shape[-1])
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        if dt is not None and dy2.dtype != dt:
+            dy2 = dy2.to(dt)
+        wc = weight.to(dt) if dt is not None else weight
+        dx = None
+        if ctx.needs_input_grad[0]:  # dX with the pre-update weight, before anything else
+            dx = torch.mm(dy2, wc.t() if conv else wc).view(*xc.shape[:-1], -1).to(ctx.x_dtype)
+        db = None
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy2.sum(0).to(torch.float32)
+        dw = None
+        if ctx.needs_input_grad[1]:
+            if layer.materialize(use):
+                x32, dy32 = x2.to(torch.float32), dy2.to(torch.float32)
+                dw = torch.mm(x32.t(), dy32) if conv else torch.mm(dy32.t(), x32)
+            elif conv:  # weight [in, out] = dyᵀx with the roles of x and dy swapped
+                opt._on_linear_grad(ctx.param, dy2, x2)
+            else:
+                opt._on_linear_grad(ctx.param, x2, dy2)
+        if opt._mode != "norm":
+            use.done = True
+        return dx, dw, db, None, None
+
+
+def _fused_forward(self, input):
+    layer = _RUNTIME.get(self)
+    weight, bias = self.weight, self.bias
+    if layer is None or not (torch.is_grad_enabled() and weight.requires_grad):
+        return _plain_forward("conv1d" if _is_conv1d(type(self)) else "linear", input, weight, bias)
+    return _FusedLinearFn.apply(input, weight, bias, layer, layer.new_use())
+
+
+def _fused_class(cls: type) -> type:
+    fused = _FUSED_CLASSES.get(cls)
+    if fused is None:
+        fused = type(
+            f"Fused{cls.__name__}",
+            (cls,),
+            {"forward": _fused_forward, "_forge_num_original_class": cls, "__module__": __name__},
+        )
+        _FUSED_CLASSES[cls] = fused
+    return fused
+
+
+def _is_conv1d(cls: type) -> bool:
+    for c in cls.__mro__:
+        if c.__name__ == "Conv1D" and c.__module__.startswith("transformers"):
+            return True
+    return False
+
+
+def _layout_of(module: nn.Module) -> str | None:
+    """'linear', 'conv1d', or None where a subclass overrides the module's forward."""
+    cls = type(module)
+    if isinstance(module, nn.Linear):
+        return "linear" if cls.forward is nn.Linear.forward else None
+    if _is_conv1d(cls):
+        base = next(c for c in cls.__mro__ if c.__name__ == "Conv1D")
+        return "conv1d" if cls.forward is base.forward else None
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# The loss of a Hugging Face model output: both backward passes from one loss.backward()
+# --------------------------------------------------------------------------------------------
+
+
+class _LossHolder:
+    __slots__ = ("loss",)
+
+    def __init__(self, loss):
+        self.loss = loss
+
+
+class _TwoPassLoss(torch.autograd.Function):
+    """A copy of the loss whose backward runs the optimizer's passes (norm, then update) on the real graph."""
+
+    @staticmethod
+    def forward(ctx, anchor, holder, opt):
+        ctx.holder, ctx.opt = holder, opt
+        return holder.loss.detach().clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        holder, opt = ctx.holder, ctx.opt
+        if holder.loss is None:
+            raise RuntimeError("forge_num: this loss was already backpropagated (its graph is freed)")
+
+        def run(retain):
+            torch.autograd.backward(holder.loss, grad, retain_graph=retain)
+            if not retain:
+                holder.loss = None
+
+        opt._run_backward(run)
+        return None, None, None
+
+
+def _wrap_output_loss(opt, output):
+    loss = None
+    if isinstance(output, dict) or hasattr(output, "keys"):
+        try:
+            loss = output["loss"]
+        except (KeyError, TypeError):
+            loss = None
+    if not (isinstance(loss, torch.Tensor) and loss.requires_grad and loss.dim() == 0):
+        return output
+    anchor = torch.zeros((), device=loss.device, requires_grad=True)
+    wrapped = _TwoPassLoss.apply(anchor, _LossHolder(loss), opt)
+    output["loss"] = wrapped
+    return output
+
+
+# --------------------------------------------------------------------------------------------
+# prepare / unprepare
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PreparedHandle:
+    """What prepare() changed on a model; ``remove()`` undoes it."""
+
+    model: nn.Module
+    optimizer: ForgeOptimizer
+    fused: dict = field(default_factory=dict)  # name -> module swapped to a fused class
+    hooked: dict = field(default_factory=dict)  # name -> parameter with an in-backward hook
+    tied: list = field(default_factory=list)  # names of Linear modules left unfused (tied weights)
+    hooks: list = field(default_factory=list)
+
+    def remove(self) -> None:
+        unprepare(self.model)
+
+
+def prepare(model: nn.Module, optimizer: ForgeOptimizer) -> nn.Module:
+    """Fold ``optimizer``'s updates into ``model``'s backward; returns ``model`` (changed in place)."""
+    if not isinstance(optimizer, ForgeOptimizer):
+        raise TypeError(
+            f"prepare() needs a forge_num optimizer (forge_num.AdamW, Adam, SGD, Lion), got "
+            f"{type(optimizer).__module__}.{type(optimizer).__name__}"
+        )
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"prepare() needs an nn.Module, got {type(model).__name__}")
+    if getattr(model, "_forge_num_handle", None) is not None:
+        raise RuntimeError("forge_num: this model is already prepared; unprepare(model) first")
+    if optimizer._recs:
+        raise RuntimeError("forge_num: this optimizer is already attached to a prepared model")
+
+    opt_params = {p for g in optimizer.param_groups for p in g["params"]}
+    names: dict[torch.Tensor, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(p, []).append(name)
+    outside = [p for p in opt_params if p not in names]
+    if outside and optimizer.clipping == "exact":
+        raise ValueError(
+            f"forge_num: exact clipping needs every gradient in the norm pass, but {len(outside)} of the "
+            "optimizer's parameters are not in the prepared model"
+        )
+
+    handle = PreparedHandle(model, optimizer)
+    for mname, module in model.named_modules(remove_duplicate=False):
+        layout = _layout_of(module)
+        if layout is None or module in _RUNTIME:
+            continue
+        w = module.weight
+        if w not in opt_params or not w.requires_grad:
+            continue
+        if len(names.get(w, ())) > 1:
+            handle.tied.append(mname)  # a tied weight: autograd sums its uses, the hook updates it
+            continue
+        if w.dim() != 2 or not w.is_contiguous():
+            continue
+        _RUNTIME[module] = _Layer(optimizer, layout)
+        module.__class__ = _fused_class(type(module))
+        handle.fused[mname] = module
+
+    passive = []
+    for p, pnames in names.items():
+        if not p.requires_grad:
+            continue  # frozen: untouched
+        if p not in opt_params:
+            passive.append(p)  # trained by nobody: only kept out of the norm pass
+            continue
+        optimizer._register(p, pnames[0])
+        handle.hooks.append(p.register_post_accumulate_grad_hook(optimizer._on_grad_ready))
+        handle.hooked[pnames[0]] = p
+    optimizer._passive = passive
+
+    def _loss_hook(module, args, output):
+        if optimizer.clipping == "exact" and torch.is_grad_enabled():
+            return _wrap_output_loss(optimizer, output)
+        return output
+
+    handle.hooks.append(model.register_forward_hook(_loss_hook))
+    model._forge_num_handle = handle
+    return model
+
+
+def unprepare(model: nn.Module) -> nn.Module:
+    """Undo prepare(): original module classes, no hooks, the optimizer back to plain mode."""
+    handle = getattr(model, "_forge_num_handle", None)
+    if handle is None:
+        raise RuntimeError("forge_num: this model is not prepared")
+    opt = handle.optimizer
+    busy = [rec.name for rec in opt._recs.values() if rec.events]
+    if busy:
+        raise RuntimeError(
+            f"forge_num: unprepare() with a step in progress ({', '.join(busy[:3])} received gradients "
+            "since the last step()); call optimizer.step() first"
+        )
+    for p in list(opt._recs):
+        opt._unregister(p)
+    opt._passive = []
+    for module in handle.fused.values():
+        module.__class__ = module._forge_num_original_class
+        _RUNTIME.pop(module, None)
+    for h in handle.hooks:
+        h.remove()
+    del model._forge_num_handle
+    return model
+
+
+# ``forge_num.prepare`` names both this module and the function: once the submodule is imported,
+# Python binds the package attribute to the module, so the module itself must be callable.
+class _CallableModule(type(weakref)):
+    def __call__(self, model, optimizer):
+        return prepare(model, optimizer)
+
+
+import sys as _sys  # noqa: E402
+
+_sys.modules[__name__].__class__ = _CallableModule
