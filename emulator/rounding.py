@@ -117,7 +117,7 @@ def bf16_sr_bits(x, rand16) -> np.ndarray:
     hi = bits >> np.uint32(16)
     lo = bits & np.uint32(0xFFFF)
     up = (r < lo) & ((hi & np.uint32(0x7FFF)) != np.uint32(BF16_MAX_BITS))
-    # hi + up never wraps: up = 0 for |hi| = 0x7F7F, and the NaN words are replaced.
+    # hi + up < 2^16 for every non-NaN word (up = 0 when |hi| = 0x7F7F); NaN words are replaced.
     out = np.where(_is_nan(bits), hi | np.uint32(_QUIET), hi + up.astype(np.uint32))
     return out.astype(np.uint16).reshape(shape)
 

@@ -63,7 +63,7 @@ def load_stdlib_corpus(max_bytes: int = 8 << 20) -> bytes:
 def _defaults(device: str) -> dict:
     if device == "cuda":
         return dict(steps=300, batch=16, seq=512, hidden=512, layers=4, heads=8, lr=1e-3)
-    return dict(steps=250, batch=8, seq=256, hidden=128, layers=2, heads=4, lr=3e-3)
+    return dict(steps=200, batch=8, seq=256, hidden=128, layers=2, heads=4, lr=3e-3)
 
 
 class _ExactSqrt:
@@ -236,7 +236,8 @@ def _train(args) -> int:
     exact_sqrt = args.compare and device == "cpu" and not args.torch_sqrt
 
     print(
-        f"forge-num train: LlamaForCausalLM, {args.layers} layers, hidden {args.hidden}, {nparams / 1e6:.2f}M "
+        f"forge-num train: LlamaForCausalLM, {args.layers} layers, hidden {args.hidden}, "
+        f"{nparams / 1e6:.2f}M "
         f"parameters; {len(corpus) / 1e6:.1f} MB of standard-library source as bytes; batch {args.batch} x "
         f"{args.seq} tokens, {args.steps} steps on {device}"
         + (f"; forge_num uses {'the Triton kernels' if device == 'cuda' else 'the torch backend'}")

@@ -523,7 +523,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
         if self.nonfinite == "raise" and (nonfinite or skipped):
             if skipped:
                 raise FloatingPointError(
-                    f"forge_num: step {self._global_step} had a non-finite global gradient norm (found by the "
+                    f"forge_num: step {self._global_step} had a non-finite global gradient norm (found by "
+                    "the "
                     "exact-clipping norm pass); the whole update was skipped, weights and state are unchanged"
                 )
             where = f" in {', '.join(bad_names[:5])}" if bad_names else ""

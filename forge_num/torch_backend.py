@@ -50,6 +50,10 @@ same operands, and MKL gave ``dyᵀ @ x`` bitwise equal to autograd's weight gra
 tried; when dW is split into several blocks MKL's summation order depends on the block's shape (e.g.
 K=1000, M=300, N=200 with 64-row blocks differs in the last bits), so each element is then only
 within the fp32 dot-product bound γ_K · Σ|dy_ki x_kj| of either (tests check that bound).
+
+Memory: one dW block (BLOCK_ELEMS fp32 elements) and the rule's temporaries for it (about ten
+tensors of the block's size; fp64 ones in the round-to-odd fma) exist at a time, whatever the layer's
+size; bf16 x and dy are upcast to fp32 copies (activation-sized) for the duration of the call.
 """
 
 from __future__ import annotations
@@ -115,7 +119,7 @@ def _sqrt(a):
 
 
 def sqrt_fix(r, x):
-    """The correctly rounded binary32 sqrt of binary64 ``x`` (a binary32 value) from ``r``, within one ulp of it."""
+    """The correctly rounded binary32 sqrt of ``x`` from ``r`` one ulp off at most."""
     # Check against the neighbouring binary32 midpoints, exactly: a midpoint has 25 significant bits,
     # its square 50, so both are exact in binary64. This makes the result correctly rounded whatever
     # the accuracy of the binary64 square root (MKL/Sleef/libm), as long as it is within one ulp.

@@ -130,7 +130,8 @@ def check_l1(ck: Checker):
         x, e, sub = decode(w, 7)
         n += 1
         if sub:
-            ck.check("L1 bf16 subnormal", TWO ** (e - 7) <= abs(x) < TWO**e and TWO**e <= 2**7 * abs(x), hex(w))
+            ok = TWO ** (e - 7) <= abs(x) < TWO**e and TWO**e <= 2**7 * abs(x)
+            ck.check("L1 bf16 subnormal", ok, hex(w))
         else:
             ck.check("L1 bf16 normal", TWO**e <= abs(x) < TWO ** (e + 1), hex(w))
     ck.check("L1 count", n == 2 * (254 * 128 + 127), n)
@@ -226,14 +227,15 @@ def check_l5(ck: Checker, rng: random.Random):
         ck.check("L5 eta", TWO**eta <= max(TWO**-126, abs(c), sigma * pmax), (a, b, c))
         n += 1
     ck.check("L5 adversarial count", n > 4000, n)
-    print(f"L5 one instruction: {n} random blocks (zeros, subnormals, spreads up to 70 binades, cancellation)")
+    print(f"L5 one instruction: {n} random blocks (zeros, subnormals, spreads to 70 binades, cancellation)")
 
 
 def check_l6(ck: Checker, rng: random.Random):
     samples = []
     for _ in range(20000):
         e = rng.randint(-160, 127)
-        samples.append((1 if rng.random() < 0.5 else -1) * (1 + Fraction(rng.getrandbits(60), 2**60)) * TWO**e)
+        sign = 1 if rng.random() < 0.5 else -1
+        samples.append(sign * (1 + Fraction(rng.getrandbits(60), 2**60)) * TWO**e)
     for e in (-150, -149, -127, -126, -125, 0, 127):  # just below and at powers of two
         samples += [TWO**e, TWO**e - TWO ** (e - 70), -(TWO**e) + TWO ** (e - 70)]
     for x in samples:
@@ -273,7 +275,9 @@ def check_t1(ck: Checker, rng: random.Random, bound_fn):
         rhs = theorem_bound(g, pmax, k, sigma)
         exported = bound_fn(g - abs(c0), pmax, k, abs_acc=abs(c0), subnormal_operands=sub)
         ck.check("T1 exported formula", exported == rhs, (k, exported, rhs))
-        as_float = bound_fn(float(g - abs(c0)), float(pmax), k, abs_acc=float(abs(c0)), subnormal_operands=sub)
+        as_float = bound_fn(
+            float(g - abs(c0)), float(pmax), k, abs_acc=float(abs(c0)), subnormal_operands=sub
+        )
         ck.check("T1 binary64 form rounds up", Fraction(float(as_float)) >= rhs, (k, as_float, rhs))
         ck.check("T1 bound", abs(d - exact) <= rhs, (a, b, c0))
         worst = max(worst, abs(d - exact) / rhs)

@@ -8,6 +8,16 @@ import types
 import pytest
 
 from forge_num import cli
+from forge_num import torch_backend as _tb
+
+# torch.optim's single-tensor code is reproduced op for op by forge_num.rules with ATen's AVX2/AVX-512
+# kernels, whose lerp/addcmul/add(alpha=) are one fused multiply-add (Vectorized::fmadd). ATen's
+# DEFAULT kernels (no FMA; e.g. ATEN_CPU_CAPABILITY=default) round those twice, so torch.optim itself
+# computes something else there: parity with it is then not expected (forge_num's ops stay exact).
+needs_fused_aten = pytest.mark.skipif(
+    not _tb.addcmul_is_fma(),
+    reason="this CPU's ATen kernels round lerp/addcmul twice (no FMA): not the rules' op order",
+)
 
 pytest.importorskip("transformers")
 
@@ -17,6 +27,7 @@ def test_stdlib_corpus_needs_no_download():
     assert 0 < len(data) <= 200_000 and b"def " in data and b"import " in data
 
 
+@needs_fused_aten
 def test_train_compare_tiny(tmp_path, capsys):
     png = tmp_path / "curve.png"
     rc = cli.main(

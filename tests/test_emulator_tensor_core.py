@@ -35,8 +35,6 @@ DATA = Path(__file__).resolve().parent / "data" / "tensor_core_h200"
 # =================================================================================================
 # the published H200 rows
 # =================================================================================================
-
-
 def _load_published_rows():
     """(a [5000,16] u16, b [5000,16] u16, c [5000] u32, d [5000] u32) from the authors' text files."""
 
@@ -51,7 +49,8 @@ def _load_published_rows():
         assert len(rows) == 5000 and all(len(r) == 32 for r in rows)
         return np.array([int(r, 2) for r in rows], dtype=np.uint32)
 
-    return words("a_H200_bf16.txt"), words("b_H200_bf16.txt"), binary("c_H200_fp32.txt"), binary("d_H200_fp32.txt")
+    a, b = words("a_H200_bf16.txt"), words("b_H200_bf16.txt")
+    return a, b, binary("c_H200_fp32.txt"), binary("d_H200_fp32.txt")
 
 
 @pytest.fixture(scope="module")
@@ -243,7 +242,8 @@ def blocks(draw, specials=False):
         field = draw(st.integers(max(product_field - 30, 1), min(product_field + 30, 254)))
         c = sign | field << 23 | draw(st.integers(0, (1 << 23) - 1))
     elif kind == "cancel":  # c = -a_0 b_0 when that product is an fp32 number
-        p = bf16_value(a[0]) * bf16_value(b[0]) if not (a[0] & 0x7F80 == 0x7F80 or b[0] & 0x7F80 == 0x7F80) else 1
+        finite = a[0] & 0x7F80 != 0x7F80 and b[0] & 0x7F80 != 0x7F80
+        p = bf16_value(a[0]) * bf16_value(b[0]) if finite else 1
         w = fp32_word_toward_zero(-p)
         c = w if w & 0x7F800000 != 0x7F800000 and fp32_value(w) == -p else sign
     elif kind == "special" and specials:
@@ -478,7 +478,8 @@ def test_mainloop_model_by_architecture():
     assert tc.mainloop_model("sm_90a") is tc.dot_sm90
     assert set(tc.ARCH_MODELS) == {"sm_90"}
     for arch in ("sm_80", "sm_89", "sm_100", "sm_120"):
-        with pytest.raises(tc.NoVerifiedModelError, match=f"no verified model for {arch}: use the proved bound"):
+        message = f"no verified model for {arch}: use the proved bound"
+        with pytest.raises(tc.NoVerifiedModelError, match=message):
             tc.mainloop_model(arch)
 
 
@@ -491,7 +492,8 @@ def _bf16_rne_reference(word32: int) -> int:
     # the two bf16 neighbours of |x| by truncation and truncation + 1 ulp
     low = (word32 & 0x7FFFFFFF) >> 16
     lo_v, hi_v = abs(bf16_value(low)), abs(bf16_value(low + 1)) if low + 1 < 0x7F80 else TWO**128
-    pick = low if abs(x) - lo_v < hi_v - abs(x) else low + 1 if abs(x) - lo_v > hi_v - abs(x) else low + (low & 1)
+    below, above = abs(x) - lo_v, hi_v - abs(x)
+    pick = low if below < above else low + 1 if below > above else low + (low & 1)
     return (word32 >> 31) << 15 | pick
 
 
@@ -621,14 +623,17 @@ def test_error_bound_edge_arguments():
     assert one == Fraction(1, 2**21) + Fraction(1, 2**23) + Fraction(1, 2**149) + Fraction(1, 2**158)
     assert tc.bf16_mainloop_error_bound(1, 1, 17, subnormal_operands=False) == 2 * one
     assert tc.bf16_mainloop_error_bound(1, None, 16, subnormal_operands=False) == one
-    arr = tc.bf16_mainloop_error_bound(np.array([1.0, 2.0]), np.array([0.5, 0.5]), 16, subnormal_operands=False)
+    arr = tc.bf16_mainloop_error_bound(
+        np.array([1.0, 2.0]), np.array([0.5, 0.5]), 16, subnormal_operands=False
+    )
     assert arr.shape == (2,) and Fraction(float(arr[0])) >= one
     with pytest.raises(ValueError):
         tc.bf16_mainloop_error_bound(1, 1, -1)
 
 
 def _load_checker():
-    spec = importlib.util.spec_from_file_location("_check_tensor_core_bound", ROOT / "proofs" / "check_tensor_core_bound.py")
+    path = ROOT / "proofs" / "check_tensor_core_bound.py"
+    spec = importlib.util.spec_from_file_location("_check_tensor_core_bound", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -59,11 +59,14 @@ def _dot_kernel(
     for k0 in range(0, K, BK):
         kk = k0 + rk
         if A_TRANSPOSED:  # the dW kernel's dY tile: [BK, BM], transposed in registers
-            a_t = tl.load(a_ptr + kk[:, None] * M + rm[None, :], mask=(kk[:, None] < K) & (rm[None, :] < M), other=0.0)
+            a_mask = (kk[:, None] < K) & (rm[None, :] < M)
+            a_t = tl.load(a_ptr + kk[:, None] * M + rm[None, :], mask=a_mask, other=0.0)
             a = tl.trans(a_t)
         else:
-            a = tl.load(a_ptr + rm[:, None] * K + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
-        b = tl.load(b_ptr + kk[:, None] * N + rn[None, :], mask=(kk[:, None] < K) & (rn[None, :] < N), other=0.0)
+            a_mask = (rm[:, None] < M) & (kk[None, :] < K)
+            a = tl.load(a_ptr + rm[:, None] * K + kk[None, :], mask=a_mask, other=0.0)
+        b_mask = (kk[:, None] < K) & (rn[None, :] < N)
+        b = tl.load(b_ptr + kk[:, None] * N + rn[None, :], mask=b_mask, other=0.0)
         acc = tl.dot(a, b, acc)
     tl.store(d_ptr + rm[:, None] * N + rn[None, :], acc, mask=out_mask)
 
@@ -249,7 +252,9 @@ def test_t_vectors_on_gpu():
         matching_alternatives = [alt for alt, out in v.get("alternatives", {}).items() if out in differing]
         rec["agrees"] = agrees
         rec["alternatives_matching_gpu"] = matching_alternatives
-        verdict = "model" if agrees else "MISMATCH" + (f" (= {', '.join(matching_alternatives)})" if matching_alternatives else "")
+        verdict = "model" if agrees else "MISMATCH"
+        if matching_alternatives:
+            verdict += f" (= {', '.join(matching_alternatives)})"
         if sorted(set(rec["model"].values())) != [v["expected"]]:
             verdict += f" [model with BK > 16: {','.join(sorted(set(rec['model'].values())))}]"
         lines.append(f"{v['id']:7} {v['status']:10} {v['expected']:8}  {','.join(outs):26} {verdict}")
@@ -269,7 +274,8 @@ M = N = 256
 
 
 def _words(rng, shape, lo_exp, hi_exp, zero=0.0, subnormal=0.0) -> np.ndarray:
-    """bf16 words: random sign, exponent uniform in [lo_exp, hi_exp], random fraction, some zeros/subnormals."""
+    """bf16 words: random sign, exponent uniform in [lo_exp, hi_exp], random fraction; some zeros and
+    subnormals."""
     field = rng.integers(lo_exp + 127, hi_exp + 128, size=shape)
     w = field << 7 | rng.integers(0, 128, size=shape)
     r = rng.random(shape)
@@ -297,12 +303,17 @@ def _region(name: str, rng):
     """(a [M, K], b [K, N], acc [M, N]) of one region."""
     if name == "normal, randn * 2^U[-10,10] (the note's run)":
         k = 64
-        a = tc.bf16_bits_from_f32_rne((rng.standard_normal((M, k)) * 2.0 ** rng.uniform(-10, 10, (M, k))).astype(np.float32))
-        b = tc.bf16_bits_from_f32_rne((rng.standard_normal((k, N)) * 2.0 ** rng.uniform(-10, 10, (k, N))).astype(np.float32))
+
+        def randn_scaled(shape):
+            x = rng.standard_normal(shape) * 2.0 ** rng.uniform(-10, 10, shape)
+            return tc.bf16_bits_from_f32_rne(x.astype(np.float32))
+
+        a, b = randn_scaled((M, k)), randn_scaled((k, N))
         return a, b, _acc(rng, (M, N), -5, 5, zero=0.3)
     if name == "one instruction, mixed":
         k = 16
-        return _words(rng, (M, k), -40, 40, 0.2, 0.05), _words(rng, (k, N), -40, 40, 0.2, 0.05), _acc(rng, (M, N), -60, 60, 0.2, 0.05)
+        a, b = _words(rng, (M, k), -40, 40, 0.2, 0.05), _words(rng, (k, N), -40, 40, 0.2, 0.05)
+        return a, b, _acc(rng, (M, N), -60, 60, 0.2, 0.05)
     if name == "exponent spread of 120 binades":
         k = 64
         return _words(rng, (M, k), -30, 30), _words(rng, (k, N), -30, 30), _acc(rng, (M, N), -60, 60, 0.1)
@@ -341,18 +352,22 @@ def _region(name: str, rng):
         b[pairs + 1, :] = b[pairs, :]
         unpaired = np.setdiff1d(np.arange(k), np.concatenate([pairs, pairs + 1]))
         zero_cols = np.flatnonzero(rng.random(N) < 0.15)  # there every product cancels or is +-0
-        b[np.ix_(unpaired, zero_cols)] = rng.choice(np.array([0, 0x8000], np.uint16), size=(unpaired.size, zero_cols.size))
+        signed_zeros = np.array([0, 0x8000], np.uint16)
+        b[np.ix_(unpaired, zero_cols)] = rng.choice(signed_zeros, size=(unpaired.size, zero_cols.size))
         # the accumulator: the exact negative of an unpaired product (an fp32 number: 16 significant
         # bits, exponent within range), +-0, or random
         u0 = unpaired[0]
-        first = tc.f32_from_bf16_bits(a[:, u0 : u0 + 1]).astype(np.float64) * tc.f32_from_bf16_bits(b[u0 : u0 + 1, :]).astype(np.float64)
+        a_u0 = tc.f32_from_bf16_bits(a[:, u0 : u0 + 1]).astype(np.float64)
+        first = a_u0 * tc.f32_from_bf16_bits(b[u0 : u0 + 1, :]).astype(np.float64)
         kind = rng.integers(0, 3, size=(M, N))
-        acc = np.where(kind == 0, -first, np.where(kind == 1, 0.0, _acc(rng, (M, N), -8, 8).astype(np.float64)))
+        random_acc = _acc(rng, (M, N), -8, 8).astype(np.float64)
+        acc = np.where(kind == 0, -first, np.where(kind == 1, 0.0, random_acc))
         acc = np.where((kind == 1) & (rng.random((M, N)) < 0.5), -0.0, acc)
         return a, b, acc.astype(np.float32)
     if name == "K tail (K = 50), mixed":
         k = 50
-        return _words(rng, (M, k), -20, 20, 0.1, 0.02), _words(rng, (k, N), -20, 20, 0.1, 0.02), _acc(rng, (M, N), -30, 30, 0.2)
+        a, b = _words(rng, (M, k), -20, 20, 0.1, 0.02), _words(rng, (k, N), -20, 20, 0.1, 0.02)
+        return a, b, _acc(rng, (M, N), -30, 30, 0.2)
     raise KeyError(name)
 
 
@@ -373,23 +388,27 @@ REGIONS = [
 def test_random_regions_on_gpu():
     rng = np.random.default_rng(20261202)
     problems = {name: _region(name, rng) for name in REGIONS}
-    models = {(name, bk): model_dot(*problem, bk) for name, problem in problems.items() for bk in {c.BK for c in CONFIGS}}
+    tiles_k = {c.BK for c in CONFIGS}
+    models = {(name, bk): model_dot(*problem, bk) for name, problem in problems.items() for bk in tiles_k}
     results = {name: {} for name in REGIONS}
     for cfg in CONFIGS:
         for name, (a, b, acc) in problems.items():
             results[name][cfg.name] = compare(a, b, acc, models[name, cfg.BK], cfg)
     total = sum(r["outputs"] for by_cfg in results.values() for r in by_cfg.values()) // len(CONFIGS)
-    assert total >= 10**5, total
     width = max(map(len, REGIONS))
     lines = [f"{'region':{width}}  " + "  ".join(f"{c.name:>22}" for c in CONFIGS)]
     for name in REGIONS:
         cells = []
         for cfg in CONFIGS:
             r = results[name][cfg.name]
-            cell = f"{r['mismatches']}/{r['outputs']}" + (f" ({r['nan_payload_only']} NaN)" if r["nan_payload_only"] else "")
+            cell = f"{r['mismatches']}/{r['outputs']}"
+            if r["nan_payload_only"]:
+                cell += f" ({r['nan_payload_only']} NaN)"
             cells.append(f"{cell:>22}")
         lines.append(f"{name:{width}}  " + "  ".join(cells))
-    nan_words = sorted({w for by_cfg in results.values() for r in by_cfg.values() for w in r["gpu_nan_words"]})
+    nan_words = sorted(
+        {w for by_cfg in results.values() for r in by_cfg.values() for w in r["gpu_nan_words"]}
+    )
     lines.append(f"NaN words the GPU produced: {', '.join(nan_words) or 'none'}")
     print("\n" + "\n".join(lines))
     _merge_summary("random_regions", {"outputs_per_configuration": total, "nan_words_seen": nan_words,
@@ -397,3 +416,4 @@ def test_random_regions_on_gpu():
     bad = {name: {c: r for c, r in by_cfg.items() if r["mismatches"]} for name, by_cfg in results.items()}
     bad = {name: v for name, v in bad.items() if v}
     assert not bad, json.dumps(bad, indent=1)[:20000]
+    assert total >= 10**5, f"only {total} outputs per configuration"

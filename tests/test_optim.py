@@ -16,6 +16,16 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import forge_num as fn
+from forge_num import torch_backend as _tb
+
+# torch.optim's single-tensor code is reproduced op for op by forge_num.rules with ATen's AVX2/AVX-512
+# kernels, whose lerp/addcmul/add(alpha=) are one fused multiply-add (Vectorized::fmadd). ATen's
+# DEFAULT kernels (no FMA; e.g. ATEN_CPU_CAPABILITY=default) round those twice, so torch.optim itself
+# computes something else there: parity with it is then not expected (forge_num's ops stay exact).
+needs_fused_aten = pytest.mark.skipif(
+    not _tb.addcmul_is_fma(),
+    reason="this CPU's ATen kernels round lerp/addcmul twice (no FMA): not the rules' op order",
+)
 
 
 class ExactSqrt(TorchFunctionMode):
@@ -103,6 +113,7 @@ CASES = {
 }
 
 
+@needs_fused_aten
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_plain_mode_matches_torch_with_groups_and_scheduler(case):
     make_fn, make_torch = CASES[case]
@@ -129,6 +140,7 @@ def test_plain_mode_matches_torch_with_groups_and_scheduler(case):
     assert o1.state_dict()["state"].keys() == o2.state_dict()["state"].keys()
 
 
+@needs_fused_aten
 def test_without_exact_sqrt_torch_differs():
     """Why ExactSqrt: with torch's own float32 sqrt one AdamW step already differs (not a tolerance)."""
     g = torch.Generator().manual_seed(5)
@@ -151,6 +163,7 @@ def test_without_exact_sqrt_torch_differs():
     assert torch.equal(p1, p3)
 
 
+@needs_fused_aten
 def test_lion_matches_reference():
     torch.manual_seed(0)
     m1 = Net()
@@ -181,6 +194,7 @@ def _train(model, opt, data, exact=False):
         opt.zero_grad()
 
 
+@needs_fused_aten
 @pytest.mark.parametrize("direction", ["forge_to_torch", "torch_to_forge"])
 def test_state_dict_round_trips_with_torch_adamw(direction):
     torch.manual_seed(0)
@@ -318,6 +332,7 @@ def test_telemetry_and_nonfinite_policy():
         r.step()
 
 
+@needs_fused_aten
 def test_plain_exact_clipping_equals_clip_grad_norm():
     """In plain mode the norm is torch's own (vector_norm per tensor, then of the stack): bitwise."""
     torch.manual_seed(0)

@@ -10,8 +10,18 @@ from torch.overrides import TorchFunctionMode
 
 import forge_num as fn
 import forge_num.rules  # noqa: F401  (fn.rules)
+from forge_num import torch_backend as _tb
 from forge_num import torch_backend as tb
 from forge_num.prepare import prepare, unprepare
+
+# torch.optim's single-tensor code is reproduced op for op by forge_num.rules with ATen's AVX2/AVX-512
+# kernels, whose lerp/addcmul/add(alpha=) are one fused multiply-add (Vectorized::fmadd). ATen's
+# DEFAULT kernels (no FMA; e.g. ATEN_CPU_CAPABILITY=default) round those twice, so torch.optim itself
+# computes something else there: parity with it is then not expected (forge_num's ops stay exact).
+needs_fused_aten = pytest.mark.skipif(
+    not _tb.addcmul_is_fma(),
+    reason="this CPU's ATen kernels round lerp/addcmul twice (no FMA): not the rules' op order",
+)
 
 
 class ExactSqrt(TorchFunctionMode):
@@ -60,6 +70,7 @@ def test_prepare_keeps_parameters_names_and_state_dict_and_unprepare_restores():
     opt.step()  # plain mode: updates from .grad
 
 
+@needs_fused_aten
 def test_fused_layer_matches_torch_and_materializes_no_weight_gradient(monkeypatch):
     """With small blocks the weight is updated block by block; the blocks never hold the whole dW."""
     monkeypatch.setattr(tb, "BLOCK_ELEMS", 64)
@@ -101,6 +112,7 @@ def test_fused_layer_matches_torch_and_materializes_no_weight_gradient(monkeypat
     assert torch.equal(m1.weight, w)
 
 
+@needs_fused_aten
 def test_conv1d_transposed_weight_bitwise():
     transformers = pytest.importorskip("transformers")
     from transformers.pytorch_utils import Conv1D

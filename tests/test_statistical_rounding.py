@@ -191,8 +191,10 @@ def test_family_test_has_power():
 # the same on CUDA, with the Triton twins
 
 
-def _gpu_counts():
-    import torch
+def _define_gpu_kernels():
+    """The wrapper kernels, defined on first use so that CPU runs never import triton here. The
+    names their bodies use are module globals (a jit function resolves names in its globals)."""
+    global tl, KQ, KRand, KR, _k_sr, _k_q
     import triton
     import triton.language as tl
 
@@ -200,36 +202,38 @@ def _gpu_counts():
     from forge_num.kernels import random as KRand
     from forge_num.kernels import rounding as KR
 
-    global _k_sr, _k_q
+    @triton.jit
+    def _k_sr(seed, x_ptr, p_ptr, m_ptr, v_ptr, N, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < N
+        r_p, r_m16, r_v16, _, _ = KRand.rounding_bits(seed, offs.to(tl.int64))
+        x = tl.load(x_ptr + offs * 0)
+        tl.store(p_ptr + offs, KR.bf16_sr_bits(x, r_p), mask=mask)
+        tl.store(m_ptr + offs, KR.bf16_sr_bits(x, r_m16), mask=mask)
+        tl.store(v_ptr + offs, KR.bf16_sr_bits(x, r_v16), mask=mask)
+
+    @triton.jit
+    def _k_q(seed, t_ptr, c_ptr, s_ptr, NROWS, BR: tl.constexpr, SIGNED: tl.constexpr):
+        rows = tl.program_id(0) * BR + tl.arange(0, BR)
+        inside = rows[:, None] < NROWS
+        off = rows.to(tl.int64)[:, None] * 128 + tl.arange(0, 128)[None, :]
+        _, _, _, r_m24, r_v24 = KRand.rounding_bits(seed, off)
+        if SIGNED:
+            r = r_m24
+        else:
+            r = r_v24
+        codes, scales = KQ.quantize_block_sr(tl.load(t_ptr + off, mask=inside, other=0.0), r, SIGNED)
+        tl.store(c_ptr + off, codes, mask=inside)
+        tl.store(s_ptr + rows[:, None] + tl.arange(0, 1)[None, :], scales, mask=inside)
+
+
+def _gpu_counts(device: str = "cuda"):
+    import torch
+    import triton
+
     if "_k_sr" not in globals():
-
-        @triton.jit
-        def _k_sr(seed, x_ptr, p_ptr, m_ptr, v_ptr, N, BLOCK: tl.constexpr):
-            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-            mask = offs < N
-            r_p, r_m16, r_v16, _, _ = KRand.rounding_bits(seed, offs.to(tl.int64))
-            x = tl.load(x_ptr + offs * 0)
-            tl.store(p_ptr + offs, KR.bf16_sr_bits(x, r_p), mask=mask)
-            tl.store(m_ptr + offs, KR.bf16_sr_bits(x, r_m16), mask=mask)
-            tl.store(v_ptr + offs, KR.bf16_sr_bits(x, r_v16), mask=mask)
-
-        @triton.jit
-        def _k_q(seed, t_ptr, c_ptr, s_ptr, NROWS, BR: tl.constexpr, SIGNED: tl.constexpr):
-            rows = tl.program_id(0) * BR + tl.arange(0, BR)
-            inside = rows[:, None] < NROWS
-            off = rows.to(tl.int64)[:, None] * 128 + tl.arange(0, 128)[None, :]
-            _, _, _, r_m24, r_v24 = KRand.rounding_bits(seed, off)
-            if SIGNED:
-                r = r_m24
-            else:
-                r = r_v24
-            codes, scales = KQ.quantize_block_sr(tl.load(t_ptr + off, mask=inside, other=0.0), r, SIGNED)
-            tl.store(c_ptr + off, codes, mask=inside)
-            tl.store(s_ptr + rows[:, None] + tl.arange(0, 1)[None, :], scales, mask=inside)
-
-        globals()["_k_sr"], globals()["_k_q"] = _k_sr, _k_q
-
-    dev = torch.device("cuda")
+        _define_gpu_kernels()
+    dev = torch.device(device)
     counts = {}
     for i, v in enumerate(grid()):
         seed = philox.derive_seed(USER_SEED, i, PARAM_ID)

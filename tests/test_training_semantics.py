@@ -18,7 +18,17 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import forge_num as fn
+from forge_num import torch_backend as _tb
 from forge_num.prepare import prepare, unprepare
+
+# torch.optim's single-tensor code is reproduced op for op by forge_num.rules with ATen's AVX2/AVX-512
+# kernels, whose lerp/addcmul/add(alpha=) are one fused multiply-add (Vectorized::fmadd). ATen's
+# DEFAULT kernels (no FMA; e.g. ATEN_CPU_CAPABILITY=default) round those twice, so torch.optim itself
+# computes something else there: parity with it is then not expected (forge_num's ops stay exact).
+needs_fused_aten = pytest.mark.skipif(
+    not _tb.addcmul_is_fma(),
+    reason="this CPU's ATen kernels round lerp/addcmul twice (no FMA): not the rules' op order",
+)
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
@@ -132,6 +142,7 @@ def assert_same_weights(m1, m2):
 ADAMW = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 
 
+@needs_fused_aten
 @pytest.mark.parametrize("build", [tiny_llama, tiny_gpt2], ids=["llama", "gpt2-conv1d-tied"])
 def test_adamw_20_steps_bitwise(build):
     m1 = build()
@@ -151,6 +162,7 @@ def test_adamw_20_steps_bitwise(build):
     assert all(p.grad is None for p in m1.parameters())  # no gradient left behind
 
 
+@needs_fused_aten
 def test_sgd_momentum_20_steps_bitwise():
     hyper = dict(lr=0.05, momentum=0.9, dampening=0.0, weight_decay=0.01, nesterov=True)
     m1 = tiny_llama()
@@ -164,6 +176,7 @@ def test_sgd_momentum_20_steps_bitwise():
     assert_same_weights(m1, m2)
 
 
+@needs_fused_aten
 def test_lion_20_steps_bitwise():
     hyper = dict(lr=1e-4, betas=(0.9, 0.99), weight_decay=0.1)
     m1 = tiny_llama()
@@ -219,6 +232,7 @@ def test_resume_at_step_10_equals_uninterrupted_and_runs_repeat():
     assert_same_weights(m1, m4)
 
 
+@needs_fused_aten
 def test_accumulation_over_4_micro_batches_equals_torch_accumulating_grad():
     """Reference: torch accumulating .grad over the 4 micro-batches (loss / 4 each), then one step."""
     m1 = tiny_llama()
@@ -233,6 +247,7 @@ def test_accumulation_over_4_micro_batches_equals_torch_accumulating_grad():
     assert opt.stats["step"] == 4
 
 
+@needs_fused_aten
 def test_step_after_fewer_micro_batches_applies_what_was_accumulated():
     m1 = tiny_llama()
     m2 = copy.deepcopy(m1)
@@ -257,6 +272,7 @@ def _clip_reference(m2, data, max_norm, coefs):
         o2.zero_grad()
 
 
+@needs_fused_aten
 @pytest.mark.parametrize("micro", [1, 2])
 def test_exact_clipping(micro):
     """Exact global clipping: a norm-only backward, then the update with min(1, max/(norm + 1e-6)).
@@ -315,6 +331,7 @@ def test_plain_backward_with_exact_clipping_is_explained():
     opt.step()
 
 
+@needs_fused_aten
 def test_clipping_by_previous_norm():
     """Step t scales by min(1, max/(norm_{t-1} + 1e-6)); step 1 is not clipped."""
     m1 = tiny_llama()
@@ -333,6 +350,7 @@ def test_clipping_by_previous_norm():
     assert_same_weights(m1, m2)
 
 
+@needs_fused_aten
 def test_injected_nonfinite_gradients_leave_weights_finite_and_unchanged_there():
     m1 = tiny_llama()
     m2 = copy.deepcopy(m1)
@@ -402,6 +420,7 @@ class TwiceNet(torch.nn.Module):
 @pytest.mark.parametrize(
     "clip,micro", [(None, 1), ("exact", 1), ("exact", 3)], ids=["plain", "clip", "clip-accum3"]
 )
+@needs_fused_aten
 def test_module_called_twice_and_tied_weights_match_torch(clip, micro):
     """The reused Linear and the tied embedding take the materialized path; clipping and accumulation too."""
     torch.manual_seed(0)
@@ -476,6 +495,7 @@ def test_two_backwards_without_step_and_step_without_backward_are_explained():
     opt.step()
 
 
+@needs_fused_aten
 @pytest.mark.parametrize("reentrant", [False, True])
 def test_hf_gradient_checkpointing_bitwise(reentrant):
     m1 = tiny_llama()
