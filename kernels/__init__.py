@@ -66,32 +66,37 @@ class TileConfig:
     BK: int
     num_warps: int = 4
     num_stages: int = 3
+    epilogue_split: int = 1  # the epilogue runs on this many column sub-tiles (1, 2 or 4)
 
     def __post_init__(self):
         for name in ("BM", "BN", "BK"):
             v = getattr(self, name)
             if v < 16 or v & (v - 1):
                 raise ValueError(f"TileConfig.{name} must be a power of two >= 16, got {v}")
+        if self.epilogue_split not in (1, 2, 4) or self.BN // self.epilogue_split < 8:
+            raise ValueError(f"TileConfig.epilogue_split must be 1, 2 or 4 with BN/split >= 8, got {self}")
 
 
 # Tile shapes the launcher may use, per mainloop mode. Every one of them is a test case
 # (tests/test_interpreter_kernels.py, tests/test_gpu_exactness.py), so autotuning can never pick
 # an unverified configuration. The fp32 "ieee" mode runs on the FMA pipes (no tensor cores): small
-# K blocks keep the operand tiles in shared memory small. bf16: the usual Hopper wgmma shapes.
+# K blocks keep the operand tiles in shared memory small. bf16: the usual Hopper wgmma shapes, with
+# the epilogue split into column sub-tiles until ptxas reports no spills for AdamW (sm_90,
+# contiguous operands; `python -m bench.registers` prints registers and spills per configuration;
+# an unsplit 128x128 epilogue spilled ~4.8 KB per thread and ran 3.5x slower than the unfused step).
 IEEE_CONFIGS = (
-    TileConfig(64, 64, 16, num_warps=4, num_stages=2),
-    TileConfig(64, 64, 32, num_warps=4, num_stages=2),
-    TileConfig(128, 64, 16, num_warps=8, num_stages=2),
+    TileConfig(64, 64, 16, num_warps=4, num_stages=2, epilogue_split=2),
+    TileConfig(64, 64, 32, num_warps=4, num_stages=2, epilogue_split=2),
+    TileConfig(128, 64, 16, num_warps=8, num_stages=2, epilogue_split=2),
 )
 BF16_CONFIGS = (
-    TileConfig(128, 128, 64, num_warps=8, num_stages=3),
-    TileConfig(128, 64, 64, num_warps=4, num_stages=4),
-    TileConfig(64, 128, 64, num_warps=4, num_stages=4),
-    TileConfig(64, 64, 64, num_warps=4, num_stages=4),
-    TileConfig(128, 64, 64, num_warps=8, num_stages=3),
-    TileConfig(64, 128, 32, num_warps=8, num_stages=4),
+    TileConfig(128, 64, 64, num_warps=8, num_stages=3, epilogue_split=2),
+    TileConfig(128, 64, 64, num_warps=4, num_stages=4, epilogue_split=4),
+    TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4),
+    TileConfig(64, 64, 64, num_warps=4, num_stages=4, epilogue_split=2),
+    TileConfig(64, 128, 32, num_warps=8, num_stages=4, epilogue_split=4),
 )
-INTERPRETER_CONFIG = TileConfig(32, 32, 16, num_warps=4, num_stages=1)
+INTERPRETER_CONFIG = TileConfig(32, 32, 16, num_warps=4, num_stages=1, epilogue_split=2)
 
 
 def configs_for(input_dtype: torch.dtype) -> tuple[TileConfig, ...]:
@@ -220,7 +225,7 @@ def _launch_linear(
             GUARDED_UPDATE=guarded, N_STATE=n_state,
             UPDATE=update, STORE_ACC=acc_out is not None, HAS_ACCUM=accum is not None,
             INPUT_PRECISION=precision,
-            BM=config.BM, BN=config.BN, BK=config.BK,
+            BM=config.BM, BN=config.BN, BK=config.BK, EPILOGUE_SPLIT=config.epilogue_split,
             num_warps=config.num_warps, num_stages=config.num_stages,
             enable_fp_fusion=False,
         )

@@ -90,7 +90,7 @@ def fused_linear_update_kernel(
     GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr,
     UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, HAS_ACCUM: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -108,9 +108,67 @@ def fused_linear_update_kernel(
         offs_m, offs_n, BM, BN, BK, INPUT_PRECISION,
     )
 
+    # The epilogue runs on EPILOGUE_SPLIT column sub-tiles of [BM, BN / EPILOGUE_SPLIT], one after
+    # the other: W, S0 and S1 of a whole tile next to the accumulator do not fit in registers
+    # (ptxas spills kilobytes per thread at 128x128), a quarter of them does. Element-wise, so the
+    # split changes no bit of W or state; only the order of the telemetry sum.
+    if EPILOGUE_SPLIT == 1:
+        norm_sq, nonfinite = update_subtile(
+            g, offs_m, offs_n, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale,
+            GUARDED_UPDATE, N_STATE, UPDATE, STORE_ACC)
+    elif EPILOGUE_SPLIT == 2:
+        g0, g1 = column_halves(g, BM, BN)
+        n0, f0 = update_subtile(
+            g0, offs_m, pid_n * BN + tl.arange(0, BN // 2), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h,
+            grad_scale, GUARDED_UPDATE, N_STATE, UPDATE, STORE_ACC)
+        n1, f1 = update_subtile(
+            g1, offs_m, pid_n * BN + BN // 2 + tl.arange(0, BN // 2), M, N, w_ptr, s0_ptr, s1_ptr,
+            acc_out_ptr, h, grad_scale, GUARDED_UPDATE, N_STATE, UPDATE, STORE_ACC)
+        norm_sq = n0 + n1
+        nonfinite = f0 + f1
+    else:
+        tl.static_assert(EPILOGUE_SPLIT == 4, "EPILOGUE_SPLIT must be 1, 2 or 4")
+        gl, gr = column_halves(g, BM, BN)
+        g0, g1 = column_halves(gl, BM, BN // 2)
+        g2, g3 = column_halves(gr, BM, BN // 2)
+        Q: tl.constexpr = BN // 4
+        n0, f0 = update_subtile(
+            g0, offs_m, pid_n * BN + tl.arange(0, Q), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h,
+            grad_scale, GUARDED_UPDATE, N_STATE, UPDATE, STORE_ACC)
+        n1, f1 = update_subtile(
+            g1, offs_m, pid_n * BN + Q + tl.arange(0, Q), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h,
+            grad_scale, GUARDED_UPDATE, N_STATE, UPDATE, STORE_ACC)
+        n2, f2 = update_subtile(
+            g2, offs_m, pid_n * BN + 2 * Q + tl.arange(0, Q), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h,
+            grad_scale, GUARDED_UPDATE, N_STATE, UPDATE, STORE_ACC)
+        n3, f3 = update_subtile(
+            g3, offs_m, pid_n * BN + 3 * Q + tl.arange(0, Q), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h,
+            grad_scale, GUARDED_UPDATE, N_STATE, UPDATE, STORE_ACC)
+        norm_sq = (n0 + n1) + (n2 + n3)
+        nonfinite = (f0 + f1) + (f2 + f3)
+
+    slot = (pid_m * (BM // 16)) * slots_n + pid_n * (BN // 16)  # 16 = kernels.TELEMETRY_GRANULE
+    tl.store(norm_sq_ptr + slot, norm_sq)
+    tl.store(nonfinite_ptr + slot, nonfinite)
+
+
+@triton.jit
+def column_halves(x, BM: tl.constexpr, BN: tl.constexpr):
+    """x[:, :BN/2], x[:, BN/2:] of a [BM, BN] tile (reshape to [BM, 2, BN/2], move the 2 last, split)."""
+    return tl.split(tl.permute(tl.reshape(x, (BM, 2, BN // 2)), (0, 2, 1)))
+
+
+@triton.jit
+def update_subtile(
+    g, offs_m, offs_n, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale,
+    GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, UPDATE: tl.constexpr, STORE_ACC: tl.constexpr,
+):
+    """The epilogue on one sub-tile: store g (debug), apply the guarded rule to W and its state,
+    return (Σ g² in fp64, number of non-finite g) over the sub-tile."""
+    in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    offs = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
     if STORE_ACC:
         tl.store(acc_out_ptr + offs, g, mask=in_tile)
-
     if UPDATE:
         p = tl.load(w_ptr + offs, mask=in_tile, other=0.0)
         s0 = p  # placeholders for absent state slots (never stored)
@@ -127,11 +185,7 @@ def fused_linear_update_kernel(
             tl.store(s1_ptr + offs, s1, mask=in_tile)
     else:
         finite = (g == g) & (tl.abs(g) < float("inf"))
-
-    norm_sq, nonfinite = tile_telemetry(g, in_tile, finite)
-    slot = (pid_m * (BM // 16)) * slots_n + pid_n * (BN // 16)  # 16 = kernels.TELEMETRY_GRANULE
-    tl.store(norm_sq_ptr + slot, norm_sq)
-    tl.store(nonfinite_ptr + slot, nonfinite)
+    return tile_telemetry(g, in_tile, finite)
 
 
 @triton.jit

@@ -74,7 +74,7 @@ def check_fused(rule_name: str, dtype: str) -> dict:
            "slots_n": "i32"}
     const = {"GUARDED_UPDATE": guarded_update_jit(rule), "N_STATE": len(rule.state), "UPDATE": True,
              "STORE_ACC": False, "HAS_ACCUM": False, "INPUT_PRECISION": "ieee" if dtype == "fp32" else "tf32",
-             "BM": 64, "BN": 64, "BK": 32 if dtype == "bf16" else 16}
+             "BM": 64, "BN": 64, "BK": 32 if dtype == "bf16" else 16, "EPILOGUE_SPLIT": 2}
     for k in const:
         sig[k] = "constexpr"
     ptx = compile_ptx(fused_linear_update_kernel, sig, const, {"num_stages": 2})
@@ -85,8 +85,15 @@ def check_fused(rule_name: str, dtype: str) -> dict:
 def main() -> int:
     from forge_num import rules
 
+    from bench.registers import compile_ptx as compile_tuned, resource_usage
+    from forge_num import kernels
+
     out = {"elementwise": [check_elementwise(r) for r in sorted(rules.RULES)],
-           "fused": [check_fused(r, d) for r in ("adamw", "lion") for d in ("fp32", "bf16")]}
+           "fused": [check_fused(r, d) for r in ("adamw", "lion") for d in ("fp32", "bf16")],
+           # AdamW holds the most state: registers and spills of every configuration the launcher may use
+           "resources": [dict(config=str(c), dtype=d, **resource_usage(compile_tuned(c, rules.ADAMW, d)))
+                         for d, cfgs in (("bf16", kernels.BF16_CONFIGS), ("fp32", kernels.IEEE_CONFIGS))
+                         for c in cfgs]}
     json.dump(out, sys.stdout)
     return 0
 

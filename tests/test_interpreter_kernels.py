@@ -44,6 +44,13 @@ def test_every_ieee_config(config):
     run_case(Case("adamw", 70, 65, 18, torch.float32, ADAMW, step=2, seed=7, config=config), CPU)
 
 
+@pytest.mark.parametrize("config", kernels.BF16_CONFIGS, ids=str)
+def test_every_bf16_config(config):
+    """Tiling, masking and the split epilogue of every bf16 configuration; the interpreter's dot is
+    the tensor-core model (forge_num.interpreter), so this checks logic, not the hardware."""
+    run_case(Case("adamw", 70, 130, 40, torch.bfloat16, ADAMW, step=2, seed=8, config=config, with_accum=True), CPU)
+
+
 def test_accumulation_scaling_and_strided_inputs():
     run_case(Case("adamw", 33, 40, 20, torch.float32, ADAMW, step=5, seed=3, with_accum=True,
                   grad_scale=0.37109375, transpose_inputs=True), CPU)

@@ -45,3 +45,9 @@ def test_fused_kernels_have_no_approximate_ops(report):
             assert r["wgmma"] > 0, f"bf16 mainloop is not on wgmma: {r}"
         else:
             assert r["wgmma"] == 0 and r["fma_total"] >= 64 * 64 * 16 // 128, r
+
+
+def test_no_configuration_spills_registers(report):
+    """Local-memory spills made the first kernel 3.5x slower than the unfused step (bench/NOTES.md)."""
+    for r in report["resources"]:
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r

@@ -1,0 +1,84 @@
+"""Registers and spills of the fused kernel per tile configuration, from ptxas, without a GPU.
+
+Compiles kernels.fused_linear_update_kernel for sm_90 with the specializations a real launch gets
+for contiguous operands (unit inner strides, sizes and pointers divisible by 16), then runs the
+ptxas that ships with Triton with ``-v``. Spills (local-memory traffic) in the epilogue were the
+first cause of the v0 kernel's slowness (bench/NOTES.md).
+
+    python bench/registers.py [--rule adamw] [--dtype bf16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from forge_num import kernels, rules
+from forge_num.kernels.linear_update import fused_linear_update_kernel
+from forge_num.kernels.rules import guarded_update_jit
+
+PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+DIV16 = ["w_ptr", "s0_ptr", "s1_ptr", "x_ptr", "dy_ptr", "accum_ptr", "acc_out_ptr", "norm_sq_ptr",
+         "nonfinite_ptr", "M", "N", "K", "stride_xk", "stride_dyk", "slots_n"]
+
+
+def compile_ptx(cfg: kernels.TileConfig, rule: rules.Rule, dtype: str) -> str:
+    sig = {"w_ptr": "*fp32", "s0_ptr": "*fp32", "s1_ptr": "*fp32", "x_ptr": f"*{dtype}", "dy_ptr": f"*{dtype}",
+           "accum_ptr": "*fp32", "acc_out_ptr": "*fp32", "norm_sq_ptr": "*fp64", "nonfinite_ptr": "*i32",
+           "M": "i32", "N": "i32", "K": "i32", "stride_xk": "i32", "stride_xn": "i32", "stride_dyk": "i32",
+           "stride_dym": "i32", "h": tuple("fp32" for _ in rule.scalar_names), "grad_scale": "fp32", "slots_n": "i32"}
+    const = {"stride_xn": 1, "stride_dym": 1, "GUARDED_UPDATE": guarded_update_jit(rule), "N_STATE": len(rule.state),
+             "UPDATE": True, "STORE_ACC": False, "HAS_ACCUM": False,
+             "INPUT_PRECISION": "ieee" if dtype == "fp32" else "tf32",
+             "BM": cfg.BM, "BN": cfg.BN, "BK": cfg.BK, "EPILOGUE_SPLIT": cfg.epilogue_split}
+    for k in const:
+        sig[k] = "constexpr"
+    names = list(sig)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in DIV16}
+    src = ASTSource(fn=fused_linear_update_kernel, signature=sig, constexprs=const, attrs=attrs)
+    options = {"enable_fp_fusion": False, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+
+
+def resource_usage(ptx: str) -> dict:
+    """{'registers', 'spill_stores', 'spill_loads', 'stack'} as ptxas -v reports them (bytes)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    try:
+        out = subprocess.run([PTXAS, "-v", "--gpu-name=sm_90a", "--fmad=false", f.name, "-o", os.devnull],
+                             capture_output=True, text=True, check=True)
+    finally:
+        os.unlink(f.name)
+    text = out.stdout + out.stderr
+
+    def grab(pattern):
+        m = re.search(pattern, text)
+        return int(m.group(1)) if m else 0
+
+    return {"registers": grab(r"Used (\d+) registers"), "spill_stores": grab(r"(\d+) bytes spill stores"),
+            "spill_loads": grab(r"(\d+) bytes spill loads"), "stack": grab(r"(\d+) bytes stack frame")}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rule", default="adamw")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    args = ap.parse_args(argv)
+    rule = rules.get_rule(args.rule)
+    cfgs = kernels.configs_for(kernels.torch.bfloat16 if args.dtype == "bf16" else kernels.torch.float32)
+    for cfg in cfgs:
+        u = resource_usage(compile_ptx(cfg, rule, args.dtype))
+        print(f"{cfg}: {u['registers']} registers, spill stores {u['spill_stores']} B, loads {u['spill_loads']} B")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
