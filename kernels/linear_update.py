@@ -170,22 +170,32 @@ def update_subtile(
     if STORE_ACC:
         tl.store(acc_out_ptr + offs, g, mask=in_tile)
     if UPDATE:
-        p = tl.load(w_ptr + offs, mask=in_tile, other=0.0)
-        s0 = p  # placeholders for absent state slots (never stored)
-        s1 = p
-        if N_STATE >= 1:
-            s0 = tl.load(s0_ptr + offs, mask=in_tile, other=0.0)
-        if N_STATE >= 2:
-            s1 = tl.load(s1_ptr + offs, mask=in_tile, other=0.0)
-        p, s0, s1, finite = GUARDED_UPDATE(p, g, s0, s1, h, grad_scale)
-        tl.store(w_ptr + offs, p, mask=in_tile)
-        if N_STATE >= 1:
-            tl.store(s0_ptr + offs, s0, mask=in_tile)
-        if N_STATE >= 2:
-            tl.store(s1_ptr + offs, s1, mask=in_tile)
+        finite = update_in_place(w_ptr, s0_ptr, s1_ptr, offs, in_tile, g, h, grad_scale, GUARDED_UPDATE, N_STATE)
     else:
         finite = (g == g) & (tl.abs(g) < float("inf"))
     return tile_telemetry(g, in_tile, finite)
+
+
+@triton.jit
+def update_in_place(w_ptr, s0_ptr, s1_ptr, offs, mask, g, h, grad_scale,
+                    GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr):
+    """Load W (and its N_STATE state tensors) at offs, apply the guarded rule with gradient g,
+    store them back; return where g was finite. Shared by the fused epilogue and the element-wise
+    kernel, so the two differ only in where g comes from."""
+    p = tl.load(w_ptr + offs, mask=mask, other=0.0)
+    s0 = p  # placeholders for absent state slots (never stored)
+    s1 = p
+    if N_STATE >= 1:
+        s0 = tl.load(s0_ptr + offs, mask=mask, other=0.0)
+    if N_STATE >= 2:
+        s1 = tl.load(s1_ptr + offs, mask=mask, other=0.0)
+    p, s0, s1, finite = GUARDED_UPDATE(p, g, s0, s1, h, grad_scale)
+    tl.store(w_ptr + offs, p, mask=mask)
+    if N_STATE >= 1:
+        tl.store(s0_ptr + offs, s0, mask=mask)
+    if N_STATE >= 2:
+        tl.store(s1_ptr + offs, s1, mask=mask)
+    return finite
 
 
 @triton.jit
@@ -199,20 +209,8 @@ def elementwise_update_kernel(
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     in_range = offs < numel
-    p = tl.load(p_ptr + offs, mask=in_range, other=0.0)
     g = tl.load(g_ptr + offs, mask=in_range, other=0.0).to(tl.float32)
-    s0 = p
-    s1 = p
-    if N_STATE >= 1:
-        s0 = tl.load(s0_ptr + offs, mask=in_range, other=0.0)
-    if N_STATE >= 2:
-        s1 = tl.load(s1_ptr + offs, mask=in_range, other=0.0)
-    p, s0, s1, finite = GUARDED_UPDATE(p, g, s0, s1, h, grad_scale)
-    tl.store(p_ptr + offs, p, mask=in_range)
-    if N_STATE >= 1:
-        tl.store(s0_ptr + offs, s0, mask=in_range)
-    if N_STATE >= 2:
-        tl.store(s1_ptr + offs, s1, mask=in_range)
+    finite = update_in_place(p_ptr, s0_ptr, s1_ptr, offs, in_range, g, h, grad_scale, GUARDED_UPDATE, N_STATE)
     g64 = g.to(tl.float64)
     tl.store(norm_sq_ptr + pid, tl.sum(tl.where(in_range, g64 * g64, 0.0), axis=0))
     tl.store(nonfinite_ptr + pid, tl.sum(tl.where(in_range & (finite == 0), 1, 0), axis=0))
