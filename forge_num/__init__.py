@@ -18,8 +18,8 @@ _LAZY = {
     "Adam": ("forge_num.optim", "Adam"),
     "SGD": ("forge_num.optim", "SGD"),
     "Lion": ("forge_num.optim", "Lion"),
-    "prepare": ("forge_num.prepare", "prepare"),
-    "unprepare": ("forge_num.prepare", "unprepare"),
+    "prepare": ("forge_num.fused", "prepare"),
+    "unprepare": ("forge_num.fused", "unprepare"),
 }
 
 

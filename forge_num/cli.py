@@ -175,7 +175,7 @@ def _train(args) -> int:
     from tqdm import tqdm
 
     import forge_num
-    from forge_num.prepare import prepare
+    from forge_num.fused import prepare
 
     try:
         import transformers

@@ -30,7 +30,7 @@ DataParallel (their gradient reduction would have to come before the in-backward
 from __future__ import annotations
 
 from forge_num.optim import SGD, Adam, AdamW, ForgeOptimizer, Lion
-from forge_num.prepare import prepare
+from forge_num.fused import prepare
 
 __all__ = ["trainer_optimizers"]
 

@@ -12,7 +12,7 @@ import forge_num as fn
 import forge_num.rules  # noqa: F401  (fn.rules)
 from forge_num import torch_backend as _tb
 from forge_num import torch_backend as tb
-from forge_num.prepare import prepare, unprepare
+from forge_num.fused import prepare, unprepare
 
 # torch.optim's single-tensor code is reproduced op for op by forge_num.rules with ATen's AVX2/AVX-512
 # kernels, whose lerp/addcmul/add(alpha=) are one fused multiply-add (Vectorized::fmadd). ATen's
@@ -51,7 +51,7 @@ def test_prepare_keeps_parameters_names_and_state_dict_and_unprepare_restores():
     params = dict(m.named_parameters())
     keys = list(m.state_dict())
     opt = fn.AdamW([p for p in m.parameters() if p.requires_grad])
-    assert fn.prepare(m, opt) is m  # forge_num.prepare: the function (the module is callable too)
+    assert fn.prepare(m, opt) is m  # forge_num.prepare is the function
     assert isinstance(m.a, torch.nn.Linear) and type(m.a).__name__ == "FusedLinear"
     assert type(m.frozen) is torch.nn.Linear  # frozen weight: not fused
     assert dict(m.named_parameters()) == params and list(m.state_dict()) == keys

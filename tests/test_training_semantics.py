@@ -19,7 +19,7 @@ from torch.overrides import TorchFunctionMode
 
 import forge_num as fn
 from forge_num import torch_backend as _tb
-from forge_num.prepare import prepare, unprepare
+from forge_num.fused import prepare, unprepare
 
 # torch.optim's single-tensor code is reproduced op for op by forge_num.rules with ATen's AVX2/AVX-512
 # kernels, whose lerp/addcmul/add(alpha=) are one fused multiply-add (Vectorized::fmadd). ATen's

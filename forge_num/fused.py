@@ -350,15 +350,3 @@ def unprepare(model: nn.Module) -> nn.Module:
         h.remove()
     del model._forge_num_handle
     return model
-
-
-# ``forge_num.prepare`` names both this module and the function: once the submodule is imported,
-# Python binds the package attribute to the module, so the module itself must be callable.
-class _CallableModule(type(weakref)):
-    def __call__(self, model, optimizer):
-        return prepare(model, optimizer)
-
-
-import sys as _sys  # noqa: E402
-
-_sys.modules[__name__].__class__ = _CallableModule
