@@ -3,13 +3,17 @@
 * the 5,000 published H200 rows, bit for bit, and each single-feature alternative failing on them;
 * an exact rational evaluation of the model's definition, written plainly here (align, truncate,
   sum, round toward zero), on hypothesis-generated blocks and chains;
-* the targeted vectors of tests/data/tensor_core_h200/t_vectors.json;
+* the targeted vectors of tests/data/tensor_core_h200/t_vectors.json, and the project's H200 run
+  (tests/data/tensor_core_h200/h200_run_2026-12-02.json, an excerpt of
+  bench/results/2026-12-02-h200/tensor_core_vectors.json): every vector's GPU word and every recorded
+  mismatch example replayed through the corrected model;
 * the proved error bound of the bf16 mainloop (proofs/tensor_core_model.md): it holds, it is not
   vacuous, and its machine check passes (and fails for a wrong bound).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import math
@@ -129,8 +133,10 @@ def alignment_exponent(x: Fraction) -> int:
     return max(floor_log2(x), -126)
 
 
-def fp32_word_toward_zero(x: Fraction) -> int:
-    """The fp32 word of x rounded toward zero (exact zero -> +0; a negative x that rounds to 0 -> -0)."""
+def fp32_word_toward_zero(x: Fraction, signed_underflow: bool = False) -> int:
+    """The fp32 word of x rounded toward zero. A zero result is +0: x == 0, and also a nonzero x
+    whose magnitude rounds to 0, whatever its sign (measured on the H200: T13). signed_underflow=True
+    gives the refuted rule (-0 for a negative x that rounds to 0)."""
     if x == 0:
         return 0
     sign = 0x80000000 if x < 0 else 0
@@ -139,11 +145,14 @@ def fp32_word_toward_zero(x: Fraction) -> int:
         return sign | 0x7F800000
     lsb = max(e - 23, -149)
     value = math.floor(abs(x) / TWO**lsb) * TWO**lsb  # an fp32 number, so float() and 'f' are exact
+    if value == 0 and not signed_underflow:
+        return 0
     return sign | struct.unpack("<I", struct.pack("<f", float(value)))[0]
 
 
-def reference_block(c_word: int, a_words, b_words, *, frac_bits=F, floor=FLOOR) -> int:
-    """One instruction by the model's definition; returns the fp32 word."""
+def reference_block(c_word: int, a_words, b_words, *, frac_bits=F, floor=FLOOR, signed_underflow=False):
+    """One instruction by the model's definition; returns the fp32 word (signed_underflow: the
+    refuted zero-sign rule)."""
     c = fp32_value(c_word)
     a = [bf16_value(w) for w in a_words]
     b = [bf16_value(w) for w in b_words]
@@ -169,7 +178,7 @@ def reference_block(c_word: int, a_words, b_words, *, frac_bits=F, floor=FLOOR) 
     eta = max([floor] + [e for _, e in terms])
     unit = TWO ** (eta - frac_bits)
     aligned_sum = sum(int(v / unit) * unit for v, _ in terms)  # int() truncates toward zero
-    return fp32_word_toward_zero(aligned_sum)
+    return fp32_word_toward_zero(aligned_sum, signed_underflow)
 
 
 def reference_dot(a_rows, b_cols, c_words):
@@ -189,11 +198,13 @@ def reference_dot(a_rows, b_cols, c_words):
     return out
 
 
-def model_block(c_word: int, a_words, b_words) -> int:
+def model_block(c_word: int, a_words, b_words, **flags) -> int:
+    """block_fma_sm90 on one instruction (flags: a single-feature alternative of tc._block_fma)."""
     c = np.array([c_word], dtype=np.uint32).view(np.float32)
     a = np.array([a_words], dtype=np.uint16)
     b = np.array([b_words], dtype=np.uint16)
-    return int(tc.block_fma_sm90(c, a, b).view(np.uint32)[0])
+    d = tc._block_fma(c, a, b, **flags) if flags else tc.block_fma_sm90(c, a, b)
+    return int(d.view(np.uint32)[0])
 
 
 def test_reference_reproduces_published_rows(published):
@@ -267,12 +278,18 @@ ONES = (0x3F80,) * 16
 @example(block=(0x7F000000, (0x7F00,) + (0,) * 15, (0x3F80,) + (0,) * 15))  # overflow
 @example(block=(0xFF7FFFFF, (0xFF7F,) * 16, (0x7F7F,) * 16))  # deep overflow, negative
 @example(block=(0x3F800000, (0x7180, 0xF180) + (0,) * 14, (0x7180, 0x7180) + (0,) * 14))  # 2^200 cancel
-@example(block=(0x00000000, (0x9A00,) + (0,) * 15, (0x1A00,) + (0,) * 15))  # negative underflow
+@example(block=(0x00000000, (0x9A00,) + (0,) * 15, (0x1A00,) + (0,) * 15))  # negative underflow: +0 (T13)
+@example(block=(0x80000000, (0x9A00,) + (0,) * 15, (0x1A00,) + (0,) * 15))  # the same on c = -0
+@example(block=(0x00800000, (0xA000, 0x9A00) + (0,) * 14, (0x2000, 0x1A00) + (0,) * 14))  # X12
 @example(block=(0x3F800003, (0x3F80,) * 3 + (0,) * 13, (0x3F80,) * 3 + (0,) * 13))  # RZ
 @example(block=(0x00800000, (0x0080,) + (0x8001,) * 15, (0x3F80,) * 16))  # fp32 min normal, bf16 subnormals
 def test_block_matches_definition(block):
     c, a, b = block
     assert model_block(c, a, b) == reference_block(c, a, b), block
+    # the refuted zero-sign rule, kept as an alternative, is the same in both implementations
+    old = model_block(c, a, b, signed_underflow=True)
+    assert old == reference_block(c, a, b, signed_underflow=True), block
+    assert old == model_block(c, a, b) or (old, model_block(c, a, b)) == (0x80000000, 0), block
 
 
 @settings(max_examples=150)
@@ -366,8 +383,9 @@ def test_dot_row_chunks_and_k_tail():
 
 
 def test_dot_padded_to_the_kernel_tile():
-    """pad_k_to=BK mirrors a kernel whose zero-filled tail runs as whole instructions: the same
-    values, but -0 becomes +0 (T13 through a BK = 64 tile) under the model."""
+    """pad_k_to=BK mirrors a kernel whose zero-filled tail runs as whole instructions, and gives the
+    same words: no instruction outputs -0 (T13 is +0 on the H200) or a non-canonical NaN, the only
+    accumulators an all-zero instruction changes."""
     rng = np.random.default_rng(11)
     a = tc.bf16_bits_from_f32_rne(rng.standard_normal((5, 40)).astype(np.float32))
     b = tc.bf16_bits_from_f32_rne(rng.standard_normal((40, 6)).astype(np.float32))
@@ -381,10 +399,19 @@ def test_dot_padded_to_the_kernel_tile():
     assert np.array_equal(padded.view(np.uint32), tc.dot_sm90(a, b, acc).view(np.uint32))  # finite, nonzero
     t13_a = np.zeros((1, 16), np.uint16)
     t13_b = np.zeros((16, 1), np.uint16)
-    t13_a[0, 0], t13_b[0, 0] = 0x9A00, 0x1A00  # -2^-150: rounds toward zero to -0
-    zero = np.zeros((1, 1), np.float32)
-    assert int(tc.dot_sm90(t13_a, t13_b, zero).view(np.uint32)[0, 0]) == 0x80000000
-    assert int(tc.dot_sm90(t13_a, t13_b, zero, pad_k_to=64).view(np.uint32)[0, 0]) == 0
+    t13_a[0, 0], t13_b[0, 0] = 0x9A00, 0x1A00  # -2^-150: rounds toward zero to +0 (T13)
+    accs = np.array([[0, 0x80000000, 0xFFC00001, 0x7F800001, 0xFF800000, 0x00000001]], np.uint32)
+    for k in (0, 1, 5, 16):  # K = 0: no instruction at all, the accumulator comes back as it is
+        a_k, b_k = t13_a[:, :k], np.repeat(t13_b[:k], accs.shape[1], axis=1)
+        acc = accs.view(np.float32)
+        plain = tc.dot_sm90(a_k, b_k, acc).view(np.uint32)
+        assert np.array_equal(plain, tc.dot_sm90(a_k, b_k, acc, pad_k_to=64).view(np.uint32)), k
+        if k == 0:
+            assert np.array_equal(plain, accs)
+        else:  # -0 and NaN payloads do not survive one instruction
+            assert int(plain[0, 1]) == 0, k
+            assert int(plain[0, 2]) == int(plain[0, 3]) == tc.FP32_CANONICAL_NAN, k
+    assert int(tc.dot_sm90(t13_a, t13_b, np.zeros((1, 1), np.float32)).view(np.uint32)[0, 0]) == 0
     with pytest.raises(ValueError):
         tc.dot_sm90(a, b, acc, pad_k_to=24)
 
@@ -441,16 +468,28 @@ def test_t_vector(v):
     got = "%08x" % int(tc.block_fma_sm90(c, a, b).view(np.uint32)[0])
     assert got == v["expected"]
     assert v["status"] in ("measured", "unmeasured")
-    if "note_expected" in v:
-        assert v["expected"] == v["note_expected"], "the research note predicts another value"
+    assert v["evidence"]
+    if v["status"] == "measured":  # the GPU word, recorded in the run, is the expected one
+        assert v["gpu"] == v["expected"] == _run_gpu_word(v["id"])
+        assert H200_RUN["origin"]["copied_from"] in v["evidence"]
+    else:
+        assert "gpu" not in v and v["id"] not in H200_RUN["t_vectors"]["gpu"]
+    if "note_expected" in v and v["expected"] != v["note_expected"]:
+        # the research note's prediction stays as history; only a measurement may overrule it
+        assert v["status"] == "measured", "the research note predicts another value"
+        assert v["note_expected"] in v["correction"] and v["gpu"] in v["correction"]
+        assert v["note_expected"] in v["alternatives"].values(), "the overruled rule must stay checkable"
+    else:
+        assert "correction" not in v
     # the independent rational reference agrees
     assert "%08x" % reference_block(int(v["c"], 16), a[0].tolist(), b[0].tolist()) == v["expected"]
     # every alternative recorded really gives that output, and differs from the model
     for name, out in v["alternatives"].items():
         assert _alternative_output(name, v) == out != v["expected"], name
-    # a measured vector must separate the model from an alternative the hardware data rejects
-    if v["status"] == "measured":
-        assert v["alternatives"], "a measured vector that no alternative changes shows nothing"
+    # and every flag alternative that differs is recorded (2x8 and X10's are hand-picked)
+    for name, flags in T_VECTORS["alternative_flags"].items():
+        if isinstance(flags, dict) and _alternative_output(name, v) != v["expected"]:
+            assert name in v["alternatives"], name
 
 
 def test_t_vectors_cover_the_note():
@@ -458,16 +497,137 @@ def test_t_vectors_cover_the_note():
     expected = {f"T{i}" for i in range(1, 17) if i not in (5, 9)} | {"T4b", "T5+", "T5-", "T9a", "T9b"}
     assert expected <= ids
     unmeasured = {v["id"] for v in T_VECTORS["vectors"] if v["status"] == "unmeasured"}
-    assert {"T9a", "T9b", "T10", "T13", "T14", "T16"} <= unmeasured
+    assert unmeasured == {"X12", "X13"}, "the H200 run of 2026-12-02 measured every other vector"
+    assert set(H200_RUN["t_vectors"]["gpu"]) == ids - unmeasured
+    corrected = {v["id"] for v in T_VECTORS["vectors"] if v.get("correction")}
+    assert corrected == {"T13"}
 
 
-def test_unmeasured_cases_name_their_vectors():
-    ids = {v["id"] for v in T_VECTORS["vectors"]}
-    for name, text in tc.UNMEASURED_CASES.items():
-        words = [w.strip(",;.()") for w in text.split()]
-        named = [w for w in words if w[:1] in ("T", "X") and w[1:2].isdigit()]
-        assert named, name
-        assert all(w.split("-")[0] in ids for w in named), (name, named)
+def test_measured_and_unmeasured_cases_name_their_evidence():
+    vectors = {v["id"]: v for v in T_VECTORS["vectors"]}
+    regions = set(H200_RUN["random_regions"]["counts"])
+    assert H200_RUN["origin"]["copied_from"] in tc.H200_RUN and "H200" in tc.H200_RUN
+    assert not set(tc.MEASURED_CASES) & set(tc.UNMEASURED_CASES)
+    for name, case in tc.MEASURED_CASES.items():
+        assert case["assumption"] and case["evidence"], name
+        assert case["vectors"] or case["regions"], name
+        for vid in case["vectors"]:
+            assert vectors[vid]["status"] == "measured", (name, vid)
+        for region in case["regions"]:
+            assert region in regions, (name, region)
+    for name, case in tc.UNMEASURED_CASES.items():
+        assert case["assumption"] and case["why"], name
+        for vid in case["vectors"]:
+            assert vectors[vid]["status"] == "unmeasured", (name, vid)
+    # the earlier assumptions each have a verdict, and the refuted one is gone
+    earlier = {"eta_floor_-133", "zero_acc_excluded", "zero_products_excluded", "exact_cancellation_is_+0",
+               "all_zero_terms_give_+0", "overflow_to_inf", "nan_is_canonical_0x7fffffff", "inf_rules",
+               "subnormal_operands"}
+    assert earlier <= set(tc.MEASURED_CASES)
+    assert "underflow_keeps_sign" not in {**tc.MEASURED_CASES, **tc.UNMEASURED_CASES}
+    assert "underflow_is_+0" in tc.MEASURED_CASES
+
+
+# =================================================================================================
+# the project's H200 run of 2026-12-02 (tests/test_gpu_tensor_core.py), from the copy in tests/data
+# =================================================================================================
+def _load_run():
+    return json.loads((DATA / "h200_run_2026-12-02.json").read_text())
+
+
+H200_RUN = _load_run()
+UNDERFLOW_REGION = "underflow to +-0, tiny subnormal results"
+
+
+def _run_gpu_word(vid: str) -> str:
+    """The word the H200 gave for a vector: one word in all 8 configurations."""
+    words = set(H200_RUN["t_vectors"]["gpu"][vid].values())
+    assert len(words) == 1 and len(H200_RUN["t_vectors"]["gpu"][vid]) == 8, (vid, words)
+    return words.pop()
+
+
+def test_h200_run_copy_matches_bench_results():
+    """The copy under tests/data is the bench result, value for value."""
+    src = ROOT / H200_RUN["origin"]["copied_from"]
+    if not src.is_file():
+        pytest.skip(f"{src} not in this checkout")
+    full = json.loads(src.read_text())
+    assert full["device"] == H200_RUN["origin"]["device"] and full["capability"] == "sm_90"
+    assert full["versions"] == H200_RUN["origin"]["versions"]
+    per_vector = full["t_vectors"]["per_vector"]
+    assert {k: v["gpu"] for k, v in per_vector.items()} == H200_RUN["t_vectors"]["gpu"]
+    assert {k: v["expected"] for k, v in per_vector.items()} == H200_RUN["t_vectors"]["expected_at_run"]
+    assert full["t_vectors"]["off_diagonal_mismatches"] == H200_RUN["t_vectors"]["off_diagonal_mismatches"]
+    regions = full["random_regions"]
+    assert regions["outputs_per_configuration"] == H200_RUN["random_regions"]["outputs_per_configuration"]
+    assert regions["nan_words_seen"] == H200_RUN["random_regions"]["nan_words_seen"]
+    examples = []
+    for name, by_cfg in regions["regions"].items():
+        counts = {cfg: [r["outputs"], r["mismatches"], r["nan_payload_only"]] for cfg, r in by_cfg.items()}
+        assert counts == H200_RUN["random_regions"]["counts"][name], name
+        examples += [
+            {"region": name, "configuration": cfg, **e} for cfg, r in by_cfg.items() for e in r["examples"]
+        ]
+    assert examples == H200_RUN["random_regions"]["examples"]
+
+
+def test_h200_run_counts():
+    """What the run says: one kind of mismatch, in one region, 7,512 per configuration."""
+    run = H200_RUN["random_regions"]
+    configs = H200_RUN["configurations"]
+    assert len(configs) == 8 and run["outputs_per_configuration"] == 10 * 256 * 256
+    assert run["nan_words_seen"] == ["7fffffff"]
+    for name, by_cfg in run["counts"].items():
+        assert list(by_cfg) == configs
+        for cfg, (outputs, mismatches, nan_only) in by_cfg.items():
+            assert outputs == 65536 and nan_only == 0, (name, cfg)
+            assert mismatches == (7512 if name == UNDERFLOW_REGION else 0), (name, cfg)
+    assert sum(c[1] for c in run["counts"][UNDERFLOW_REGION].values()) == 60096
+    assert sum(c[0] for c in run["counts"][UNDERFLOW_REGION].values()) == 524288
+    assert not any(H200_RUN["t_vectors"]["off_diagonal_mismatches"].values())
+    at_run = H200_RUN["t_vectors"]["expected_at_run"]
+    disagree = {vid for vid, exp in at_run.items() if _run_gpu_word(vid) != exp}
+    assert disagree == {"T13"} and _run_gpu_word("T13") == "00000000"
+    assert len(run["examples"]) == 40 and {e["region"] for e in run["examples"]} == {UNDERFLOW_REGION}
+
+
+@pytest.mark.parametrize("bk", [16, 32, 64])
+def test_h200_run_vectors_replayed(bk):
+    """Every vector through the corrected model as the kernel runs it (K padded to BK): the GPU word."""
+    for v in T_VECTORS["vectors"]:
+        if v["status"] != "measured":
+            continue
+        c, a, b = _vector_arrays(v)
+        d = tc.dot_sm90(a, b.T.copy(), c.reshape(1, 1), pad_k_to=bk)
+        assert "%08x" % int(d.view(np.uint32)[0, 0]) == _run_gpu_word(v["id"]), (v["id"], bk)
+
+
+def test_h200_run_mismatch_examples_replayed():
+    """Every mismatch example of the run: the corrected model gives the GPU word, the old rule the
+    word the run's model gave; and so for the first differing instruction where it was narrowed."""
+    narrowed = 0
+    for e in H200_RUN["random_regions"]["examples"]:
+        bk = int(e["configuration"].split("x")[2].split("w")[0])
+        a = np.array([[int(x, 16) for x in e["a_row"]]], np.uint16)
+        b = np.array([[int(x, 16) for x in e["b_col"]]], np.uint16).T.copy()
+        acc = np.array([[int(e["acc"], 16)]], np.uint32).view(np.float32)
+        assert a.shape == (1, e["K"])
+        for pad in (16, bk):
+            assert "%08x" % int(tc.dot_sm90(a, b, acc, pad_k_to=pad).view(np.uint32)[0, 0]) == e["gpu"], e
+        old = tc._dot_chained(functools.partial(tc._block_fma, signed_underflow=True), a, b, acc)
+        assert "%08x" % int(old.view(np.uint32)[0, 0]) == e["model"], e
+        assert (e["model"], e["gpu"]) == ("80000000", "00000000")
+        f = e.get("first_differing_instruction")
+        if f:
+            narrowed += 1
+            block = (int(f["c"], 16), [int(x, 16) for x in f["a"]], [int(x, 16) for x in f["b"]])
+            assert "%08x" % model_block(*block) == f["gpu"], f
+            assert "%08x" % model_block(*block, signed_underflow=True) == f["model"], f
+            assert "%08x" % reference_block(*block) == f["gpu"], f
+            # a negative nonzero sum that truncates to zero: the exact value is in (-2^-149, 0)
+            exact = sum(bf16_value(x) * bf16_value(y) for x, y in zip(*block[1:])) + fp32_value(block[0])
+            assert -(TWO**-149) < exact < 0, f
+    assert narrowed == 16
 
 
 # =================================================================================================

@@ -4,10 +4,12 @@ A small kernel computes d = acc + a b with bf16 operands and an fp32 accumulator
 with ``a`` either loaded directly ([BM, BK] tiles) or, as in the dW kernel (dW = dYᵀX), loaded as a
 [BK, BM] tile of aᵀ and transposed with ``tl.trans``. Inputs:
 
-* the targeted vectors of tests/data/tensor_core_h200/t_vectors.json (T1-T16, X1-X11), one k16
-  instruction each; the table printed settles the `unmeasured` ones (T9b, T10, T13, T14, T16, NaN).
+* the targeted vectors of tests/data/tensor_core_h200/t_vectors.json (T1-T16, X1-X13), one k16
+  instruction each; the table printed settles the `unmeasured` ones (X12, X13: the H200 run of
+  2026-12-02, bench/results/2026-12-02-h200/, measured the others and corrected T13 to +0).
   With BK > 16 the kernel runs BK/16 instructions per tile, the ones after the vector's on zeros;
-  the model is padded the same way (``dot_sm90(..., pad_k_to=BK)``), which matters for -0 (T13);
+  the model is padded the same way (``dot_sm90(..., pad_k_to=BK)``), which changes no word since no
+  instruction outputs -0 (T13) or a non-canonical NaN;
 * more than 10^5 random outputs per tile configuration in regions the published data lacks: zeros
   and +-0 accumulators, bf16 subnormals and the floor, Inf/NaN, overflow, exponent spreads of
   120 binades, cancellation, K tails, and a normal region like the research note's run.
