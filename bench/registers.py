@@ -34,8 +34,9 @@ def compile_ptx(cfg: kernels.TileConfig, rule: rules.Rule, dtype: str) -> str:
     sig = {"w_ptr": "*fp32", "s0_ptr": "*fp32", "s1_ptr": "*fp32", "x_ptr": f"*{dtype}", "dy_ptr": f"*{dtype}",
            "accum_ptr": "*fp32", "acc_out_ptr": "*fp32", "norm_sq_ptr": "*fp64", "nonfinite_ptr": "*i32",
            "M": "i32", "N": "i32", "K": "i32", "stride_xk": "i32", "stride_xn": "i32", "stride_dyk": "i32",
-           "stride_dym": "i32", "h": tuple("fp32" for _ in rule.scalar_names), "grad_scale": "fp32", "slots_n": "i32"}
-    const = {"stride_xn": 1, "stride_dym": 1, "GUARDED_UPDATE": guarded_update_jit(rule), "N_STATE": len(rule.state),
+           "stride_dym": "i32", "h": tuple("fp32" for _ in rule.scalar_names), "grad_scale": "fp32", "seed": "u64",
+           "slots_n": "i32"}
+    const = {"stride_xn": 1, "stride_dym": 1, "GUARDED_UPDATE": guarded_update_jit(rule), "N_STATE": len(rule.state), "BF16_STORAGE": False,
              "UPDATE": True, "STORE_ACC": False, "HAS_ACCUM": False,
              "INPUT_PRECISION": "ieee" if dtype == "fp32" else "tf32",
              "BM": cfg.BM, "BN": cfg.BN, "BK": cfg.BK, "EPILOGUE_SPLIT": cfg.epilogue_split}

@@ -60,18 +60,24 @@ def emulate(
 ) -> LinearUpdateResult:
     """What the fused kernel writes for W [M, N], X [K, N], dY [K, M] and the rule's state.
 
-    ``x``/``dy`` as float32 select the fp32 "ieee" mainloop; as uint16 arrays of bf16 bit patterns,
+    ``precision``: "fp32" (weight and state float32) or "bf16-sr" (weight and state as uint16 bf16
+    encodings, stochastically rounded with the Philox key ``seed``). ``x``/``dy`` as float32 select the fp32 "ieee" mainloop; as uint16 arrays of bf16 bit patterns,
     the bf16 tensor-core mainloop of ``arch``. The per-step scalars are ``h`` if given, else
     ``rule.scalars(hyper, step)``. ``weight=None`` runs the mainloop only (store_acc gives dW).
     ``tile`` is (BM, BN, BK) of the kernel configuration being mirrored.
     """
-    if precision != "fp32":
-        raise NotImplementedError(f"precision {precision!r}: the emulator implements 'fp32' so far")
+    if precision not in ("fp32", "bf16-sr"):
+        raise NotImplementedError(f"precision {precision!r}: the emulator implements 'fp32' and 'bf16-sr'")
     rule_obj = _rule(rule) if weight is not None else None
     mainloop = _mainloop_of(x, dy)
     if weight is not None:
-        if weight.dtype != np.float32:
-            raise TypeError(f"weight must be float32, got {weight.dtype}")
+        want = np.float32 if precision == "fp32" else np.uint16
+        for name, t in [("weight", weight)] + [(f"state {i}", s) for i, s in enumerate(state)]:
+            if t.dtype != want:
+                raise TypeError(f"{name} must be {np.dtype(want).name} in the {precision} regime "
+                                f"(bf16 as uint16 encodings), got {t.dtype}")
+        if precision == "bf16-sr" and seed is None:
+            raise ValueError("the bf16-sr regime needs seed= (the Philox key: philox.derive_seed(...))")
         if h is None:
             if hyper is None:
                 raise ValueError("give the rule's hyper-parameters (hyper=) or its per-step scalars (h=)")
@@ -85,13 +91,18 @@ def emulate(
     return fused_linear_update_kernel(
         weight, list(state), x, dy, accum, rule=rule_obj, h=tuple(h) if h is not None else (),
         grad_scale=grad_scale, update=weight is not None, store_acc=store_acc,
-        BM=BM, BN=BN, BK=BK, mainloop=mainloop, arch=arch,
+        BM=BM, BN=BN, BK=BK, mainloop=mainloop, arch=arch, seed=0 if seed is None else int(seed),
     )
 
 
-def emulate_elementwise(param, grad, state=(), *, rule="adamw", hyper=None, step=1, h=None, grad_scale=1.0):
-    """What the element-wise kernel writes: (param, states, nonfinite count)."""
+def emulate_elementwise(param, grad, state=(), *, rule="adamw", hyper=None, step=1, h=None, grad_scale=1.0,
+                        seed=None):
+    """What the element-wise kernel writes: (param, states, nonfinite count). param and state as
+    float32 (fp32 regime) or uint16 bf16 encodings (bf16-sr, which needs seed)."""
     rule_obj = _rule(rule)
     if h is None:
         h = rule_obj.scalars(hyper, step)
-    return elementwise_update_kernel(param, grad, list(state), rule=rule_obj, h=tuple(h), grad_scale=grad_scale)
+    if param.dtype == np.uint16 and seed is None:
+        raise ValueError("the bf16-sr regime needs seed= (the Philox key: philox.derive_seed(...))")
+    return elementwise_update_kernel(param, grad, list(state), rule=rule_obj, h=tuple(h), grad_scale=grad_scale,
+                                     seed=0 if seed is None else int(seed))

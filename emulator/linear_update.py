@@ -23,6 +23,8 @@ import numpy as np
 from forge_num.rules import Rule
 
 from . import fp32
+from .philox import rounding_bits
+from .rounding import bf16_sr_bits, bf16_to_f32
 from .rules import bind_guarded
 
 TELEMETRY_GRANULE = 16  # as kernels.TELEMETRY_GRANULE
@@ -84,6 +86,31 @@ def tile_telemetry(g: np.ndarray, in_tile: np.ndarray, finite: np.ndarray) -> tu
     return float(np.sum(sq.ravel())), int(np.sum(in_tile & ~finite))
 
 
+def load_f32(stored: np.ndarray, bf16: bool) -> np.ndarray:
+    """fp32 values of a loaded tile: fp32 storage as is, bf16 encodings (uint16) widened exactly."""
+    return bf16_to_f32(stored) if bf16 else stored
+
+
+def store_f32(x: np.ndarray, rand16, bf16: bool) -> np.ndarray:
+    """What is stored for fp32 values x: x itself, or bf16 encodings rounded stochastically."""
+    return bf16_sr_bits(x, rand16) if bf16 else x
+
+
+def update_in_place(p_stored, states_stored, offs, g, guarded, h, grad_scale, seed, bf16: bool):
+    """kernels.linear_update.update_in_place on loaded tiles: widen, apply the guarded rule in fp32,
+    round for storage with the random bits of the elements' flat indices ``offs``. Returns
+    (stored p, stored states, finite)."""
+    p = load_f32(p_stored, bf16)
+    s = [load_f32(t, bf16) for t in states_stored] + [p, p]
+    p, s0, s1, finite = guarded(p, g, s[0], s[1], h, np.float32(grad_scale))
+    if bf16:
+        r_p, r_s0, r_s1, _, _ = rounding_bits(seed, offs)
+    else:
+        r_p = r_s0 = r_s1 = None
+    new_states = [store_f32(x, r, bf16) for x, r, _ in zip((s0, s1), (r_s0, r_s1), states_stored)]
+    return store_f32(p, r_p, bf16), new_states, finite
+
+
 @dataclass
 class LinearUpdateResult:
     """What the fused kernel writes."""
@@ -98,9 +125,11 @@ class LinearUpdateResult:
 
 def fused_linear_update_kernel(
     w, states, x, dy, accum, *, rule: Rule | None, h, grad_scale, update: bool, store_acc: bool,
-    BM: int, BN: int, BK: int, mainloop: str, arch: str = "sm_90",
+    BM: int, BN: int, BK: int, mainloop: str, arch: str = "sm_90", seed: int = 0,
 ) -> LinearUpdateResult:
-    """Run every program of the kernel's grid, in (pid_m, pid_n) order, on copies of the inputs."""
+    """Run every program of the kernel's grid, in (pid_m, pid_n) order, on copies of the inputs.
+
+    w and states as float32 (fp32 regime) or as uint16 bf16 encodings (bf16-sr regime)."""
     M, N = (w.shape if w is not None else (dy.shape[1], x.shape[1]))
     w = None if w is None else w.copy()
     states = [s.copy() for s in states]
@@ -109,6 +138,8 @@ def fused_linear_update_kernel(
     partials = np.zeros(cdiv(max(M, 1), TELEMETRY_GRANULE) * slots_n, dtype=np.float64)
     nonfinite = 0
     guarded = bind_guarded(rule) if update else None
+    bf16 = w is not None and w.dtype == np.uint16
+    zero = np.uint16(0) if bf16 else np.float32(0)
     for pid_m in range(cdiv(M, BM)):
         for pid_n in range(cdiv(N, BN)):
             offs_m = pid_m * BM + np.arange(BM)
@@ -122,11 +153,12 @@ def fused_linear_update_kernel(
             if store_acc:
                 _store_tile(acc_out, offs_m, offs_n, g)
             if update:
-                p = _load_tile(w, offs_m, offs_n, np.float32(0))
-                s = [_load_tile(t, offs_m, offs_n, np.float32(0)) for t in states] + [p, p]
-                p, s0, s1, finite = guarded(p, g, s[0], s[1], h, np.float32(grad_scale))
+                offs = offs_m[:, None].astype(np.int64) * N + offs_n[None, :]  # flat index: Philox counter
+                p, new_states, finite = update_in_place(
+                    _load_tile(w, offs_m, offs_n, zero), [_load_tile(t, offs_m, offs_n, zero) for t in states],
+                    offs, g, guarded, h, grad_scale, seed, bf16)
                 _store_tile(w, offs_m, offs_n, p)
-                for t, new in zip(states, (s0, s1)):
+                for t, new in zip(states, new_states):
                     _store_tile(t, offs_m, offs_n, new)
             else:
                 finite = np.isfinite(g)
@@ -136,12 +168,12 @@ def fused_linear_update_kernel(
     return LinearUpdateResult(w, states, acc_out, float(np.sum(partials)), nonfinite, partials)
 
 
-def elementwise_update_kernel(param, grad, states, *, rule: Rule, h, grad_scale):
-    """The element-wise kernel: the same guarded rule on flattened (param, grad, state)."""
-    guarded = bind_guarded(rule)
-    p = param.reshape(-1).copy()
-    g = grad.reshape(-1).astype(np.float32)
-    s = [t.reshape(-1).copy() for t in states] + [p, p]
-    p, s0, s1, finite = guarded(p, g, s[0], s[1], h, np.float32(grad_scale))
-    new_states = [new.reshape(param.shape) for new, _ in zip((s0, s1), states)]
-    return p.reshape(param.shape), new_states, int(np.sum(~finite))
+def elementwise_update_kernel(param, grad, states, *, rule: Rule, h, grad_scale, seed: int = 0):
+    """The element-wise kernel: the same guarded rule on flattened (param, grad, state); param and
+    states float32, or uint16 bf16 encodings (bf16-sr). ``grad`` float32."""
+    bf16 = param.dtype == np.uint16
+    offs = np.arange(param.size, dtype=np.int64)
+    p, new_states, finite = update_in_place(
+        param.reshape(-1), [t.reshape(-1) for t in states], offs, grad.reshape(-1).astype(np.float32),
+        bind_guarded(rule), h, grad_scale, seed, bf16)
+    return p.reshape(param.shape), [t.reshape(param.shape) for t in new_states], int(np.sum(~finite))

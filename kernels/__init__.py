@@ -133,13 +133,31 @@ def _check_device(*tensors: torch.Tensor) -> None:
         raise ValueError(f"tensors are on different devices: {sorted(map(str, devices))}")
 
 
-def _check_fp32_like(name: str, t: torch.Tensor, ref: torch.Tensor) -> None:
-    if t.dtype != torch.float32:
-        raise TypeError(f"{name} must be float32 in the fp32 regime, got {t.dtype}")
+def _check_fp32_like(name: str, t: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype = torch.float32) -> None:
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must be {str(dtype).removeprefix('torch.')} like the weight "
+                        f"({_REGIME_OF[dtype]} regime), got {t.dtype}")
     if t.shape != ref.shape:
         raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(ref.shape)}")
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous, got strides {t.stride()} for shape {tuple(t.shape)}")
+
+
+# Storage dtype of weight and state -> regime. "bf16-sr": both bf16, widened exactly on load, the
+# update computed in fp32 registers, stochastically rounded on store (kernels/rounding.py).
+_REGIME_OF = {torch.float32: "fp32", torch.bfloat16: "bf16-sr"}
+
+
+def _check_regime(name: str, t: torch.Tensor, seed) -> bool:
+    """True for bf16 storage. Checks the dtype and, for bf16, the Philox key."""
+    if t.dtype not in _REGIME_OF:
+        raise TypeError(f"{name} must be float32 (fp32 regime) or bfloat16 (bf16-sr regime), got {t.dtype}")
+    bf16 = t.dtype == torch.bfloat16
+    if bf16 and (seed is None or not 0 <= int(seed) < 2**64):
+        raise ValueError(
+            f"the bf16-sr regime rounds stochastically and needs seed= (a 64-bit key, e.g. "
+            f"forge_num.emulator.philox.derive_seed(user_seed, step, param_id)), got {seed!r}")
+    return bf16
 
 
 def _check_states(states: Sequence[torch.Tensor], ref: torch.Tensor, rule: Rule) -> list:
@@ -147,7 +165,7 @@ def _check_states(states: Sequence[torch.Tensor], ref: torch.Tensor, rule: Rule)
     if len(states) > 2 or len(states) > len(rule.state):
         raise ValueError(f"rule {rule.name} keeps at most {len(rule.state)} state tensors, got {len(states)}")
     for name, s in zip(rule.state, states):
-        _check_fp32_like(f"state {name!r}", s, ref)
+        _check_fp32_like(f"state {name!r}", s, ref, ref.dtype)
     return states
 
 
@@ -198,7 +216,7 @@ def _telemetry_buffers(M: int, N: int, device) -> tuple[torch.Tensor, torch.Tens
 
 def _launch_linear(
     weight, states, x, dy, accum, acc_out, rule, h, grad_scale, *, update: bool, config: TileConfig | None,
-    n_state: int,
+    n_state: int, seed: int = 0, bf16: bool = False,
 ) -> UpdateStats:
     M, N = (weight.shape if weight is not None else (dy.shape[1], x.shape[1]))
     K = x.shape[0]
@@ -221,8 +239,8 @@ def _launch_linear(
             acc_out if acc_out is not None else dummy,
             norm_sq, nonfinite,
             M, N, K, x.stride(0), x.stride(1), dy.stride(0), dy.stride(1),
-            h, grad_scale, slots_n,
-            GUARDED_UPDATE=guarded, N_STATE=n_state,
+            h, grad_scale, int(seed), slots_n,
+            GUARDED_UPDATE=guarded, N_STATE=n_state, BF16_STORAGE=bf16,
             UPDATE=update, STORE_ACC=acc_out is not None, HAS_ACCUM=accum is not None,
             INPUT_PRECISION=precision,
             BM=config.BM, BN=config.BN, BK=config.BK, EPILOGUE_SPLIT=config.epilogue_split,
@@ -249,11 +267,16 @@ def fused_linear_update(
     accum: torch.Tensor | None = None,
     config: TileConfig | None = None,
     acc_out: torch.Tensor | None = None,
+    seed: int | None = None,
 ) -> UpdateStats:
-    """Apply ``rule`` to ``weight`` (and ``states``) with the gradient dyᵀx, never stored."""
+    """Apply ``rule`` to ``weight`` (and ``states``) with the gradient dyᵀx, never stored.
+
+    float32 weight and states: the fp32 regime. bfloat16 weight and states: the bf16-sr regime,
+    which needs ``seed`` (the Philox key of this parameter and step)."""
     if weight.dim() != 2:
         raise ValueError(f"weight must be 2-D [out, in], got shape {tuple(weight.shape)}")
-    _check_fp32_like("weight", weight, weight)
+    bf16 = _check_regime("weight", weight, seed)
+    _check_fp32_like("weight", weight, weight, weight.dtype)
     M, N = weight.shape
     _check_linear_inputs(x, dy, M, N)
     states = _check_states(states, weight, rule)
@@ -264,7 +287,7 @@ def fused_linear_update(
     _check_device(weight, x, dy, *states, *(t for t in (accum, acc_out) if t is not None))
     return _launch_linear(
         weight, states, x, dy, accum, acc_out, rule, h, grad_scale, update=True, config=config,
-        n_state=len(states),
+        n_state=len(states), seed=seed or 0, bf16=bf16,
     )
 
 
@@ -313,9 +336,12 @@ def elementwise_update(
     h: Sequence[float],
     *,
     grad_scale: float = 1.0,
+    seed: int | None = None,
 ) -> UpdateStats:
-    """Apply ``rule`` to ``param`` (any shape, contiguous fp32) with the materialized ``grad``."""
-    _check_fp32_like("param", param, param)
+    """Apply ``rule`` to ``param`` (any shape, contiguous; fp32, or bf16 with ``seed``: the bf16-sr
+    regime) with the materialized ``grad``."""
+    bf16 = _check_regime("param", param, seed)
+    _check_fp32_like("param", param, param, param.dtype)
     if grad.shape != param.shape:
         raise ValueError(f"grad has shape {tuple(grad.shape)}, param has {tuple(param.shape)}")
     if grad.dtype not in (torch.float32, torch.bfloat16):
@@ -335,8 +361,9 @@ def elementwise_update(
             param, grad,
             s[0] if s[0] is not None else param,
             s[1] if s[1] is not None else param,
-            norm_sq, nonfinite, numel, h, grad_scale,
-            GUARDED_UPDATE=guarded_update_jit(rule), N_STATE=len(states), BLOCK=ELEMENTWISE_BLOCK,
+            norm_sq, nonfinite, numel, h, grad_scale, int(seed or 0),
+            GUARDED_UPDATE=guarded_update_jit(rule), N_STATE=len(states), BF16_STORAGE=bf16,
+            BLOCK=ELEMENTWISE_BLOCK,
             enable_fp_fusion=False,
         )
     return UpdateStats(norm_sq.sum(), nonfinite.sum(dtype=torch.int64))
@@ -353,10 +380,11 @@ def unfused_linear_update(
     grad_scale: float = 1.0,
     accum: torch.Tensor | None = None,
     config: TileConfig | None = None,
+    seed: int | None = None,
 ) -> UpdateStats:
     """The comparator: the same mainloop storing dW, then the element-wise kernel of the same rule."""
     grad = linear_mainloop(x, dy, accum=accum, config=config)
-    return elementwise_update(weight, grad, states, rule, h, grad_scale=grad_scale)
+    return elementwise_update(weight, grad, states, rule, h, grad_scale=grad_scale, seed=seed)
 
 
 @triton.jit

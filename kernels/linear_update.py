@@ -38,6 +38,9 @@ Launch with ``enable_fp_fusion=False`` (see kernels/ieee.py); the launchers in k
 import triton
 import triton.language as tl
 
+from .random import rounding_bits
+from .rounding import bf16_sr_bits, bf16_to_f32
+
 
 @triton.jit
 def weight_grad_tile(
@@ -82,12 +85,13 @@ def fused_linear_update_kernel(
     w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, accum_ptr, acc_out_ptr, norm_sq_ptr, nonfinite_ptr,
     # sizes and strides (W, S0, S1, accum, acc_out are contiguous [M, N])
     M, N, K, stride_xk, stride_xn, stride_dyk, stride_dym,
-    # the rule's per-step scalars (a tuple of fp32) and the gradient scale (clipping coefficient)
-    h, grad_scale,
+    # the rule's per-step scalars (a tuple of fp32), the gradient scale (clipping coefficient) and
+    # the Philox key of this parameter and step (bf16 storage: stochastic rounding)
+    h, grad_scale, seed,
     # telemetry: tile (pid_m, pid_n) writes slot (pid_m*BM/16, pid_n*BN/16) of a [*, slots_n] grid
     slots_n,
     # compile-time
-    GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr,
+    GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr,
     UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, HAS_ACCUM: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
@@ -114,16 +118,16 @@ def fused_linear_update_kernel(
     # split changes no bit of W or state; only the order of the telemetry sum.
     if EPILOGUE_SPLIT == 1:
         norm_sq, nonfinite = update_subtile(
-            g, offs_m, offs_n, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale,
-            GUARDED_UPDATE, N_STATE, UPDATE, STORE_ACC)
+            g, offs_m, offs_n, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed,
+            GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
     elif EPILOGUE_SPLIT == 2:
         g0, g1 = column_halves(g, BM, BN)
         n0, f0 = update_subtile(
             g0, offs_m, pid_n * BN + tl.arange(0, BN // 2), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h,
-            grad_scale, GUARDED_UPDATE, N_STATE, UPDATE, STORE_ACC)
+            grad_scale, seed, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
         n1, f1 = update_subtile(
             g1, offs_m, pid_n * BN + BN // 2 + tl.arange(0, BN // 2), M, N, w_ptr, s0_ptr, s1_ptr,
-            acc_out_ptr, h, grad_scale, GUARDED_UPDATE, N_STATE, UPDATE, STORE_ACC)
+            acc_out_ptr, h, grad_scale, seed, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
         norm_sq = n0 + n1
         nonfinite = f0 + f1
     else:
@@ -134,16 +138,16 @@ def fused_linear_update_kernel(
         Q: tl.constexpr = BN // 4
         n0, f0 = update_subtile(
             g0, offs_m, pid_n * BN + tl.arange(0, Q), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h,
-            grad_scale, GUARDED_UPDATE, N_STATE, UPDATE, STORE_ACC)
+            grad_scale, seed, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
         n1, f1 = update_subtile(
             g1, offs_m, pid_n * BN + Q + tl.arange(0, Q), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h,
-            grad_scale, GUARDED_UPDATE, N_STATE, UPDATE, STORE_ACC)
+            grad_scale, seed, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
         n2, f2 = update_subtile(
             g2, offs_m, pid_n * BN + 2 * Q + tl.arange(0, Q), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h,
-            grad_scale, GUARDED_UPDATE, N_STATE, UPDATE, STORE_ACC)
+            grad_scale, seed, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
         n3, f3 = update_subtile(
             g3, offs_m, pid_n * BN + 3 * Q + tl.arange(0, Q), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h,
-            grad_scale, GUARDED_UPDATE, N_STATE, UPDATE, STORE_ACC)
+            grad_scale, seed, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
         norm_sq = (n0 + n1) + (n2 + n3)
         nonfinite = (f0 + f1) + (f2 + f3)
 
@@ -160,8 +164,9 @@ def column_halves(x, BM: tl.constexpr, BN: tl.constexpr):
 
 @triton.jit
 def update_subtile(
-    g, offs_m, offs_n, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale,
-    GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, UPDATE: tl.constexpr, STORE_ACC: tl.constexpr,
+    g, offs_m, offs_n, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed,
+    GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr,
+    UPDATE: tl.constexpr, STORE_ACC: tl.constexpr,
 ):
     """The epilogue on one sub-tile: store g (debug), apply the guarded rule to W and its state,
     return (Σ g² in fp64, number of non-finite g) over the sub-tile."""
@@ -170,39 +175,68 @@ def update_subtile(
     if STORE_ACC:
         tl.store(acc_out_ptr + offs, g, mask=in_tile)
     if UPDATE:
-        finite = update_in_place(w_ptr, s0_ptr, s1_ptr, offs, in_tile, g, h, grad_scale, GUARDED_UPDATE, N_STATE)
+        finite = update_in_place(w_ptr, s0_ptr, s1_ptr, offs, in_tile, g, h, grad_scale, seed,
+                                 GUARDED_UPDATE, N_STATE, BF16_STORAGE)
     else:
         finite = (g == g) & (tl.abs(g) < float("inf"))
     return tile_telemetry(g, in_tile, finite)
 
 
 @triton.jit
-def update_in_place(w_ptr, s0_ptr, s1_ptr, offs, mask, g, h, grad_scale,
-                    GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr):
-    """Load W (and its N_STATE state tensors) at offs, apply the guarded rule with gradient g,
-    store them back; return where g was finite. Shared by the fused epilogue and the element-wise
-    kernel, so the two differ only in where g comes from."""
-    p = tl.load(w_ptr + offs, mask=mask, other=0.0)
+def load_f32(ptr, offs, mask, BF16: tl.constexpr):
+    """fp32 values at ptr[offs]: fp32 storage, or bf16 storage widened exactly (bit shift)."""
+    if BF16:
+        return bf16_to_f32(tl.load(ptr + offs, mask=mask, other=0.0).to(tl.uint16, bitcast=True))
+    else:
+        return tl.load(ptr + offs, mask=mask, other=0.0)
+
+
+@triton.jit
+def store_f32(ptr, offs, mask, x, rand16, BF16: tl.constexpr):
+    """Store x: as fp32, or stochastically rounded to bf16 with the 16 random bits rand16."""
+    if BF16:
+        tl.store(ptr + offs, bf16_sr_bits(x, rand16).to(tl.bfloat16, bitcast=True), mask=mask)
+    else:
+        tl.store(ptr + offs, x, mask=mask)
+
+
+@triton.jit
+def update_in_place(w_ptr, s0_ptr, s1_ptr, offs, mask, g, h, grad_scale, seed,
+                    GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr):
+    """Load W (and its N_STATE state tensors) at offs, apply the guarded rule with gradient g in
+    fp32 registers, store them back; return where g was finite. Shared by the fused epilogue and
+    the element-wise kernel, so the two differ only in where g comes from.
+
+    BF16_STORAGE ("bf16-sr" regime): W and state are stored as bf16, widened exactly on load and
+    stochastically rounded on store, with the random bits of element offs (its flat row-major
+    index in the parameter) under the key seed: slices r_p, r_m16, r_v16 of kernels/random.py."""
+    p = load_f32(w_ptr, offs, mask, BF16_STORAGE)
     s0 = p  # placeholders for absent state slots (never stored)
     s1 = p
     if N_STATE >= 1:
-        s0 = tl.load(s0_ptr + offs, mask=mask, other=0.0)
+        s0 = load_f32(s0_ptr, offs, mask, BF16_STORAGE)
     if N_STATE >= 2:
-        s1 = tl.load(s1_ptr + offs, mask=mask, other=0.0)
+        s1 = load_f32(s1_ptr, offs, mask, BF16_STORAGE)
     p, s0, s1, finite = GUARDED_UPDATE(p, g, s0, s1, h, grad_scale)
-    tl.store(w_ptr + offs, p, mask=mask)
+    if BF16_STORAGE:
+        r_p, r_s0, r_s1, _, _ = rounding_bits(seed, offs)
+    else:
+        r_p = offs
+        r_s0 = offs
+        r_s1 = offs
+    store_f32(w_ptr, offs, mask, p, r_p, BF16_STORAGE)
     if N_STATE >= 1:
-        tl.store(s0_ptr + offs, s0, mask=mask)
+        store_f32(s0_ptr, offs, mask, s0, r_s0, BF16_STORAGE)
     if N_STATE >= 2:
-        tl.store(s1_ptr + offs, s1, mask=mask)
+        store_f32(s1_ptr, offs, mask, s1, r_s1, BF16_STORAGE)
     return finite
 
 
 @triton.jit
 def elementwise_update_kernel(
     p_ptr, g_ptr, s0_ptr, s1_ptr, norm_sq_ptr, nonfinite_ptr,
-    numel, h, grad_scale,
-    GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BLOCK: tl.constexpr,
+    numel, h, grad_scale, seed,
+    GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """The same guarded rule on (param, grad, state) flattened: for every parameter that is not a
     fused linear weight, and as the second half of the unfused comparator."""
@@ -210,7 +244,8 @@ def elementwise_update_kernel(
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     in_range = offs < numel
     g = tl.load(g_ptr + offs, mask=in_range, other=0.0).to(tl.float32)
-    finite = update_in_place(p_ptr, s0_ptr, s1_ptr, offs, in_range, g, h, grad_scale, GUARDED_UPDATE, N_STATE)
+    finite = update_in_place(p_ptr, s0_ptr, s1_ptr, offs, in_range, g, h, grad_scale, seed,
+                             GUARDED_UPDATE, N_STATE, BF16_STORAGE)
     g64 = g.to(tl.float64)
     tl.store(norm_sq_ptr + pid, tl.sum(tl.where(in_range, g64 * g64, 0.0), axis=0))
     tl.store(nonfinite_ptr + pid, tl.sum(tl.where(in_range & (finite == 0), 1, 0), axis=0))

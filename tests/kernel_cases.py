@@ -22,6 +22,7 @@ import torch
 from forge_num import kernels, rules
 from forge_num.emulator import emulate, emulate_elementwise
 from forge_num.emulator.bounds import sum_of_squares_order_bound
+from forge_num.emulator.philox import derive_seed
 
 
 @dataclass
@@ -39,14 +40,32 @@ class Case:
     with_accum: bool = False
     transpose_inputs: bool = False  # X and dY as transposed (non-contiguous) views
     bad_rows: int = 0  # rows of the accumulation buffer set to NaN/inf (non-finite gradients)
+    precision: str = "fp32"  # or "bf16-sr": weight and state stored as bf16, stochastically rounded
+
+    @property
+    def seed_key(self):
+        """The Philox key of this parameter and step (None in the fp32 regime)."""
+        return derive_seed(self.seed, self.step, 7) if self.precision == "bf16-sr" else None
 
 
 def bf16_bits(t: torch.Tensor) -> np.ndarray:
     return t.contiguous().view(torch.int16).cpu().numpy().view(np.uint16)
 
 
-def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    """Bitwise equality of float32 arrays, any NaN equal to any NaN."""
+def stored(t) -> np.ndarray:
+    """What a tensor holds, as NumPy: float32 as is, bf16 as its uint16 encodings."""
+    if isinstance(t, np.ndarray):
+        return t
+    t = t.detach().cpu()
+    return bf16_bits(t) if t.dtype == torch.bfloat16 else t.numpy()
+
+
+def same_bits(a, b) -> bool:
+    """Bitwise equality of float32 arrays (or tensors; bf16 compared as encodings), any NaN equal
+    to any NaN."""
+    a, b = stored(a), stored(b)
+    if a.dtype == np.uint16 or b.dtype == np.uint16:
+        return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
     a = np.asarray(a, np.float32)
     b = np.asarray(b, np.float32)
     nan = np.isnan(a)
@@ -78,6 +97,9 @@ def make_inputs(case: Case, device):
         accum = spread(case.M, case.N) * 0.1
         for r in range(min(case.bad_rows, case.M)):
             accum[r, (r * 7) % case.N] = (math.nan, math.inf, -math.inf)[r % 3]
+    if case.precision == "bf16-sr":
+        w = w.bfloat16()
+        states = [s_.bfloat16() for s_ in states]
     to = lambda t: None if t is None else t.to(device)  # noqa: E731
     return to(w), [to(s) for s in states], to(x), to(dy), to(accum)
 
@@ -92,28 +114,28 @@ def run_case(case: Case, device) -> dict:
 
     # fused, with the debug store of the accumulator
     wf, sf = w0.clone(), [s.clone() for s in s_init]
-    acc = torch.full_like(w0, math.nan)
+    acc = torch.full(w0.shape, math.nan, dtype=torch.float32, device=w0.device)
     stats_f = kernels.fused_linear_update(wf, x, dy, sf, rule, h, grad_scale=case.grad_scale, accum=accum,
-                                          config=config, acc_out=acc)
+                                          config=config, acc_out=acc, seed=case.seed_key)
     # unfused: the same mainloop storing dW, then the element-wise kernel
     wu, su = w0.clone(), [s.clone() for s in s_init]
     grad = kernels.linear_mainloop(x, dy, accum=accum, config=config)
-    stats_u = kernels.elementwise_update(wu, grad, su, rule, h, grad_scale=case.grad_scale)
+    stats_u = kernels.elementwise_update(wu, grad, su, rule, h, grad_scale=case.grad_scale, seed=case.seed_key)
 
     assert same_bits(acc.cpu().numpy(), grad.cpu().numpy()), "debug accumulator != unfused mainloop"
-    assert same_bits(wf.cpu().numpy(), wu.cpu().numpy()), "fused weight != unfused weight"
+    assert same_bits(wf, wu), "fused weight != unfused weight"
     for a, b in zip(sf, su):
-        assert same_bits(a.cpu().numpy(), b.cpu().numpy()), "fused state != unfused state"
+        assert same_bits(a, b), "fused state != unfused state"
     assert int(stats_f.nonfinite) == int(stats_u.nonfinite)
 
     # the emulator: epilogue given the stored accumulator (both modes)
     p_e, s_e, bad_e = emulate_elementwise(
-        w0.cpu().numpy(), acc.cpu().numpy(), [s.cpu().numpy() for s in s_init], rule=rule, h=h,
-        grad_scale=np.float32(case.grad_scale),
+        stored(w0), acc.cpu().numpy(), [stored(s) for s in s_init], rule=rule, h=h,
+        grad_scale=np.float32(case.grad_scale), seed=case.seed_key,
     )
-    assert same_bits(p_e, wf.cpu().numpy()), "emulated epilogue != kernel weight"
+    assert same_bits(p_e, wf), "emulated epilogue != kernel weight"
     for a, b in zip(s_e, sf):
-        assert same_bits(a, b.cpu().numpy()), "emulated epilogue != kernel state"
+        assert same_bits(a, b), "emulated epilogue != kernel state"
     assert bad_e == int(stats_f.nonfinite)
 
     # the emulator: the whole kernel
@@ -122,14 +144,14 @@ def run_case(case: Case, device) -> dict:
         to_np = (lambda t: t.cpu().numpy()) if case.dtype == torch.float32 else bf16_bits
         tile = (config.BM, config.BN, config.BK) if config else _used_tile(x)
         res = emulate(
-            w0.cpu().numpy(), to_np(x), to_np(dy), [s.cpu().numpy() for s in s_init], rule=rule, h=h,
+            stored(w0), to_np(x), to_np(dy), [stored(s) for s in s_init], rule=rule, h=h,
             grad_scale=case.grad_scale, accum=None if accum is None else accum.cpu().numpy(),
-            tile=tile, store_acc=True,
+            tile=tile, store_acc=True, precision=case.precision, seed=case.seed_key,
         )
         assert same_bits(res.acc_out, acc.cpu().numpy()), "emulated mainloop != kernel accumulator"
-        assert same_bits(res.weight, wf.cpu().numpy()), "emulated kernel != kernel weight"
+        assert same_bits(res.weight, wf), "emulated kernel != kernel weight"
         for a, b in zip(res.states, sf):
-            assert same_bits(a, b.cpu().numpy()), "emulated kernel != kernel state"
+            assert same_bits(a, b), "emulated kernel != kernel state"
         assert res.nonfinite == int(stats_f.nonfinite)
 
     # telemetry: Σ g² within the proved order bound of the emulator's sum

@@ -71,6 +71,40 @@ def test_nonfinite_gradients_leave_elements_unchanged(rule):
     assert not torch.equal(w[~bad], w0[~bad])
 
 
+@pytest.mark.parametrize("rule", sorted(rules.RULES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["ieee", "bf16"])
+def test_bf16_sr_regime(rule, dtype):
+    """bf16 weight and state, stochastically rounded from the fp32 update with the Philox stream:
+    fused == unfused == emulator, bit for bit (accumulation, non-finite rows and a scale too)."""
+    run_case(Case(rule, 33, 40, 19, dtype, HYPERS[rule], step=4, seed=21, precision="bf16-sr", with_accum=True,
+                  bad_rows=2, grad_scale=0.75), CPU)
+
+
+def test_bf16_sr_is_reproducible_and_seeded():
+    """Same key: the same bits; another step's key: other roundings of the same update."""
+    from tests.kernel_cases import make_inputs
+    from forge_num.emulator.philox import derive_seed
+
+    case = Case("adamw", 16, 32, 8, torch.float32, ADAMW, step=1, seed=3, precision="bf16-sr")
+    h = rules.ADAMW.scalars(ADAMW, 1)
+    outs = []
+    for key in (derive_seed(3, 1, 7), derive_seed(3, 1, 7), derive_seed(3, 2, 7)):
+        w, states, x, dy, _ = make_inputs(case, CPU)
+        kernels.fused_linear_update(w, x, dy, states, rules.ADAMW, h, seed=key)
+        outs.append(w.view(torch.int16).clone())
+    assert torch.equal(outs[0], outs[1])
+    assert not torch.equal(outs[0], outs[2])
+
+
+def test_bf16_sr_needs_a_seed():
+    w = torch.zeros(4, 3, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="seed"):
+        kernels.fused_linear_update(w, torch.zeros(2, 3), torch.zeros(2, 4), [], rules.SGD, rules.SGD.scalars({"lr": 0.1}, 1))
+    with pytest.raises(TypeError, match="bfloat16 like the weight"):
+        kernels.fused_linear_update(w, torch.zeros(2, 3), torch.zeros(2, 4), [torch.zeros(4, 3)], rules.LION,
+                                    rules.LION.scalars(HYPERS["lion"], 1), seed=1)
+
+
 def test_sgd_without_momentum_keeps_no_state():
     hyper = {"lr": 0.1, "momentum": 0.0}
     assert rules.SGD.state_slots(hyper) == 0
