@@ -30,13 +30,14 @@ DIV16 = ["w_ptr", "s0_ptr", "s1_ptr", "x_ptr", "dy_ptr", "accum_ptr", "acc_out_p
          "nonfinite_ptr", "M", "N", "K", "stride_xk", "stride_dyk", "slots_n"]
 
 
-def compile_ptx(cfg: kernels.TileConfig, rule: rules.Rule, dtype: str) -> str:
-    sig = {"w_ptr": "*fp32", "s0_ptr": "*fp32", "s1_ptr": "*fp32", "x_ptr": f"*{dtype}", "dy_ptr": f"*{dtype}",
+def compile_ptx(cfg: kernels.TileConfig, rule: rules.Rule, dtype: str, bf16_storage: bool = False) -> str:
+    sig = {"w_ptr": "*bf16" if bf16_storage else "*fp32", "s0_ptr": "*bf16" if bf16_storage else "*fp32",
+           "s1_ptr": "*bf16" if bf16_storage else "*fp32", "x_ptr": f"*{dtype}", "dy_ptr": f"*{dtype}",
            "accum_ptr": "*fp32", "acc_out_ptr": "*fp32", "norm_sq_ptr": "*fp64", "nonfinite_ptr": "*i32",
            "M": "i32", "N": "i32", "K": "i32", "stride_xk": "i32", "stride_xn": "i32", "stride_dyk": "i32",
            "stride_dym": "i32", "h": tuple("fp32" for _ in rule.scalar_names), "grad_scale": "fp32", "seed": "u64",
            "slots_n": "i32"}
-    const = {"stride_xn": 1, "stride_dym": 1, "GUARDED_UPDATE": guarded_update_jit(rule), "N_STATE": len(rule.state), "BF16_STORAGE": False,
+    const = {"stride_xn": 1, "stride_dym": 1, "GUARDED_UPDATE": guarded_update_jit(rule), "N_STATE": len(rule.state), "BF16_STORAGE": bf16_storage,
              "UPDATE": True, "STORE_ACC": False, "HAS_ACCUM": False,
              "INPUT_PRECISION": "ieee" if dtype == "fp32" else "tf32",
              "BM": cfg.BM, "BN": cfg.BN, "BK": cfg.BK, "EPILOGUE_SPLIT": cfg.epilogue_split}
@@ -71,12 +72,13 @@ def resource_usage(ptx: str) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rule", default="adamw")
-    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="mainloop operands")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16-sr"], help="weight/state storage")
     args = ap.parse_args(argv)
     rule = rules.get_rule(args.rule)
     cfgs = kernels.configs_for(kernels.torch.bfloat16 if args.dtype == "bf16" else kernels.torch.float32)
     for cfg in cfgs:
-        u = resource_usage(compile_ptx(cfg, rule, args.dtype))
+        u = resource_usage(compile_ptx(cfg, rule, args.dtype, args.precision == "bf16-sr"))
         print(f"{cfg}: {u['registers']} registers, spill stores {u['spill_stores']} B, loads {u['spill_loads']} B")
     return 0
 
