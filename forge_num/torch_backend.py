@@ -255,11 +255,11 @@ def _check_rule(rule, h):
         )
 
 
-def _check_param_like(name, t, like_name, like):
+def _check_param_like(name, t, like_name, like, dtype=_F32):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != _F32:
-        raise TypeError(f"{name} must be float32, got {t.dtype}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must be {str(dtype).removeprefix('torch.')}, got {t.dtype}")
     if t.shape != like.shape:
         raise ValueError(f"{name} has shape {tuple(t.shape)}, {like_name} has {tuple(like.shape)}")
     if t.device != like.device:
@@ -273,8 +273,17 @@ def _check_states(states, param, name):
     if len(states) > 2:
         raise ValueError(f"at most two state tensors, got {len(states)}")
     for i, s in enumerate(states):
-        _check_param_like(f"states[{i}]", s, name, param)
+        _check_param_like(f"states[{i}]", s, name, param, param.dtype)  # state stored like the param
     return states
+
+
+def _check_storage(name, t, seed):
+    """True for bf16 storage (the bf16-sr regime, which needs the Philox key ``seed``)."""
+    if t.dtype not in (_F32, torch.bfloat16):
+        raise TypeError(f"{name} must be float32 (fp32 regime) or bfloat16 (bf16-sr regime), got {t.dtype}")
+    if t.dtype == torch.bfloat16 and (seed is None or not 0 <= int(seed) < 2**64):
+        raise ValueError(f"the bf16-sr regime rounds stochastically and needs seed= (a 64-bit Philox key), got {seed!r}")
+    return t.dtype == torch.bfloat16
 
 
 def _check_activations(x, dy, M=None, N=None):
@@ -313,15 +322,36 @@ def _grad_scale(grad_scale, device):
 # --------------------------------------------------------------------------------------------
 
 
-def _apply(fn, p, g, states, hs, scale):
+def _bf16_sr(x: torch.Tensor, rand16) -> torch.Tensor:
+    """x (fp32) stochastically rounded to bf16 with the given 16-bit random integers: the bit rule
+    of emulator/rounding.py (the kernels' twin), computed there in NumPy on the CPU."""
+    from forge_num.emulator.rounding import bf16_sr_bits
+
+    bits = bf16_sr_bits(x.detach().cpu().numpy(), rand16)
+    return torch.from_numpy(bits.view("int16")).view(torch.bfloat16).to(x.device).reshape(x.shape)
+
+
+def _apply(fn, p, g, states, hs, scale, seed=None, offsets=None):
     """Run the guarded rule on views ``p``, ``g``, ``states`` and write p and states back in place.
 
+    bf16 ``p``/``states`` (the bf16-sr regime): widened exactly, updated in fp32, stored rounded
+    stochastically with the random bits of ``offsets`` (the elements' flat indices in the whole
+    parameter) under the key ``seed``: slices r_p, r_m16, r_v16, as the kernels.
     Returns (Σ g² of the unscaled g in fp64, number of non-finite elements of the scaled g).
     """
+    bf16 = p.dtype == torch.bfloat16
     dummy = torch.zeros((), dtype=_F32, device=p.device)  # an unused state slot
-    s0 = states[0] if len(states) > 0 else dummy
-    s1 = states[1] if len(states) > 1 else dummy
-    p_new, s0_new, s1_new, finite = fn(p, g, s0, s1, hs, scale)
+    widen = (lambda t: t.to(_F32)) if bf16 else (lambda t: t)  # noqa: E731  bf16 -> fp32 is exact
+    s0 = widen(states[0]) if len(states) > 0 else dummy
+    s1 = widen(states[1]) if len(states) > 1 else dummy
+    p_new, s0_new, s1_new, finite = fn(widen(p), g, s0, s1, hs, scale)
+    if bf16:
+        from forge_num.emulator.philox import rounding_bits
+
+        r_p, r_s0, r_s1, _, _ = rounding_bits(int(seed), offsets.detach().cpu().numpy().reshape(p.shape))
+        p_new = _bf16_sr(p_new, r_p)
+        s0_new = _bf16_sr(s0_new, r_s0) if len(states) > 0 else s0_new
+        s1_new = _bf16_sr(s1_new, r_s1) if len(states) > 1 else s1_new
     with torch.no_grad():
         p.copy_(p_new)
         if len(states) > 0:
@@ -349,7 +379,7 @@ def weight_grad_blocks(x, dy, M, N, accum=None):
 
 
 @torch.no_grad()
-def fused_linear_update(weight, x, dy, states, rule, h, *, grad_scale=1.0, accum=None) -> UpdateStats:
+def fused_linear_update(weight, x, dy, states, rule, h, *, grad_scale=1.0, accum=None, seed=None) -> UpdateStats:
     """Apply ``rule`` (guarded) to ``weight`` [M, N] and ``states`` with dW = dyᵀ x, in row blocks, in place.
 
     ``x`` [K, N], ``dy`` [K, M] (fp32, bf16 or fp16; any strides); ``accum`` an optional fp32 [M, N]
@@ -358,8 +388,7 @@ def fused_linear_update(weight, x, dy, states, rule, h, *, grad_scale=1.0, accum
     _check_rule(rule, h)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         raise ValueError(f"weight must be a 2-D tensor [M, N], got {getattr(weight, 'shape', weight)!r}")
-    if weight.dtype != _F32:
-        raise TypeError(f"weight must be float32 (precision 'fp32'), got {weight.dtype}")
+    _check_storage("weight", weight, seed)
     if not weight.is_contiguous():
         raise ValueError("weight must be contiguous")
     M, N = weight.shape
@@ -375,23 +404,23 @@ def fused_linear_update(weight, x, dy, states, rule, h, *, grad_scale=1.0, accum
     norm_sq = torch.zeros((), dtype=_F64, device=weight.device)
     nonfinite = torch.zeros((), dtype=torch.int64, device=weight.device)
     for rows, g in weight_grad_blocks(x, dy, M, N, accum):
-        n2, bad = _apply(fn, weight[rows], g, [s[rows] for s in states], hs, scale)
+        offsets = torch.arange(rows.start * N, rows.stop * N, dtype=torch.int64) if seed is not None else None
+        n2, bad = _apply(fn, weight[rows], g, [s[rows] for s in states], hs, scale, seed, offsets)
         norm_sq += n2
         nonfinite += bad
     return UpdateStats(norm_sq, nonfinite)
 
 
 @torch.no_grad()
-def elementwise_update(param, grad, states, rule, h, *, grad_scale=1.0) -> UpdateStats:
+def elementwise_update(param, grad, states, rule, h, *, grad_scale=1.0, seed=None) -> UpdateStats:
     """Apply ``rule`` (guarded) to ``param`` and ``states`` with gradient ``grad``, in place.
 
-    All fp32 and contiguous, any shape.
+    Contiguous, any shape; param and states fp32, or bf16 with ``seed`` (bf16-sr); grad fp32.
     """
     _check_rule(rule, h)
     if not isinstance(param, torch.Tensor):
         raise TypeError(f"param must be a torch.Tensor, got {type(param).__name__}")
-    if param.dtype != _F32:
-        raise TypeError(f"param must be float32 (precision 'fp32'), got {param.dtype}")
+    _check_storage("param", param, seed)
     if not param.is_contiguous():
         raise ValueError("param must be contiguous")
     _check_param_like("grad", grad, "param", param)
@@ -404,7 +433,8 @@ def elementwise_update(param, grad, states, rule, h, *, grad_scale=1.0) -> Updat
     nonfinite = torch.zeros((), dtype=torch.int64, device=param.device)
     for i in range(0, max(p1.numel(), 1), BLOCK_ELEMS):
         sl = slice(i, i + BLOCK_ELEMS)
-        n2, bad = _apply(fn, p1[sl], g1[sl], [s[sl] for s in s1], hs, scale)
+        offsets = torch.arange(i, min(i + BLOCK_ELEMS, p1.numel()), dtype=torch.int64) if seed is not None else None
+        n2, bad = _apply(fn, p1[sl], g1[sl], [s[sl] for s in s1], hs, scale, seed, offsets)
         norm_sq += n2
         nonfinite += bad
     return UpdateStats(norm_sq, nonfinite)

@@ -362,3 +362,30 @@ def test_sqrt_midpoint_check_corrects_a_root_one_ulp_off():
         wrong = torch.nextafter(r, off)
         assert_same_bits(want, tb.sqrt_fix(wrong, x), "one ulp off")
     assert_same_bits(want, tb.sqrt_fix(r, x), "already right")
+
+
+@pytest.mark.parametrize("rule_name", sorted(R.RULES))
+def test_bf16_sr_regime_equals_the_emulator(rule_name):
+    """bf16 weight and state on the torch backend: the same guarded rule in fp32, then the same
+    stochastic rounding with the same random slices as the kernels and the emulator, bit for bit."""
+    from forge_num.emulator import emulate_elementwise
+    from forge_num.emulator.philox import derive_seed
+
+    rule = R.RULES[rule_name]
+    hyper = {"adamw": {"lr": 1e-2, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01},
+             "adam": {"lr": 1e-2, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01},
+             "sgd": {"lr": 0.1, "momentum": 0.9}, "lion": {"lr": 1e-3, "betas": (0.9, 0.99)}}[rule_name]
+    h = rule.scalars(hyper, 3)
+    g = torch.Generator().manual_seed(5)
+    p = torch.randn(37, 29, generator=g).bfloat16()
+    states = [torch.randn(37, 29, generator=g).abs().bfloat16() * 1e-2 for _ in range(rule.state_slots(hyper))]
+    grad = torch.randn(37, 29, generator=g)
+    grad[3, 4] = float("nan")
+    key = derive_seed(11, 3, 2)
+    bits = lambda t: t.contiguous().view(torch.int16).numpy().view(np.uint16)  # noqa: E731
+    want_p, want_s, bad = emulate_elementwise(bits(p), grad.numpy(), [bits(s) for s in states], rule=rule, h=h,
+                                              seed=key)
+    stats = tb.elementwise_update(p, grad, states, rule, h, seed=key)
+    assert np.array_equal(bits(p), want_p) and int(stats.nonfinite) == bad == 1
+    for a, b in zip(states, want_s):
+        assert np.array_equal(bits(a), b)
