@@ -30,14 +30,17 @@ DIV16 = ["w_ptr", "s0_ptr", "s1_ptr", "x_ptr", "dy_ptr", "accum_ptr", "acc_out_p
          "nonfinite_ptr", "M", "N", "K", "stride_xk", "stride_dyk", "slots_n"]
 
 
-def compile_ptx(cfg: kernels.TileConfig, rule: rules.Rule, dtype: str, bf16_storage: bool = False) -> str:
-    sig = {"w_ptr": "*bf16" if bf16_storage else "*fp32", "s0_ptr": "*bf16" if bf16_storage else "*fp32",
-           "s1_ptr": "*bf16" if bf16_storage else "*fp32", "x_ptr": f"*{dtype}", "dy_ptr": f"*{dtype}",
+STORAGE = {"fp32": ("*fp32", "*fp32"), "bf16-sr": ("*bf16", "*bf16"), "8bit": ("*bf16", "*u8")}
+
+
+def compile_ptx(cfg: kernels.TileConfig, rule: rules.Rule, dtype: str, precision: str = "fp32") -> str:
+    w_ty, s_ty = STORAGE[precision]
+    sig = {"w_ptr": w_ty, "s0_ptr": s_ty, "s1_ptr": s_ty, "x_ptr": f"*{dtype}", "dy_ptr": f"*{dtype}",
            "accum_ptr": "*fp32", "acc_out_ptr": "*fp32", "norm_sq_ptr": "*fp64", "nonfinite_ptr": "*i32",
-           "M": "i32", "N": "i32", "K": "i32", "stride_xk": "i32", "stride_xn": "i32", "stride_dyk": "i32",
+           "scale0_ptr": "*fp32", "scale1_ptr": "*fp32", "n_blocks": "i32", "M": "i32", "N": "i32", "K": "i32", "stride_xk": "i32", "stride_xn": "i32", "stride_dyk": "i32",
            "stride_dym": "i32", "h": tuple("fp32" for _ in rule.scalar_names), "grad_scale": "fp32", "seed": "u64",
            "slots_n": "i32"}
-    const = {"stride_xn": 1, "stride_dym": 1, "GUARDED_UPDATE": guarded_update_jit(rule), "N_STATE": len(rule.state), "BF16_STORAGE": bf16_storage,
+    const = {"stride_xn": 1, "stride_dym": 1, "GUARDED_UPDATE": guarded_update_jit(rule), "N_STATE": len(rule.state), "BF16_STORAGE": precision == "bf16-sr", "STATE_Q8": precision == "8bit",
              "UPDATE": True, "STORE_ACC": False, "HAS_ACCUM": False,
              "INPUT_PRECISION": "ieee" if dtype == "fp32" else "tf32",
              "BM": cfg.BM, "BN": cfg.BN, "BK": cfg.BK, "EPILOGUE_SPLIT": cfg.epilogue_split}
@@ -73,12 +76,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rule", default="adamw")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="mainloop operands")
-    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16-sr"], help="weight/state storage")
+    ap.add_argument("--precision", default="fp32", choices=sorted(STORAGE), help="weight/state storage")
     args = ap.parse_args(argv)
     rule = rules.get_rule(args.rule)
-    cfgs = kernels.configs_for(kernels.torch.bfloat16 if args.dtype == "bf16" else kernels.torch.float32)
+    torch_dtype = kernels.torch.bfloat16 if args.dtype == "bf16" else kernels.torch.float32
+    cfgs = kernels.Q8_CONFIGS[torch_dtype] if args.precision == "8bit" else kernels.configs_for(torch_dtype)
     for cfg in cfgs:
-        u = resource_usage(compile_ptx(cfg, rule, args.dtype, args.precision == "bf16-sr"))
+        u = resource_usage(compile_ptx(cfg, rule, args.dtype, args.precision))
         print(f"{cfg}: {u['registers']} registers, spill stores {u['spill_stores']} B, loads {u['spill_loads']} B")
     return 0
 

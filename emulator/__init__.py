@@ -60,24 +60,28 @@ def emulate(
 ) -> LinearUpdateResult:
     """What the fused kernel writes for W [M, N], X [K, N], dY [K, M] and the rule's state.
 
-    ``precision``: "fp32" (weight and state float32) or "bf16-sr" (weight and state as uint16 bf16
-    encodings, stochastically rounded with the Philox key ``seed``). ``x``/``dy`` as float32 select the fp32 "ieee" mainloop; as uint16 arrays of bf16 bit patterns,
+    ``precision``: "fp32" (weight and state float32), "bf16-sr" (weight and state as uint16 bf16
+    encodings, stochastically rounded with the Philox key ``seed``) or "8bit" (weight as bf16
+    encodings, each state a (codes, scales) pair of emulator/quant8.py). ``x``/``dy`` as float32 select the fp32 "ieee" mainloop; as uint16 arrays of bf16 bit patterns,
     the bf16 tensor-core mainloop of ``arch``. The per-step scalars are ``h`` if given, else
     ``rule.scalars(hyper, step)``. ``weight=None`` runs the mainloop only (store_acc gives dW).
     ``tile`` is (BM, BN, BK) of the kernel configuration being mirrored.
     """
-    if precision not in ("fp32", "bf16-sr"):
-        raise NotImplementedError(f"precision {precision!r}: the emulator implements 'fp32' and 'bf16-sr'")
+    if precision not in ("fp32", "bf16-sr", "8bit"):
+        raise ValueError(f"precision must be 'fp32', 'bf16-sr' or '8bit', got {precision!r}")
     rule_obj = _rule(rule) if weight is not None else None
     mainloop = _mainloop_of(x, dy)
     if weight is not None:
         want = np.float32 if precision == "fp32" else np.uint16
-        for name, t in [("weight", weight)] + [(f"state {i}", s) for i, s in enumerate(state)]:
+        stored = [("weight", weight)] + ([] if precision == "8bit" else [(f"state {i}", s) for i, s in enumerate(state)])
+        for name, t in stored:
             if t.dtype != want:
                 raise TypeError(f"{name} must be {np.dtype(want).name} in the {precision} regime "
                                 f"(bf16 as uint16 encodings), got {t.dtype}")
-        if precision == "bf16-sr" and seed is None:
-            raise ValueError("the bf16-sr regime needs seed= (the Philox key: philox.derive_seed(...))")
+        if precision == "8bit" and not all(isinstance(s, tuple) and len(s) == 2 for s in state):
+            raise TypeError("8bit states are (codes uint8 [M, N], scales float32 [M, cdiv(N, 128)]) pairs")
+        if precision != "fp32" and seed is None:
+            raise ValueError(f"the {precision} regime needs seed= (the Philox key: philox.derive_seed(...))")
         if h is None:
             if hyper is None:
                 raise ValueError("give the rule's hyper-parameters (hyper=) or its per-step scalars (h=)")

@@ -24,6 +24,7 @@ from forge_num.rules import Rule
 
 from . import fp32
 from .philox import rounding_bits
+from .quant8 import QBLOCK, dequantize, quantize_block_sr
 from .rounding import bf16_sr_bits, bf16_to_f32
 from .rules import bind_guarded
 
@@ -111,6 +112,19 @@ def update_in_place(p_stored, states_stored, offs, g, guarded, h, grad_scale, se
     return store_f32(p, r_p, bf16), new_states, finite
 
 
+def update_in_place_q8(p_bits, states_q8, offs, g, guarded, h, grad_scale, seed):
+    """kernels.linear_update.update_in_place_q8 on loaded tiles of whole quantization blocks:
+    p_bits bf16 encodings; states_q8 a list of (codes uint8 [R, BN], scales f32 [R, BN/QBLOCK]),
+    state 0 signed (m), state 1 unsigned (v). Returns (stored p, stored states, finite)."""
+    p = bf16_to_f32(p_bits)
+    signed = (True, False)
+    s = [dequantize(c, sc, signed[i]) for i, (c, sc) in enumerate(states_q8)] + [p, p]
+    p, s0, s1, finite = guarded(p, g, s[0], s[1], h, np.float32(grad_scale))
+    r_p, _, _, r_m24, r_v24 = rounding_bits(seed, offs)
+    new_states = [quantize_block_sr(x, r, sg) for x, r, sg, _ in zip((s0, s1), (r_m24, r_v24), signed, states_q8)]
+    return bf16_sr_bits(p, r_p), new_states, finite
+
+
 @dataclass
 class LinearUpdateResult:
     """What the fused kernel writes."""
@@ -132,12 +146,17 @@ def fused_linear_update_kernel(
     w and states as float32 (fp32 regime) or as uint16 bf16 encodings (bf16-sr regime)."""
     M, N = (w.shape if w is not None else (dy.shape[1], x.shape[1]))
     w = None if w is None else w.copy()
-    states = [s.copy() for s in states]
+    states = [s if isinstance(s, tuple) else s.copy() for s in states]
     acc_out = np.zeros((M, N), np.float32) if store_acc else None
     slots_n = cdiv(max(N, 1), TELEMETRY_GRANULE)
     partials = np.zeros(cdiv(max(M, 1), TELEMETRY_GRANULE) * slots_n, dtype=np.float64)
     nonfinite = 0
     guarded = bind_guarded(rule) if update else None
+    q8 = bool(states) and isinstance(states[0], tuple)
+    if q8:
+        states = [(c.copy(), sc.copy()) for c, sc in states]
+        if BN % QBLOCK:
+            raise ValueError(f"the 8bit regime needs BN a multiple of {QBLOCK}, got {BN}")
     bf16 = w is not None and w.dtype == np.uint16
     zero = np.uint16(0) if bf16 else np.float32(0)
     for pid_m in range(cdiv(M, BM)):
@@ -152,7 +171,18 @@ def fused_linear_update_kernel(
             g = weight_grad_tile(acc, x, dy, offs_m, offs_n, BK, mainloop, arch)
             if store_acc:
                 _store_tile(acc_out, offs_m, offs_n, g)
-            if update:
+            if update and q8:
+                offs = offs_m[:, None].astype(np.int64) * N + offs_n[None, :]
+                blocks = offs_n[::QBLOCK] // QBLOCK  # block column of each QBLOCK of the tile
+                p, new_states, finite = update_in_place_q8(
+                    _load_tile(w, offs_m, offs_n, zero),
+                    [(_load_tile(c, offs_m, offs_n, np.uint8(0)), _load_tile(sc, offs_m, blocks, np.float32(1)))
+                     for c, sc in states], offs, g, guarded, h, grad_scale, seed)
+                _store_tile(w, offs_m, offs_n, p)
+                for (c, sc), (nc, nsc) in zip(states, new_states):
+                    _store_tile(c, offs_m, offs_n, nc)
+                    _store_tile(sc, offs_m, blocks, nsc)
+            elif update:
                 offs = offs_m[:, None].astype(np.int64) * N + offs_n[None, :]  # flat index: Philox counter
                 p, new_states, finite = update_in_place(
                     _load_tile(w, offs_m, offs_n, zero), [_load_tile(t, offs_m, offs_n, zero) for t in states],

@@ -34,10 +34,12 @@ import triton
 from forge_num.rules import Rule
 
 from .linear_update import elementwise_update_kernel, fused_linear_update_kernel
+from .quant8 import QBLOCK as _QBLOCK
 from .rules import guarded_update_jit
 
 __all__ = [
     "UpdateStats",
+    "Q8State",
     "TileConfig",
     "fused_linear_update",
     "linear_mainloop",
@@ -51,7 +53,21 @@ __all__ = [
 # Telemetry partials live on a grid of TELEMETRY_GRANULE x TELEMETRY_GRANULE slots: tile
 # (pid_m, pid_n) writes slot (pid_m*BM/G, pid_n*BN/G), whatever tile shape autotuning picks.
 TELEMETRY_GRANULE = 16
+QBLOCK = int(_QBLOCK)  # 8bit regime: elements of a row per quantization block
 ELEMENTWISE_BLOCK = 1024
+
+
+class Q8State(NamedTuple):
+    """One optimizer state in the 8bit regime (kernels/quant8.py): codes and per-block scales."""
+
+    codes: torch.Tensor  # uint8 [M, N]: E4M3 for state 0 (signed m), E5M3 for state 1 (v >= 0)
+    scales: torch.Tensor  # float32 [M, cdiv(N, QBLOCK)]: a power of two per QBLOCK elements of a row
+
+    @staticmethod
+    def zeros(M: int, N: int, device=None) -> "Q8State":
+        """A zero state (all codes 0; scales 1: any finite scale dequantizes code 0 to 0)."""
+        return Q8State(torch.zeros(M, N, dtype=torch.uint8, device=device),
+                       torch.ones(M, triton.cdiv(N, QBLOCK), dtype=torch.float32, device=device))
 
 
 class UpdateStats(NamedTuple):
@@ -97,6 +113,15 @@ BF16_CONFIGS = (
     TileConfig(64, 128, 32, num_warps=8, num_stages=4, epilogue_split=4),
 )
 INTERPRETER_CONFIG = TileConfig(32, 32, 16, num_warps=4, num_stages=1, epilogue_split=2)
+# 8bit regime: the epilogue needs whole quantization blocks, so BN is a multiple of QBLOCK and the
+# epilogue is not split; the tiles are short so that it fits in registers without spills
+# (python -m bench.registers --precision 8bit: 64x128 spilled 532 B per thread, these none; not yet
+# timed).
+Q8_CONFIGS = {
+    torch.bfloat16: (TileConfig(32, 128, 64, num_warps=8, num_stages=3), TileConfig(16, 128, 64, num_warps=4, num_stages=3)),
+    torch.float32: (TileConfig(16, 128, 16, num_warps=4, num_stages=2),),
+}
+INTERPRETER_Q8_CONFIG = TileConfig(16, 128, 16, num_warps=4, num_stages=1)
 
 
 def configs_for(input_dtype: torch.dtype) -> tuple[TileConfig, ...]:
@@ -169,6 +194,24 @@ def _check_states(states: Sequence[torch.Tensor], ref: torch.Tensor, rule: Rule)
     return states
 
 
+def _check_q8_states(states, weight: torch.Tensor, rule: Rule) -> list:
+    states = list(states)
+    if weight.dtype != torch.bfloat16:
+        raise TypeError(f"the 8bit regime keeps the weight in bfloat16, got {weight.dtype}")
+    if len(states) > len(rule.state) or not all(isinstance(st, Q8State) for st in states):
+        raise ValueError(f"8bit states must be {len(rule.state)} or fewer Q8State(codes, scales), got {states!r:.200}")
+    M, N = weight.shape
+    for name, st in zip(rule.state, states):
+        if st.codes.dtype != torch.uint8 or tuple(st.codes.shape) != (M, N) or not st.codes.is_contiguous():
+            raise ValueError(f"state {name!r}: codes must be contiguous uint8 [{M}, {N}], got "
+                             f"{st.codes.dtype} {tuple(st.codes.shape)}")
+        nb = triton.cdiv(N, QBLOCK)
+        if st.scales.dtype != torch.float32 or tuple(st.scales.shape) != (M, nb) or not st.scales.is_contiguous():
+            raise ValueError(f"state {name!r}: scales must be contiguous float32 [{M}, {nb}], got "
+                             f"{st.scales.dtype} {tuple(st.scales.shape)}")
+    return states
+
+
 def _check_scalars(rule: Rule, h: Sequence[float], grad_scale: float) -> tuple:
     h = tuple(float(v) for v in h)
     if len(h) != len(rule.scalar_names):
@@ -216,17 +259,27 @@ def _telemetry_buffers(M: int, N: int, device) -> tuple[torch.Tensor, torch.Tens
 
 def _launch_linear(
     weight, states, x, dy, accum, acc_out, rule, h, grad_scale, *, update: bool, config: TileConfig | None,
-    n_state: int, seed: int = 0, bf16: bool = False,
+    n_state: int, seed: int = 0, bf16: bool = False, q8: bool = False,
 ) -> UpdateStats:
     M, N = (weight.shape if weight is not None else (dy.shape[1], x.shape[1]))
     K = x.shape[0]
     device = x.device
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     if config is None:
-        config = INTERPRETER_CONFIG if _interpreting() else default_config(M, N, K, x.dtype)
+        if q8:
+            config = INTERPRETER_Q8_CONFIG if _interpreting() else Q8_CONFIGS[x.dtype][0]
+        else:
+            config = INTERPRETER_CONFIG if _interpreting() else default_config(M, N, K, x.dtype)
+    if q8 and (config.BN % QBLOCK or config.epilogue_split != 1):
+        raise ValueError(f"the 8bit regime needs BN a multiple of {QBLOCK} and epilogue_split=1, got {config}")
     norm_sq, nonfinite, slots_n = _telemetry_buffers(M, N, device)
     dummy = norm_sq  # any tensor: pointers of absent operands are never dereferenced
-    s = list(states) + [None, None]
+    if q8:
+        scales = [st.scales for st in states] + [dummy, dummy]
+        s = [st.codes for st in states] + [None, None]
+    else:
+        scales = [dummy, dummy]
+        s = list(states) + [None, None]
     guarded = guarded_update_jit(rule) if update else _NO_UPDATE
     grid = (triton.cdiv(M, config.BM), triton.cdiv(N, config.BN))
     if M and N:
@@ -238,9 +291,10 @@ def _launch_linear(
             accum if accum is not None else dummy,
             acc_out if acc_out is not None else dummy,
             norm_sq, nonfinite,
+            scales[0], scales[1], triton.cdiv(N, QBLOCK),
             M, N, K, x.stride(0), x.stride(1), dy.stride(0), dy.stride(1),
             h, grad_scale, int(seed), slots_n,
-            GUARDED_UPDATE=guarded, N_STATE=n_state, BF16_STORAGE=bf16,
+            GUARDED_UPDATE=guarded, N_STATE=n_state, BF16_STORAGE=bf16, STATE_Q8=q8,
             UPDATE=update, STORE_ACC=acc_out is not None, HAS_ACCUM=accum is not None,
             INPUT_PRECISION=precision,
             BM=config.BM, BN=config.BN, BK=config.BK, EPILOGUE_SPLIT=config.epilogue_split,
@@ -271,23 +325,30 @@ def fused_linear_update(
 ) -> UpdateStats:
     """Apply ``rule`` to ``weight`` (and ``states``) with the gradient dyᵀx, never stored.
 
-    float32 weight and states: the fp32 regime. bfloat16 weight and states: the bf16-sr regime,
-    which needs ``seed`` (the Philox key of this parameter and step)."""
+    Regimes, by storage: float32 weight and states (fp32); bfloat16 weight and states (bf16-sr);
+    bfloat16 weight and ``Q8State`` states (8bit). The last two round stochastically and need
+    ``seed`` (the Philox key of this parameter and step)."""
     if weight.dim() != 2:
         raise ValueError(f"weight must be 2-D [out, in], got shape {tuple(weight.shape)}")
     bf16 = _check_regime("weight", weight, seed)
     _check_fp32_like("weight", weight, weight, weight.dtype)
     M, N = weight.shape
     _check_linear_inputs(x, dy, M, N)
-    states = _check_states(states, weight, rule)
+    q8 = any(isinstance(st, Q8State) for st in states)
+    if q8:
+        states = _check_q8_states(states, weight, rule)
+        _check_device(weight, x, dy, *(t for st in states for t in st))
+    else:
+        states = _check_states(states, weight, rule)
     h, grad_scale = _check_scalars(rule, h, grad_scale)
     for name, t in (("accum", accum), ("acc_out", acc_out)):
         if t is not None:
             _check_fp32_like(name, t, weight)
-    _check_device(weight, x, dy, *states, *(t for t in (accum, acc_out) if t is not None))
+    _check_device(weight, x, dy, *(t for t in (accum, acc_out) if t is not None),
+                  *(states if not q8 else ()))
     return _launch_linear(
         weight, states, x, dy, accum, acc_out, rule, h, grad_scale, update=True, config=config,
-        n_state=len(states), seed=seed or 0, bf16=bf16,
+        n_state=len(states), seed=seed or 0, bf16=bf16 and not q8, q8=q8,
     )
 
 
@@ -382,8 +443,13 @@ def unfused_linear_update(
     config: TileConfig | None = None,
     seed: int | None = None,
 ) -> UpdateStats:
-    """The comparator: the same mainloop storing dW, then the element-wise kernel of the same rule."""
+    """The comparator: the same mainloop storing dW, then the element-wise update of the same rule
+    (8bit regime: the fused kernel with K = 0 starting from the stored dW, whose whole-block tiles
+    the element-wise kernel does not have)."""
     grad = linear_mainloop(x, dy, accum=accum, config=config)
+    if any(isinstance(st, Q8State) for st in states):
+        return fused_linear_update(weight, x[:0], dy[:0], states, rule, h, grad_scale=grad_scale, accum=grad,
+                                   seed=seed)
     return elementwise_update(weight, grad, states, rule, h, grad_scale=grad_scale, seed=seed)
 
 

@@ -38,6 +38,7 @@ Launch with ``enable_fp_fusion=False`` (see kernels/ieee.py); the launchers in k
 import triton
 import triton.language as tl
 
+from .quant8 import QBLOCK, dequantize, quantize_block_sr
 from .random import rounding_bits
 from .rounding import bf16_sr_bits, bf16_to_f32
 
@@ -83,6 +84,8 @@ def tile_telemetry(g, in_tile, finite):
 def fused_linear_update_kernel(
     # tensors
     w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, accum_ptr, acc_out_ptr, norm_sq_ptr, nonfinite_ptr,
+    # 8bit regime: fp32 block scales of the states, [M, n_blocks] with n_blocks = cdiv(N, QBLOCK)
+    scale0_ptr, scale1_ptr, n_blocks,
     # sizes and strides (W, S0, S1, accum, acc_out are contiguous [M, N])
     M, N, K, stride_xk, stride_xn, stride_dyk, stride_dym,
     # the rule's per-step scalars (a tuple of fp32), the gradient scale (clipping coefficient) and
@@ -92,6 +95,7 @@ def fused_linear_update_kernel(
     slots_n,
     # compile-time
     GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr,
+    STATE_Q8: tl.constexpr,
     UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, HAS_ACCUM: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
@@ -112,11 +116,20 @@ def fused_linear_update_kernel(
         offs_m, offs_n, BM, BN, BK, INPUT_PRECISION,
     )
 
+    if STATE_Q8:
+        # 8bit regime: the epilogue needs whole quantization blocks (QBLOCK elements of a row), so
+        # it runs on the whole tile, whose width is a multiple of QBLOCK.
+        tl.static_assert(EPILOGUE_SPLIT == 1, "the 8bit regime runs its epilogue on the whole tile")
+        if STORE_ACC:
+            tl.store(acc_out_ptr + offs, g, mask=in_tile)
+        finite = update_in_place_q8(w_ptr, s0_ptr, scale0_ptr, s1_ptr, scale1_ptr, n_blocks, offs_m, offs_n,
+                                    M, N, g, h, grad_scale, seed, GUARDED_UPDATE, N_STATE)
+        norm_sq, nonfinite = tile_telemetry(g, in_tile, finite)
     # The epilogue runs on EPILOGUE_SPLIT column sub-tiles of [BM, BN / EPILOGUE_SPLIT], one after
     # the other: W, S0 and S1 of a whole tile next to the accumulator do not fit in registers
     # (ptxas spills kilobytes per thread at 128x128), a quarter of them does. Element-wise, so the
     # split changes no bit of W or state; only the order of the telemetry sum.
-    if EPILOGUE_SPLIT == 1:
+    elif EPILOGUE_SPLIT == 1:
         norm_sq, nonfinite = update_subtile(
             g, offs_m, offs_n, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed,
             GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
@@ -229,6 +242,46 @@ def update_in_place(w_ptr, s0_ptr, s1_ptr, offs, mask, g, h, grad_scale, seed,
         store_f32(s0_ptr, offs, mask, s0, r_s0, BF16_STORAGE)
     if N_STATE >= 2:
         store_f32(s1_ptr, offs, mask, s1, r_s1, BF16_STORAGE)
+    return finite
+
+
+@triton.jit
+def update_in_place_q8(w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, offs_m, offs_n, M, N,
+                       g, h, grad_scale, seed, GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr):
+    """update_in_place for the 8bit regime on a tile [R, BN] of whole quantization blocks: W is bf16
+    (stochastic rounding, slice r_p); state 0 is signed E4M3 codes (m: slice r_m24), state 1 unsigned
+    E5M3 codes (v >= 0: slice r_v24), each with an fp32 power-of-two scale per block of QBLOCK
+    elements of a row (kernels/quant8.py). The rule runs on the dequantized fp32 state and the fp32
+    gradient; the new scale comes from the updated block. An element whose gradient was not finite
+    keeps its dequantized value, which is then requantized under its block's new scale."""
+    BN: tl.constexpr = g.shape[1]
+    J: tl.constexpr = BN // QBLOCK
+    tl.static_assert(J * QBLOCK == BN, "the 8bit regime needs BN to be a multiple of QBLOCK")
+    in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    offs = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+    block = tl.min(tl.reshape(offs_n, (J, QBLOCK)), axis=1) // QBLOCK  # block column of each block
+    soffs = offs_m[:, None].to(tl.int64) * n_blocks + block[None, :]
+    smask = (offs_m[:, None] < M) & (block[None, :] < n_blocks)
+    p = load_f32(w_ptr, offs, in_tile, True)
+    s0 = p
+    s1 = p
+    if N_STATE >= 1:
+        s0 = dequantize(tl.load(c0_ptr + offs, mask=in_tile, other=0), tl.load(scale0_ptr + soffs, mask=smask, other=1.0),
+                        True)
+    if N_STATE >= 2:
+        s1 = dequantize(tl.load(c1_ptr + offs, mask=in_tile, other=0), tl.load(scale1_ptr + soffs, mask=smask, other=1.0),
+                        False)
+    p, s0, s1, finite = GUARDED_UPDATE(p, g, s0, s1, h, grad_scale)
+    r_p, _, _, r_m24, r_v24 = rounding_bits(seed, offs)
+    store_f32(w_ptr, offs, in_tile, p, r_p, True)
+    if N_STATE >= 1:
+        codes0, scales0 = quantize_block_sr(s0, r_m24, True)
+        tl.store(c0_ptr + offs, codes0, mask=in_tile)
+        tl.store(scale0_ptr + soffs, scales0, mask=smask)
+    if N_STATE >= 2:
+        codes1, scales1 = quantize_block_sr(s1, r_v24, False)
+        tl.store(c1_ptr + offs, codes1, mask=in_tile)
+        tl.store(scale1_ptr + soffs, scales1, mask=smask)
     return finite
 
 

@@ -70,10 +70,10 @@ def check_fused(rule_name: str, dtype: str) -> dict:
     rule = rules.get_rule(rule_name)
     sig = {"w_ptr": "*fp32", "s0_ptr": "*fp32", "s1_ptr": "*fp32", "x_ptr": f"*{dtype}", "dy_ptr": f"*{dtype}",
            "accum_ptr": "*fp32", "acc_out_ptr": "*fp32", "norm_sq_ptr": "*fp64", "nonfinite_ptr": "*i32",
-           "M": "i32", "N": "i32", "K": "i32", "stride_xk": "i32", "stride_xn": "i32", "stride_dyk": "i32",
+           "scale0_ptr": "*fp32", "scale1_ptr": "*fp32", "n_blocks": "i32", "M": "i32", "N": "i32", "K": "i32", "stride_xk": "i32", "stride_xn": "i32", "stride_dyk": "i32",
            "stride_dym": "i32", "h": tuple("fp32" for _ in rule.scalar_names), "grad_scale": "fp32",
            "seed": "u64", "slots_n": "i32"}
-    const = {"GUARDED_UPDATE": guarded_update_jit(rule), "N_STATE": len(rule.state), "BF16_STORAGE": False, "UPDATE": True,
+    const = {"GUARDED_UPDATE": guarded_update_jit(rule), "N_STATE": len(rule.state), "BF16_STORAGE": False, "STATE_Q8": False, "UPDATE": True,
              "STORE_ACC": False, "HAS_ACCUM": False, "INPUT_PRECISION": "ieee" if dtype == "fp32" else "tf32",
              "BM": 64, "BN": 64, "BK": 32 if dtype == "bf16" else 16, "EPILOGUE_SPLIT": 2}
     for k in const:
@@ -92,8 +92,10 @@ def main() -> int:
     out = {"elementwise": [check_elementwise(r) for r in sorted(rules.RULES)],
            "fused": [check_fused(r, d) for r in ("adamw", "lion") for d in ("fp32", "bf16")],
            # AdamW holds the most state: registers and spills of every configuration the launcher may use
-           "resources": [dict(config=str(c), dtype=d, **resource_usage(compile_tuned(c, rules.ADAMW, d)))
-                         for d, cfgs in (("bf16", kernels.BF16_CONFIGS), ("fp32", kernels.IEEE_CONFIGS))
+           "resources": [dict(config=str(c), dtype=d, precision=prec, **resource_usage(compile_tuned(c, rules.ADAMW, d, prec)))
+                         for prec, d, cfgs in (("fp32", "bf16", kernels.BF16_CONFIGS), ("fp32", "fp32", kernels.IEEE_CONFIGS),
+                                               ("8bit", "bf16", kernels.Q8_CONFIGS[kernels.torch.bfloat16]),
+                                               ("8bit", "fp32", kernels.Q8_CONFIGS[kernels.torch.float32]))
                          for c in cfgs]}
     json.dump(out, sys.stdout)
     return 0
