@@ -378,6 +378,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     v = sub.add_parser("verify", help="the verification report (forge_num.verify)", add_help=False)
     v.add_argument("args", nargs=argparse.REMAINDER)
+    r = sub.add_parser("report", help="reports: `report bias` (forge_num.report)", add_help=False)
+    r.add_argument("args", nargs=argparse.REMAINDER)
     return p
 
 
@@ -388,6 +390,13 @@ def main(argv=None) -> int:
 
         verify = importlib.import_module("forge_num.verify")
         return verify.main(argv[1:])
+    if argv and argv[0] == "report":
+        if argv[1:2] != ["bias"]:
+            print("usage: forge-num report bias [--draws N] [--out DIR] (see --help)", file=sys.stderr)
+            return 2
+        from forge_num import report
+
+        return report.main(argv[2:])
     args = _parser().parse_args(argv)
     if args.command == "train":
         for name in ("steps", "batch", "seq", "hidden", "layers", "heads"):
