@@ -182,7 +182,7 @@ def write(report: dict, out: str) -> list[str]:
               "| state | elements | draws | worst error / proved bound | mean relative bias (normal range) |",
               "|---|---|---|---|---|"]
     for name, r in q8.items():
-        lines.append(f"| {name} | {r['elements']} | {r['draws']} | {r['worst_error_over_bound']:.3f} | "
+        lines.append(f"| {name} | {r['elements']} | {r['draws']} | {r['worst_error_over_bound']:.4f} | "
                      f"{r['mean_rel_bias_normal_range']:+.2e} ± {_Z95 * r['rel_bias_sd_normal_range'] / math.sqrt(r['elements'] * r['draws']):.1e} |")
     f_ = tiny["final"]
     lines += ["", "## Tiny updates", "",
@@ -230,7 +230,7 @@ def main(argv=None) -> int:
     sr = report["sr_bf16"]
     print(f"bf16 SR: worst |mean error| {sr['worst_abs_mean_err_ulp']:.2e} ulp, min Bonferroni p {sr['min_p_bonferroni']:.3g}")
     for name, r in report["quant8"].items():
-        print(f"8-bit {name}: worst error / bound {r['worst_error_over_bound']:.3f}")
+        print(f"8-bit {name}: worst error / bound {r['worst_error_over_bound']:.4f} (proved < 1)")
     fin = report["tiny_updates"]["final"]
     print(f"tiny updates: rne {fin['rne']:.6f}, sr {fin['sr']:.6f}, exact {fin['exact']:.6f}")
     return 0
