@@ -11,15 +11,21 @@ weight and AdamW state, the fp32 regime):
 
 All measured side by side in one run (triton.testing.do_bench, median). Prints a table; writes JSON.
 
-    python bench/kernels.py [--shapes 4096x4096,14336x4096] [--tokens 256,1024] [--out bench/results/x.json]
+    python bench/kernels.py [--shapes 4096x4096,14336x4096] [--tokens 256,1024] [--precision fp32,bf16-sr,8bit]
+                            [--out bench/results/x.json]
+
+bf16-sr and 8bit are compared with torch.optim.AdamW(fused=True) on a bf16 parameter (the
+memory-matched torch setup), fp32 with the AMP setup (fp32 parameter, bf16 activations).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import platform
+import sys
 
 import torch
 import triton
@@ -41,38 +47,52 @@ def measure_ceilings() -> dict:
     return {"bf16_flops": 2 * 8192**3 / t_mm, "copy_bytes_per_s": 2 * src.numel() * 4 / t_cp}
 
 
-def bench_one(M: int, N: int, K: int, ceilings: dict) -> dict:
+# Bytes per weight element that the update must read and write at least, by regime: W, m, v read
+# and written once (8bit: codes, plus one fp32 scale per QBLOCK elements for each state).
+STATE_BYTES = {"fp32": 2 * (4 + 4 + 4), "bf16-sr": 2 * (2 + 2 + 2), "8bit": 2 * (2 + 1 + 1 + 8 / kernels.QBLOCK)}
+
+
+def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32") -> dict:
     torch.manual_seed(0)
     x = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn(K, M, device="cuda", dtype=torch.bfloat16) * 1e-3
-    w = torch.randn(M, N, device="cuda") * 0.02
-    m = torch.zeros_like(w)
-    v = torch.zeros_like(w)
+    w32 = torch.randn(M, N, device="cuda") * 0.02
     h = rules.ADAMW.scalars(HYPER, 1)
+    if precision == "fp32":
+        w, states, seed = w32, [torch.zeros_like(w32), torch.zeros_like(w32)], None
+    elif precision == "bf16-sr":
+        w = w32.bfloat16()
+        states, seed = [torch.zeros_like(w), torch.zeros_like(w)], 12345
+    else:
+        w, seed = w32.bfloat16(), 12345
+        states = [kernels.Q8State.zeros(M, N, "cuda"), kernels.Q8State.zeros(M, N, "cuda")]
 
     def forge(config=None):
-        kernels.fused_linear_update(w, x, dy, [m, v], rules.ADAMW, h, config=config)
+        kernels.fused_linear_update(w, x, dy, states, rules.ADAMW, h, config=config, seed=seed)
 
-    p = torch.nn.Parameter(w.clone())
+    # the unfused baseline keeps its parameter in the regime's weight dtype: fp32 under AMP, or bf16
+    p = torch.nn.Parameter(w32.clone() if precision == "fp32" else w32.bfloat16())
     opt = torch.optim.AdamW([p], fused=True, **HYPER)
 
     def unfused():
-        p.grad = (dy.t() @ x).float()
+        g = dy.t() @ x
+        p.grad = g.float() if precision == "fp32" else g
         opt.step()
         p.grad = None
 
     per_config = {}
-    for cfg in kernels.configs_for(torch.bfloat16):
+    configs = kernels.Q8_CONFIGS[torch.bfloat16] if precision == "8bit" else kernels.configs_for(torch.bfloat16)
+    for cfg in configs:
         per_config[str(cfg)] = triton.testing.do_bench(lambda: forge(cfg), warmup=10, rep=100,
                                                        return_mode="median") * 1e-3
     t_forge = triton.testing.do_bench(forge, warmup=25, rep=200, return_mode="median") * 1e-3
     t_unfused = triton.testing.do_bench(unfused, warmup=25, rep=200, return_mode="median") * 1e-3
     flops = 2.0 * K * M * N
-    min_bytes = 2 * (K * N + K * M) + 3 * 2 * 4 * M * N
+    min_bytes = 2 * (K * N + K * M) + STATE_BYTES[precision] * M * N
     floor = max(flops / ceilings["bf16_flops"], min_bytes / ceilings["copy_bytes_per_s"])
-    return {"M": M, "N": N, "K": K, "forge_ms": t_forge * 1e3, "unfused_ms": t_unfused * 1e3,
+    return {"precision": precision, "M": M, "N": N, "K": K, "forge_ms": t_forge * 1e3, "unfused_ms": t_unfused * 1e3,
             "floor_ms": floor * 1e3, "speedup_vs_unfused": t_unfused / t_forge, "forge_over_floor": t_forge / floor,
-            "config": str(kernels.default_config(M, N, K, torch.bfloat16)),
+            "config": str(configs[0]),
             "per_config_ms": {k: t * 1e3 for k, t in per_config.items()},
             "best_config": min(per_config, key=per_config.get),
             "best_config_speedup_vs_unfused": t_unfused / min(per_config.values())}
@@ -82,23 +102,26 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=LLAMA8B)
     ap.add_argument("--tokens", default="256,1024,4096,16384")
+    ap.add_argument("--precision", default="fp32", help="comma-separated: fp32, bf16-sr, 8bit")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     ceilings = measure_ceilings()
     rows = []
-    for shape in args.shapes.split(","):
-        M, N = (int(s) for s in shape.split("x"))
-        for K in (int(t) for t in args.tokens.split(",")):
-            rows.append(bench_one(M, N, K, ceilings))
-            r = rows[-1]
-            print(f"{M:>6}x{N:<6} K={K:<6} forge {r['forge_ms']:8.3f} ms  unfused {r['unfused_ms']:8.3f} ms  "
-                  f"floor {r['floor_ms']:7.3f} ms  speedup {r['speedup_vs_unfused']:5.2f}x  "
-                  f"forge/floor {r['forge_over_floor']:5.2f}  best cfg {r['best_config_speedup_vs_unfused']:5.2f}x",
-                  flush=True)
+    shapes = [tuple(int(s) for s in shape.split("x")) for shape in args.shapes.split(",")]
+    tokens = [int(t) for t in args.tokens.split(",")]
+    for precision, (M, N), K in itertools.product(args.precision.split(","), shapes, tokens):
+        if precision not in STATE_BYTES:
+            raise SystemExit(f"unknown precision {precision!r}; choose from {sorted(STATE_BYTES)}")
+        rows.append(bench_one(M, N, K, ceilings, precision))
+        r = rows[-1]
+        print(f"{precision:<7} {M:>6}x{N:<6} K={K:<6} forge {r['forge_ms']:8.3f} ms  unfused {r['unfused_ms']:8.3f} ms  "
+              f"floor {r['floor_ms']:7.3f} ms  speedup {r['speedup_vs_unfused']:5.2f}x  "
+              f"forge/floor {r['forge_over_floor']:5.2f}  best cfg {r['best_config_speedup_vs_unfused']:5.2f}x",
+              flush=True)
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
             "python": platform.python_version(), "ceilings": ceilings,
-            "command": "python bench/kernels.py " + " ".join(argv or [])}
+            "command": "python bench/kernels.py " + " ".join(sys.argv[1:] if argv is None else argv)}
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
