@@ -178,3 +178,52 @@ def _has_tensor_core_model() -> bool:
 def _used_tile(x):
     cfg = kernels.INTERPRETER_CONFIG if kernels._interpreting() else kernels.default_config(0, 0, 0, x.dtype)
     return (cfg.BM, cfg.BN, cfg.BK)
+
+
+def _q8_state(x: torch.Tensor, signed: bool, seed: int) -> kernels.Q8State:
+    """x quantized (emulator/quant8.py) into an 8bit state: N padded with zeros to whole blocks."""
+    from forge_num.emulator.quant8 import QBLOCK, quantize_block_sr
+
+    M, N = x.shape
+    Np = -(-N // QBLOCK) * QBLOCK
+    padded = np.zeros((M, Np), np.float32)
+    padded[:, :N] = x.numpy()
+    rand = np.random.default_rng(seed).integers(0, 2**24, size=(M, Np), dtype=np.uint32)
+    codes, scales = quantize_block_sr(padded, rand, signed)
+    return kernels.Q8State(torch.from_numpy(np.ascontiguousarray(codes[:, :N])), torch.from_numpy(scales))
+
+
+def run_q8_case(rule_name: str, hyper: dict, dtype: torch.dtype, M: int, N: int, K: int, seed: int, device,
+                config=None, step: int = 3) -> None:
+    """The 8bit regime: fused == unfused (the fused kernel with K = 0 from the stored dW) ==
+    emulator, bit for bit: bf16 weight, codes and scales. One accumulation-buffer element is NaN."""
+    r = rules.get_rule(rule_name)
+    h = r.scalars(hyper, step)
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(M, N, generator=g) * 0.1).bfloat16()
+    x = torch.randn(K, N, generator=g).to(dtype)
+    dy = (torch.randn(K, M, generator=g) * 0.01).to(dtype)
+    accum = torch.randn(M, N, generator=g) * 0.01
+    accum[(seed * 7) % M, (seed * 13) % N] = float("nan")
+    raw = [torch.randn(M, N, generator=g) * 1e-2, torch.rand(M, N, generator=g) * 1e-4]
+    states = [_q8_state(raw[i], signed=(i == 0), seed=seed + i) for i in range(r.state_slots(hyper))]
+    key = derive_seed(seed, step, 1)
+    dev = lambda t: t.clone().to(device)  # noqa: E731  (a copy: .to() of a CPU tensor to the CPU is the same tensor)
+    to_dev = lambda sts: [kernels.Q8State(dev(s.codes), dev(s.scales)) for s in sts]  # noqa: E731
+    wf, sf = dev(w), to_dev(states)
+    wu, su = dev(w), to_dev(states)
+    stats = kernels.fused_linear_update(wf, dev(x), dev(dy), sf, r, h, accum=dev(accum), seed=key, config=config)
+    kernels.unfused_linear_update(wu, dev(x), dev(dy), su, r, h, accum=dev(accum), seed=key, config=config)
+    assert int(stats.nonfinite) == 1
+    assert same_bits(wf, wu), "fused weight != unfused weight"
+    for a, b in zip(sf, su):
+        assert torch.equal(a.codes, b.codes) and torch.equal(a.scales.view(torch.int32), b.scales.view(torch.int32))
+    to_np = (lambda t: t.numpy()) if dtype == torch.float32 else bf16_bits  # noqa: E731
+    cfg = config or (kernels.INTERPRETER_Q8_CONFIG if kernels._interpreting() else kernels.Q8_CONFIGS[dtype][0])
+    res = emulate(bf16_bits(w), to_np(x), to_np(dy), [(s.codes.numpy(), s.scales.numpy()) for s in states], rule=r,
+                  h=h, accum=accum.numpy(), tile=(cfg.BM, cfg.BN, cfg.BK), precision="8bit", seed=key)
+    assert same_bits(res.weight, wf), "emulated kernel != kernel weight"
+    for (c, sc), s in zip(res.states, sf):
+        assert np.array_equal(c, s.codes.cpu().numpy()), "emulated codes != kernel codes"
+        assert np.array_equal(sc.view(np.uint32), s.scales.cpu().numpy().view(np.uint32)), "scales differ"
+    assert not same_bits(wf, dev(w))  # something was updated

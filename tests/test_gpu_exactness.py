@@ -95,3 +95,35 @@ def test_bf16_mainloop_within_proved_bound():
         # the fp64 reference has its own error: at most gamma_K * sum|products| (Higham eq. 3.4)
         fp64_err = K * 2.0**-53 / (1 - K * 2.0**-53) * abs_sum
         assert torch.all((got - exact).abs() <= bound + fp64_err), float(((got - exact).abs() / bound).max())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["ieee", "bf16"])
+@pytest.mark.parametrize("rule", sorted(rules.RULES))
+@given(data=st.data())
+def test_bf16_sr_regime(rule, dtype, data):
+    """bf16 weight and state, stochastic rounding from the Philox stream: fused == unfused ==
+    emulator bit for bit (issue 4: at least 200 cases per rule and mode with HYPOTHESIS_PROFILE=gpu)."""
+    case = Case(
+        rule=rule, M=data.draw(st.integers(1, 96)), N=data.draw(st.integers(1, 96)),
+        K=data.draw(st.integers(0, 80)), dtype=dtype, hyper=data.draw(HYPER[rule]),
+        step=data.draw(st.integers(1, 50)), seed=data.draw(st.integers(0, 2**31)),
+        config=data.draw(st.sampled_from(kernels.configs_for(dtype))),
+        with_accum=data.draw(st.booleans()), bad_rows=data.draw(st.sampled_from([0, 0, 2])),
+        precision="bf16-sr",
+    )
+    res = run_case(case, CUDA)
+    _record(f"bf16-sr/{rule}/{'ieee' if dtype == torch.float32 else 'bf16'}", res["whole_kernel_emulated"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["ieee", "bf16"])
+@pytest.mark.parametrize("rule", sorted(rules.RULES))
+@given(data=st.data())
+def test_8bit_regime(rule, dtype, data):
+    """8-bit block-wise states and a bf16 weight: fused == unfused == emulator, codes and scales."""
+    from tests.kernel_cases import run_q8_case
+
+    run_q8_case(rule, data.draw(HYPER[rule]), dtype, M=data.draw(st.integers(1, 80)),
+                N=data.draw(st.integers(1, 300)), K=data.draw(st.integers(0, 80)),
+                seed=data.draw(st.integers(0, 2**20)), device=CUDA,
+                config=data.draw(st.sampled_from(kernels.Q8_CONFIGS[dtype])), step=data.draw(st.integers(1, 50)))
+    _record(f"8bit/{rule}/{'ieee' if dtype == torch.float32 else 'bf16'}", True)

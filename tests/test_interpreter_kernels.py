@@ -159,21 +159,6 @@ def test_bad_input_is_named(mutate, exc, msg):
                                     grad_scale=args["scale"])
 
 
-def _q8_state(x: torch.Tensor, signed: bool, seed: int) -> kernels.Q8State:
-    """x quantized (emulator/quant8.py) into an 8bit state: N padded with zeros to whole blocks."""
-    import numpy as np
-
-    from forge_num.emulator.quant8 import QBLOCK, quantize_block_sr
-
-    M, N = x.shape
-    Np = -(-N // QBLOCK) * QBLOCK
-    padded = np.zeros((M, Np), np.float32)
-    padded[:, :N] = x.numpy()
-    rand = np.random.default_rng(seed).integers(0, 2**24, size=(M, Np), dtype=np.uint32)
-    codes, scales = quantize_block_sr(padded, rand, signed)
-    return kernels.Q8State(torch.from_numpy(np.ascontiguousarray(codes[:, :N])), torch.from_numpy(scales))
-
-
 @pytest.mark.parametrize("rule", sorted(rules.RULES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["ieee", "bf16"])
 def test_8bit_regime(rule, dtype):
@@ -181,42 +166,6 @@ def test_8bit_regime(rule, dtype):
     a power-of-two scale per 128 elements of a row, stochastic rounding): fused == unfused ==
     emulator bit for bit, codes and scales included; N not a multiple of the block, rows past the
     tile, non-finite gradient rows."""
-    import numpy as np
+    from tests.kernel_cases import run_q8_case
 
-    from forge_num.emulator import emulate
-    from forge_num.emulator.philox import derive_seed
-    from tests.kernel_cases import bf16_bits
-
-    hyper = HYPERS[rule]
-    r = rules.get_rule(rule)
-    h = r.scalars(hyper, 3)
-    g = torch.Generator().manual_seed(4)
-    M, N, K = 20, 200, 9
-    w = (torch.randn(M, N, generator=g) * 0.1).bfloat16()
-    x = torch.randn(K, N, generator=g).to(dtype)
-    dy = (torch.randn(K, M, generator=g) * 0.01).to(dtype)
-    accum = torch.randn(M, N, generator=g) * 0.01
-    accum[2, 5] = float("nan")
-    raw = [torch.randn(M, N, generator=g) * 1e-2, torch.rand(M, N, generator=g) * 1e-4]
-    states = [_q8_state(raw[i], signed=(i == 0), seed=i) for i in range(r.state_slots(hyper))]
-    key = derive_seed(9, 3, 1)
-
-    def clone(sts):
-        return [kernels.Q8State(s.codes.clone(), s.scales.clone()) for s in sts]
-
-    wf, sf = w.clone(), clone(states)
-    wu, su = w.clone(), clone(states)
-    stats = kernels.fused_linear_update(wf, x, dy, sf, r, h, accum=accum, seed=key)
-    kernels.unfused_linear_update(wu, x, dy, su, r, h, accum=accum, seed=key)
-    assert int(stats.nonfinite) == 1
-    assert torch.equal(wf.view(torch.int16), wu.view(torch.int16))
-    for a, b in zip(sf, su):
-        assert torch.equal(a.codes, b.codes) and torch.equal(a.scales.view(torch.int32), b.scales.view(torch.int32))
-    to_np = (lambda t: t.numpy()) if dtype == torch.float32 else bf16_bits  # noqa: E731
-    cfg = kernels.INTERPRETER_Q8_CONFIG
-    res = emulate(bf16_bits(w), to_np(x), to_np(dy), [(s.codes.numpy(), s.scales.numpy()) for s in states], rule=r,
-                  h=h, accum=accum.numpy(), tile=(cfg.BM, cfg.BN, cfg.BK), precision="8bit", seed=key)
-    assert np.array_equal(res.weight, bf16_bits(wf))
-    for (c, sc), s in zip(res.states, sf):
-        assert np.array_equal(c, s.codes.numpy()) and np.array_equal(sc.view(np.uint32), s.scales.numpy().view(np.uint32))
-    assert not torch.equal(wf.view(torch.int16), w.view(torch.int16))  # something was updated
+    run_q8_case(rule, HYPERS[rule], dtype, 20, 200, 9, seed=4, device=CPU)
