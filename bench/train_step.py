@@ -1,0 +1,579 @@
+"""Training-step benchmark: forward + backward + update of Llama-architecture models, per method.
+
+For each method, model (random init, built directly on the GPU), token shape (batch x sequence) and
+activation checkpointing on/off, one fresh process (so peak memory and OOMs are isolated) builds
+the model and optimizer, runs warm-up steps and timed steps, and reports
+
+    peak        torch.cuda.max_memory_allocated() over all steps, reset after the build (n/a on CPU)
+    tokens/s    batch*seq / median step time of the timed steps (synchronized)
+    predicted   the memory model of this file (predict_peak_bytes), stated before the run
+    TFLOP/s     model FLOPs (model_flops: 6 x matmul params x tokens + causal attention) / step time
+    ratios      peak and tokens/s over torch_adamw's of the same configuration, same run
+
+Methods (no gradient clipping anywhere: gradient release cannot clip):
+
+    forge         forge_num fp32 regime: fp32 params, forge_num.AdamW + prepare() (update in backward,
+                  fused layers), autocast bf16
+    torch_adamw   torch.optim.AdamW(fused=True), fp32 params + autocast bf16 (AMP)
+    torch_hooks   fp32 params + autocast bf16, one torch.optim.AdamW(fused=True) per parameter stepped
+                  in a post-accumulate-grad hook (torch's "optimizer in backward")
+    bnb_adamw8bit bitsandbytes.optim.AdamW8bit, bf16 params
+    ao_adamw8bit  torchao.optim.AdamW8bit(bf16_stochastic_round=True), bf16 params
+    flashoptim    flashoptim.FlashAdamW (8-bit states, 24-bit master: bf16 params + int8 correction),
+                  enable_gradient_release(); on the CPU (--tiny) quantize=False, master_weight_bits=None,
+                  fused=False, since the rest is CUDA only
+
+A method that cannot run is reported with its status (unavailable / oom / error / timeout /
+skipped) and the reason; it is never dropped.
+
+    python bench/train_step.py [--methods forge,torch_adamw] [--models llama-1b,llama-8b]
+        [--tokens 1x1024,4x1024,8x2048] [--checkpointing on,off] [--out bench/results/x.json]
+    python bench/train_step.py --tiny          # tiny config on CPU (CI smoke test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+
+# Run as `python bench/train_step.py`, sys.path[0] is bench/, whose kernels.py would shadow the PyPI
+# package `kernels` (bitsandbytes imports it): put the repository root there instead.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+if os.path.dirname(_HERE) not in sys.path:
+    sys.path.insert(0, os.path.dirname(_HERE))
+
+METHODS = ["forge", "torch_adamw", "torch_hooks", "bnb_adamw8bit", "ao_adamw8bit", "flashoptim"]
+HYPER = {"lr": 1e-4, "weight_decay": 0.01}
+GIB = 1024**3
+
+_LLAMA3 = {"vocab_size": 128256, "rope_theta": 500000.0, "max_position_embeddings": 8192,
+           "rms_norm_eps": 1e-5}
+MODELS = {
+    # Llama-3.2-1B / 3.2-3B / 3.1-8B shapes (tied embeddings for 1B and 3B, as released).
+    "llama-1b": dict(_LLAMA3, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True),
+    "llama-3b": dict(_LLAMA3, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
+                     num_attention_heads=24, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
+    "llama-8b": dict(_LLAMA3, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
+    # CPU smoke tests: 106,816 parameters at 2 layers (36,992 per layer + 32,832).
+    "tiny": dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False,
+                 max_position_embeddings=512),
+}
+
+# --------------------------------------------------------------------------------------------
+# Memory model (bytes), written down before measuring
+# --------------------------------------------------------------------------------------------
+
+# Per parameter, persistent: weights (+ master/correction bits) W, optimizer state S; gradients
+# alive together at the end of backward G ("transient" = one parameter's at a time, released);
+# autocast's cache of bf16 weight copies C (alive from the forward to the end of autocast/backward).
+FLOOR = {
+    #                W      S      G      C    params dtype
+    "forge":        (4.0, 8.0, 0.0, 0.0, "fp32"),  # dW never materialized (linear weights)
+    "torch_adamw":  (4.0, 8.0, 4.0, 2.0, "fp32"),
+    "torch_hooks":  (4.0, 8.0, 0.0, 2.0, "fp32"),
+    "bnb_adamw8bit": (2.0, 2.0, 2.0, 0.0, "bf16"),  # two 8-bit states (+ fp32 block absmax, ~0.03)
+    "ao_adamw8bit": (2.0, 2.0, 2.0, 0.0, "bf16"),   # block 256 scales: ~0.03 B/param
+    "flashoptim":   (3.0, 2.125, 0.0, 0.0, "bf16"),  # bf16 + int8 ECC; int8 m, v + scales (8.5 bit)
+}
+
+
+def floor_bytes_per_param(method: str) -> float:
+    """Weights + optimizer state + gradients kept at once, bytes per parameter (no activations)."""
+    w, s, g, _c, _ = FLOOR[method]
+    return w + s + g
+
+
+def count_params(cfg: dict) -> dict:
+    h, i, L, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or h // nh
+    attn = h * nh * hd + 2 * h * nkv * hd + nh * hd * h
+    layer = attn + 3 * h * i + 2 * h
+    embed = V * h
+    head = 0 if cfg.get("tie_word_embeddings") else V * h
+    total = embed + head + L * layer + h
+    return {"total": total, "per_layer": layer, "embed": embed, "head": head,
+            "linear": L * (attn + 3 * h * i) + head}
+
+
+def model_flops(cfg: dict, batch: int, seq: int) -> float:
+    """Model FLOPs of one training step (no recomputation counted): 6 x matmul parameters x tokens
+    (embedding lookup excluded, LM head included) + causal attention, 6 x layers x seq x (heads x
+    head_dim) per token (QK^T and AV, forward and backward, half the square)."""
+    n = count_params(cfg)
+    hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    T = batch * seq
+    head = n["head"] or n["embed"]  # a tied head is still a matmul
+    matmul = n["linear"] - n["head"] + head
+    return 6.0 * matmul * T + 6.0 * cfg["num_hidden_layers"] * seq * cfg["num_attention_heads"] * hd * T
+
+
+def predict_peak_bytes(cfg: dict, method: str, batch: int, seq: int, checkpointing: bool) -> float:
+    """max(end of forward, end of backward) of the memory model; activations roughly estimated.
+
+    end of forward: W + S + C*linear + saved activations + logits (bf16 logits, fp32 upcast in the
+                    loss, fp32 and bf16 logit gradients: 12 B per logit)
+    end of backward: W + S + G + the largest single gradient where gradients are released one by
+                    one (the embedding's, fp32 or bf16)
+    Saved activations per token and layer: residual stream only with checkpointing (4h fp32
+    regime, 2h bf16) plus one recomputed layer; without, 34h + 8i (fp32 regime) or 24h + 8i (bf16).
+    """
+    n = count_params(cfg)
+    w, s, g, c, dt = FLOOR[method]
+    h, i, L, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    T = batch * seq
+    full_layer = (34 * h + 8 * i) if dt == "fp32" else (24 * h + 8 * i)
+    resid = 4 * h if dt == "fp32" else 2 * h
+    act = T * (L * resid + full_layer) if checkpointing else T * L * full_layer
+    cache = c * n["linear"]
+    if method == "forge":
+        # fused linears hold no bf16 copy; a tied LM head is an ordinary autocast linear
+        cache = 2.0 * n["embed"] if cfg.get("tie_word_embeddings") else 0.0
+    logits = 12.0 * T * V
+    fwd = (w + s) * n["total"] + cache + act + logits
+    released = {"forge": 4.0, "torch_hooks": 4.0, "flashoptim": 2.0}.get(method, 0.0) * n["embed"]
+    bwd = (w + s + g) * n["total"] + released
+    return max(fwd, bwd)
+
+
+# --------------------------------------------------------------------------------------------
+# Availability (checked in the parent: an unavailable method is reported, not spawned)
+# --------------------------------------------------------------------------------------------
+
+_NEEDS = {"bnb_adamw8bit": "bitsandbytes", "ao_adamw8bit": "torchao", "flashoptim": "flashoptim"}
+
+
+def unavailable_reason(method: str, cuda: bool) -> str | None:
+    if method not in METHODS:
+        return f"unknown method (known: {', '.join(METHODS)})"
+    mod = _NEEDS.get(method)
+    hidden = os.environ.get("BENCH_HIDE_MODULES", "").split(",")  # tests: pretend not installed
+    if mod and (mod in hidden or importlib.util.find_spec(mod) is None):
+        return f"not installed: python module {mod!r} not importable (see bench/README.md for the wheel)"
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# The worker: one (method, model, shape, checkpointing) in this process
+# --------------------------------------------------------------------------------------------
+
+
+def _build_model(cfg: dict, dtype, device, checkpointing: bool):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**cfg, attn_implementation="sdpa", use_cache=False)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):  # built in place: never the 8B model on the CPU
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(prev)
+    model.train()
+    if checkpointing:  # non-reentrant; transformers >= 5.2x renamed the method
+        enable = (getattr(model, "activation_checkpointing_enable", None)
+                  or model.gradient_checkpointing_enable)
+        enable({"use_reentrant": False})
+    return model
+
+
+def _setup(method: str, model, cuda: bool):
+    """(autocast dtype or None, after_backward()) for the method; the optimizer is attached to model."""
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    if method == "forge":
+        import forge_num
+
+        opt = forge_num.AdamW(params, max_grad_norm=None, **HYPER)
+        forge_num.prepare(model, opt)
+        return torch.bfloat16, opt.step  # step(): bookkeeping only, every parameter was updated
+    if method == "torch_adamw":
+        opt = torch.optim.AdamW(params, fused=True, **HYPER)
+
+        def after():
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        return torch.bfloat16, after
+    if method == "torch_hooks":
+        opts = {p: torch.optim.AdamW([p], fused=True, **HYPER) for p in params}
+
+        def hook(p):
+            opts[p].step()
+            opts[p].zero_grad(set_to_none=True)
+
+        model._bench_hooks = [p.register_post_accumulate_grad_hook(hook) for p in params]
+        return torch.bfloat16, lambda: None
+    if method == "bnb_adamw8bit":
+        import bitsandbytes as bnb
+
+        opt = bnb.optim.AdamW8bit(params, **HYPER)
+
+        def after():
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        return None, after
+    if method == "ao_adamw8bit":
+        from torchao.optim import AdamW8bit
+
+        opt = AdamW8bit(params, bf16_stochastic_round=True, **HYPER)
+
+        def after():
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        return None, after
+    if method == "flashoptim":
+        import flashoptim
+
+        if cuda:
+            opt = flashoptim.FlashAdamW(params, master_weight_bits=24, **HYPER)
+        else:  # its 8-bit states, ECC bits and fused step are CUDA only: the API path, for smoke tests
+            opt = flashoptim.FlashAdamW(params, quantize=False, master_weight_bits=None, fused=False, **HYPER)
+        model._bench_release = flashoptim.enable_gradient_release(model, opt)
+        return None, lambda: None  # step() is a no-op under gradient release
+    raise ValueError(f"unknown method {method!r}")
+
+
+def run_spec(spec: dict) -> dict:
+    """Runs one measurement in this process; returns the result row (never raises)."""
+    import torch
+
+    cuda = torch.cuda.is_available() and not spec.get("cpu", False)
+    device = torch.device("cuda" if cuda else "cpu")
+    method, cfg = spec["method"], spec["config"]
+    batch, seq, ckpt = spec["batch"], spec["seq"], spec["checkpointing"]
+    row = {"status": "error", "reason": None, "peak_gib": None, "after_build_gib": None,
+           "tokens_per_s": None, "step_s_median": None, "step_s": [], "losses": []}
+    t_start = time.perf_counter()
+    limit = spec.get("memory_limit_bytes")
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])  # tiny CPU runs: 2+ threads were 40x slower (contention)
+    try:
+        torch.manual_seed(0)
+        if cuda and limit:
+            total = torch.cuda.get_device_properties(0).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total))
+        dtype = torch.float32 if FLOOR[method][4] == "fp32" else torch.bfloat16
+        model = _build_model(cfg, dtype, device, ckpt)
+        row["n_params"] = sum(p.numel() for p in model.parameters())
+        amp_dtype, after = _setup(method, model, cuda)
+        ids = torch.randint(0, cfg["vocab_size"], (batch, seq), device=device)
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            row["after_build_gib"] = torch.cuda.memory_allocated() / GIB
+        row["build_s"] = time.perf_counter() - t_start
+
+        def step():
+            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            after()
+            return loss.detach()
+
+        losses = []
+        for k in range(spec["warmup"] + spec["steps"]):
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            losses.append(step())
+            if cuda:
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            if k >= spec["warmup"]:
+                row["step_s"].append(dt)
+        row["losses"] = [float(x) for x in losses]
+        if not all(math.isfinite(x) for x in row["losses"]):
+            raise FloatingPointError(f"non-finite loss: {row['losses']}")
+        if cuda:
+            row["peak_gib"] = torch.cuda.max_memory_allocated() / GIB
+            row["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / GIB
+        if row["step_s"]:
+            row["step_s_median"] = statistics.median(row["step_s"])
+            row["tokens_per_s"] = batch * seq / row["step_s_median"]
+        if row["step_s_median"]:
+            row["model_tflops_per_s"] = model_flops(cfg, batch, seq) / row["step_s_median"] / 1e12
+        row["status"] = "ok"
+        if limit and not cuda:
+            # CPU has no allocator peak: a fake limit is judged on the memory model (capacity tests).
+            pred = predict_peak_bytes(cfg, method, batch, seq, ckpt)
+            if pred > limit:
+                row["status"] = "oom"
+                row["reason"] = f"fake limit: predicted peak {pred / GIB:.6f} GiB > {limit / GIB:.6f} GiB"
+    except torch.OutOfMemoryError as e:
+        row["status"] = "oom"
+        row["reason"] = str(e).splitlines()[0][:300]
+        if cuda:
+            row["peak_gib"] = torch.cuda.max_memory_allocated() / GIB
+    except Exception as e:  # noqa: BLE001 - reported, never dropped
+        # an allocation failure raised by an extension (bitsandbytes, Triton) as a plain RuntimeError
+        row["status"] = "oom" if "out of memory" in str(e).lower() else "error"
+        row["reason"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:400]
+        row["traceback"] = traceback.format_exc()[-2000:]
+    row["wall_s"] = time.perf_counter() - t_start
+    return row
+
+
+# --------------------------------------------------------------------------------------------
+# Isolation: each spec in a fresh process
+# --------------------------------------------------------------------------------------------
+
+_MARK = "TRAIN_STEP_RESULT "
+
+
+def preimport() -> None:
+    """Fork mode: import the heavy modules once in the parent (CPU only, no CUDA touched)."""
+    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: F401
+
+    import forge_num.fused  # noqa: F401
+
+
+def _fork_child(spec, conn):
+    try:
+        conn.send(run_spec(spec))
+    finally:
+        conn.close()
+        os._exit(0)
+
+
+def run_isolated(spec: dict, isolation: str, timeout: float) -> dict:
+    """run_spec in a fresh process: 'subprocess' (a new interpreter; needed with CUDA) or 'fork'
+    (CPU only: the parent's imports are reused, ~0.1 s instead of ~4 s per probe)."""
+    t0 = time.perf_counter()
+    if isolation == "fork":
+        import multiprocessing as mp
+
+        preimport()
+
+        ctx = mp.get_context("fork")
+        parent, child = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=_fork_child, args=(spec, child))
+        p.start()
+        child.close()
+        row = None
+        if parent.poll(timeout):
+            try:
+                row = parent.recv()
+            except EOFError:
+                row = None
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+            p.join()
+            return {"status": "timeout", "reason": f"no result within {timeout:.0f} s"}
+        if row is None:
+            return {"status": "error", "reason": f"worker died (exit code {p.exitcode})",
+                    "wall_s": time.perf_counter() - t0}
+        return row
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "reason": f"no result within {timeout:.0f} s (killed)",
+                "wall_s": time.perf_counter() - t0}
+    for line in proc.stdout.splitlines():
+        if line.startswith(_MARK):
+            return json.loads(line[len(_MARK):])
+    tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-3:]
+    oom = "out of memory" in (proc.stderr or "").lower()
+    return {"status": "oom" if oom else "error",
+            "reason": f"worker exit code {proc.returncode}: " + " | ".join(tail)[-400:],
+            "wall_s": time.perf_counter() - t0}
+
+
+# --------------------------------------------------------------------------------------------
+# Driver
+# --------------------------------------------------------------------------------------------
+
+
+def parse_tokens(s: str) -> list[tuple[int, int]]:
+    out = []
+    for part in s.split(","):
+        b, q = part.lower().split("x")
+        out.append((int(b), int(q)))
+    return out
+
+
+def parse_ckpt(s: str) -> list[bool]:
+    vals = {"on": True, "off": False, "1": True, "0": False, "true": True, "false": False}
+    return [vals[x.strip().lower()] for x in s.split(",")]
+
+
+_GPU_INFO = None
+
+
+def gpu_info() -> tuple[str, int]:
+    """(name, total bytes) of GPU 0, asked in a child process: the parent must hold no CUDA context
+    (it would take memory from the measured children, and forked children could not use CUDA)."""
+    global _GPU_INFO
+    if _GPU_INFO is None:
+        code = ("import json, torch; p = torch.cuda.get_device_properties(0); "
+                "print(json.dumps([p.name, p.total_memory]))")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        _GPU_INFO = tuple(json.loads(out.stdout.strip().splitlines()[-1]))
+    return _GPU_INFO
+
+
+def environment(cuda: bool) -> dict:
+    import torch
+
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "gpu": gpu_info()[0] if cuda else None,
+            "gpu_memory_gib": gpu_info()[1] / GIB if cuda else None,
+            "torch": torch.__version__, "python": platform.python_version(),
+            "command": " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]), "hyper": HYPER}
+    for mod in ("triton", "transformers", "bitsandbytes", "torchao", "flashoptim"):
+        try:
+            if importlib.util.find_spec(mod) is None:
+                meta[mod] = None
+                continue
+            from importlib.metadata import version
+
+            meta[mod] = version(mod)
+        except Exception as e:  # noqa: BLE001
+            meta[mod] = f"? ({type(e).__name__})"
+    return meta
+
+
+def _fmt(x, spec="{:.2f}"):
+    return "n/a" if x is None else spec.format(x)
+
+
+def add_ratios(rows: list) -> None:
+    """Each ok row: peak and tokens/s as ratios to torch_adamw's row of the same configuration."""
+    key = lambda r: (r["model"], r["batch"], r["seq"], r["checkpointing"])  # noqa: E731
+    ref = {key(r): r for r in rows if r["method"] == "torch_adamw" and r["status"] == "ok"}
+    for r in rows:
+        b = ref.get(key(r))
+        if r["status"] != "ok" or b is None:
+            continue
+        if r.get("peak_gib") and b.get("peak_gib"):
+            r["peak_vs_torch_adamw"] = r["peak_gib"] / b["peak_gib"]
+        if r.get("tokens_per_s") and b.get("tokens_per_s"):
+            r["tokens_per_s_vs_torch_adamw"] = r["tokens_per_s"] / b["tokens_per_s"]
+
+
+def print_row(r: dict) -> None:
+    ck = "ckpt" if r["checkpointing"] else "    "
+    what = (f"peak {_fmt(r.get('peak_gib')):>7} GiB (pred {_fmt(r.get('predicted_peak_gib')):>7})  "
+            f"{_fmt(r.get('tokens_per_s'), '{:.0f}'):>7} tok/s") if r["status"] == "ok" else \
+        f"{r['status'].upper()}: {r.get('reason')}"
+    print(f"{r['method']:<14} {r['model']:<9} {r['batch']}x{r['seq']:<5} {ck}  {what}", flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--models", default="llama-1b,llama-3b,llama-8b")
+    ap.add_argument("--tokens", default="1x1024,4x1024,8x2048", help="batch x sequence, comma-separated")
+    ap.add_argument("--checkpointing", default="off,on", help="on, off or off,on")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=5, help="timed steps (median)")
+    ap.add_argument("--layers", type=int, default=None, help="override num_hidden_layers of every model")
+    ap.add_argument("--tiny", action="store_true", help="the tiny config on the CPU (smoke test)")
+    ap.add_argument("--isolation", choices=["subprocess", "fork"], default=None,
+                    help="default: subprocess with CUDA, fork on the CPU")
+    ap.add_argument("--run-timeout", type=float, default=300.0, help="seconds per measurement")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="launch no new measurement after this many seconds (the rest: status 'skipped')")
+    ap.add_argument("--out", default=None, help="JSON file, rewritten after every measurement")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    if args.worker is not None:
+        print(_MARK + json.dumps(run_spec(json.loads(args.worker))), flush=True)
+        return 0
+
+    import torch
+
+    cuda = torch.cuda.is_available() and not args.tiny
+    if args.tiny:
+        models = ["tiny"] if args.models == ap.get_default("models") else args.models.split(",")
+        tokens = [(2, 32)] if args.tokens == ap.get_default("tokens") else parse_tokens(args.tokens)
+        if args.warmup == ap.get_default("warmup"):
+            args.warmup = 1
+        if args.steps == ap.get_default("steps"):
+            args.steps = 2
+    else:
+        models, tokens = args.models.split(","), parse_tokens(args.tokens)
+    isolation = args.isolation or ("subprocess" if cuda else "fork")
+    if isolation == "fork" and cuda:
+        raise SystemExit("--isolation fork is CPU only (CUDA cannot be used in a forked child)")
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    meta = environment(cuda)
+    meta.update({"device": "cuda" if cuda else "cpu", "isolation": isolation, "warmup": args.warmup,
+                 "steps": args.steps, "floor_bytes_per_param": {m: floor_bytes_per_param(m)
+                                                               for m in METHODS}})
+    print(f"# {meta['gpu'] or 'CPU'}  torch {meta['torch']}  transformers {meta['transformers']}  "
+          f"bitsandbytes {meta['bitsandbytes']}  torchao {meta['torchao']}  flashoptim {meta['flashoptim']}",
+          flush=True)
+    rows = []
+    t_begin = time.perf_counter()
+
+    def save():
+        if args.out:
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+            with open(args.out, "w") as f:
+                json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+    for model_name in models:
+        cfg = dict(MODELS[model_name])
+        if args.layers is not None:
+            cfg["num_hidden_layers"] = args.layers
+        for batch, seq in tokens:
+            for ckpt in parse_ckpt(args.checkpointing):
+                for method in methods:
+                    row = {"method": method, "model": model_name, "batch": batch, "seq": seq,
+                           "tokens": batch * seq, "checkpointing": ckpt,
+                           "n_params": count_params(cfg)["total"]}
+                    if method in FLOOR:
+                        row["predicted_peak_gib"] = predict_peak_bytes(cfg, method, batch, seq, ckpt) / GIB
+                    reason = unavailable_reason(method, cuda)
+                    if reason is not None:
+                        row.update(status="unavailable", reason=reason)
+                    elif args.budget_s is not None and time.perf_counter() - t_begin > args.budget_s:
+                        row.update(status="skipped", reason=f"time budget of {args.budget_s:.0f} s spent")
+                    else:
+                        spec = {"method": method, "config": cfg, "batch": batch, "seq": seq,
+                                "checkpointing": ckpt, "warmup": args.warmup, "steps": args.steps,
+                                "cpu": not cuda, "threads": 1 if args.tiny else None}
+                        row.update(run_isolated(spec, isolation, args.run_timeout))
+                    rows.append(row)
+                    print_row(row)
+                    save()
+    add_ratios(rows)
+    save()
+    print("\nratios to torch_adamw (AMP) measured in the same run: peak memory, tokens/s")
+    for r in rows:
+        if r.get("peak_vs_torch_adamw") is not None or r.get("tokens_per_s_vs_torch_adamw") is not None:
+            ck = "ckpt" if r["checkpointing"] else "    "
+            print(f"{r['method']:<14} {r['model']:<9} {r['batch']}x{r['seq']:<5} {ck}  "
+                  f"peak x{_fmt(r.get('peak_vs_torch_adamw'))}  "
+                  f"tok/s x{_fmt(r.get('tokens_per_s_vs_torch_adamw'))}  "
+                  f"{_fmt(r.get('model_tflops_per_s'), '{:.1f}')} TFLOP/s (model FLOPs)")
+    n_ok = sum(r["status"] == "ok" for r in rows)
+    print(f"\n{n_ok}/{len(rows)} ran; {time.perf_counter() - t_begin:.0f} s" +
+          (f"; wrote {args.out}" if args.out else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

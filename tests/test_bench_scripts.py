@@ -1,0 +1,131 @@
+"""bench/train_step.py and bench/capacity.py in their --tiny CPU modes (the GPU runs are manual).
+
+Both scripts run here as a user runs them (a subprocess, JSON written to a temporary folder); the
+search logic of capacity.py is also checked on its own against brute force.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import capacity, train_step  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def _run(script, *args, env_extra=None):
+    env = dict(os.environ, **(env_extra or {}))
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT, env=env, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_train_step_tiny(tmp_path):
+    out = tmp_path / "train_step.json"
+    proc = _run("train_step.py", "--tiny", "--checkpointing", "on",
+                "--methods", "forge,torch_adamw,torch_hooks,bnb_adamw8bit,ao_adamw8bit,flashoptim",
+                "--out", str(out), env_extra={"BENCH_HIDE_MODULES": "bitsandbytes"})
+    data = json.loads(out.read_text())
+    meta = data["meta"]
+    for key in ("date", "gpu", "torch", "triton", "transformers", "device", "floor_bytes_per_param"):
+        assert key in meta
+    assert meta["device"] == "cpu" and meta["gpu"] is None
+    assert meta["floor_bytes_per_param"]["torch_adamw"] == 16 and meta["floor_bytes_per_param"]["forge"] == 12
+    rows = {r["method"]: r for r in data["rows"]}
+    assert list(rows) == ["forge", "torch_adamw", "torch_hooks", "bnb_adamw8bit", "ao_adamw8bit",
+                          "flashoptim"]
+    for r in data["rows"]:
+        for key in ("model", "batch", "seq", "tokens", "checkpointing", "status", "reason", "n_params",
+                    "predicted_peak_gib"):
+            assert key in r, (r["method"], key)
+        assert r["checkpointing"] is True and r["tokens"] == r["batch"] * r["seq"]
+    for m in ("forge", "torch_adamw", "torch_hooks"):
+        r = rows[m]
+        assert r["status"] == "ok", r
+        assert r["peak_gib"] is None  # no allocator peak on the CPU: n/a, not a made-up number
+        assert r["tokens_per_s"] > 0 and len(r["step_s"]) >= 1
+        assert all(math.isfinite(x) for x in r["losses"])
+        assert r["n_params"] == train_step.count_params(train_step.MODELS["tiny"])["total"]
+        assert r["model_tflops_per_s"] > 0 and r["tokens_per_s_vs_torch_adamw"] > 0
+    assert rows["torch_adamw"]["tokens_per_s_vs_torch_adamw"] == 1.0
+    # same seed, same init, same data: the first loss is the same for every method
+    assert rows["forge"]["losses"][0] == pytest.approx(rows["torch_adamw"]["losses"][0], rel=1e-6)
+    # a missing baseline is reported with its reason, never dropped
+    assert rows["bnb_adamw8bit"]["status"] == "unavailable"
+    assert "not installed" in rows["bnb_adamw8bit"]["reason"]
+    for m in ("ao_adamw8bit", "flashoptim"):  # installed or not: on the CPU either ok or a reason
+        assert rows[m]["status"] == "ok" or rows[m]["reason"], rows[m]
+    assert "UNAVAILABLE" in proc.stdout and "tok/s" in proc.stdout
+
+
+def _brute(method, limit, vary, upper, seq=32):
+    best = 0
+    for n in range(1, upper + 1):
+        cfg = dict(train_step.MODELS["tiny"])
+        batch = 1
+        if vary == "layers":
+            cfg["num_hidden_layers"] = n
+        else:
+            batch = n
+        if train_step.predict_peak_bytes(cfg, method, batch, seq, True) <= limit:
+            best = n
+    return best
+
+
+def test_capacity_tiny_finds_known_answer(tmp_path):
+    out = tmp_path / "capacity.json"
+    limit_gib = 0.005
+    _run("capacity.py", "--tiny", "--memory-limit-gib", str(limit_gib), "--methods",
+         "forge,torch_adamw,flashoptim", "--start-layers", "1", "--start-batch", "3", "--out", str(out),
+         env_extra={"BENCH_HIDE_MODULES": "flashoptim"})
+    data = json.loads(out.read_text())
+    res = data["results"]
+    limit = limit_gib * train_step.GIB
+    for m in ("forge", "torch_adamw"):
+        r = res[m]
+        assert r["status"] == "ok", r
+        assert r["max_layers"] == _brute(m, limit, "layers", 64)
+        assert r["max_batch"] == _brute(m, limit, "batch", 64)
+        statuses = {p["status"] for p in r["probes"]}
+        assert statuses == {"ok", "oom"}
+        # the floor alone (bytes/param x parameters) is within the limit at the answer
+        cfg = dict(train_step.MODELS["tiny"], num_hidden_layers=r["max_layers"])
+        assert train_step.floor_bytes_per_param(m) * train_step.count_params(cfg)["total"] <= limit
+    # the known answer, by hand: 12 vs 16 B/param over 36,992 parameters per layer + 32,832
+    assert res["forge"]["max_layers"] == 10 and res["torch_adamw"]["max_layers"] == 8
+    assert res["forge"]["max_layers_vs_torch_adamw"] == pytest.approx(10 / 8)
+    assert res["torch_adamw"]["max_layers_vs_torch_adamw"] == 1.0
+    assert res["flashoptim"]["status"] == "unavailable" and res["flashoptim"]["reason"]
+
+
+@pytest.mark.parametrize("upper", [1, 2, 7, 64])
+def test_search_max_against_brute_force(upper):
+    for answer in range(upper + 1):
+        for start in sorted({1, 2, answer, answer + 1, upper}):
+            if not 1 <= start <= upper:
+                continue
+            got, probes = capacity.search_max(lambda n, a=answer: n <= a, start, upper)
+            assert got == answer, (answer, start, upper, probes)
+            assert len(probes) <= 4 * max(1, math.ceil(math.log2(upper + 1))) + 2
+
+
+def test_param_count_matches_transformers():
+    torch = pytest.importorskip("torch")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    for name in ("tiny", "llama-1b", "llama-8b"):
+        cfg = train_step.MODELS[name]
+        with torch.device("meta"):
+            model = LlamaForCausalLM(LlamaConfig(**cfg))
+        assert sum(p.numel() for p in model.parameters()) == train_step.count_params(cfg)["total"], name
