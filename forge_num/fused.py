@@ -161,6 +161,10 @@ def _fused_forward(self, input):
     weight, bias = self.weight, self.bias
     if layer is None or not (torch.is_grad_enabled() and weight.requires_grad):
         return _plain_forward("conv1d" if _is_conv1d(type(self)) else "linear", input, weight, bias)
+    if type(weight).__name__ == "DTensor":  # tensor parallel: the fused update of the local shard
+        from forge_num.distributed import sharded_linear_forward
+
+        return sharded_linear_forward(self, input, layer)
     return _FusedLinearFn.apply(input, weight, bias, layer, layer.new_use())
 
 
@@ -343,6 +347,7 @@ def unprepare(model: nn.Module) -> nn.Module:
     for p in list(opt._recs):
         opt._unregister(p)
     opt._passive = []
+    opt._grad_reducer = None  # set by forge_num.distributed.prepare_data_parallel
     for module in handle.fused.values():
         module.__class__ = module._forge_num_original_class
         _RUNTIME.pop(module, None)

@@ -75,6 +75,15 @@ def _backend_for(t: torch.Tensor, choice: str):
     return kernels
 
 
+def _is_dtensor(t) -> bool:
+    return type(t).__name__ == "DTensor" and hasattr(t, "_local_tensor")
+
+
+def _local(t):
+    """A DTensor's local shard (the same storage, so in-place updates land in the DTensor); else ``t``."""
+    return t._local_tensor if _is_dtensor(t) else t
+
+
 class _Rec:
     """Book-keeping of one parameter updated in backward (registered by prepare())."""
 
@@ -148,6 +157,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
     def _init_step_state(self):
         self._recs: dict[torch.Tensor, _Rec] = {}  # parameters updated in backward
         self._passive: list[torch.Tensor] = []  # trainable model parameters this optimizer does not hold
+        self._grad_reducer = None  # set by forge_num.distributed.prepare_data_parallel
         self._grad_seen: dict = {}  # plain mode: (id, version) of each .grad consumed by the last step()
         self._mode = "idle"  # idle | norm | update | skip
         self._norms: list[torch.Tensor] = []  # per-parameter fp32 norms of the norm pass
@@ -241,10 +251,15 @@ class ForgeOptimizer(torch.optim.Optimizer):
 
     def _apply_elementwise(self, p, grad, name):
         group = self._group_by_param[p]
+        if _is_dtensor(grad):  # a DTensor parameter: reduce a Partial gradient, then work on the local shard
+            from forge_num.distributed import local_grad
+
+            grad = local_grad(p, grad)
         rule, h, states = self._prepare_state(p, group)
         backend = _backend_for(p, self.backend)
         stats = backend.elementwise_update(
-            p.detach(), grad.contiguous(), states, rule, h, grad_scale=self._scale()
+            _local(p.detach()), grad.contiguous(), [_local(s) for s in states], rule, h,
+            grad_scale=self._scale(),
         )
         self._record(stats, name)
 
@@ -253,7 +268,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
         rule, h, states = self._prepare_state(p, group)
         backend = _backend_for(p, self.backend)
         stats = backend.fused_linear_update(
-            p.detach(), x, dy, states, rule, h, grad_scale=self._scale(), accum=accum
+            _local(p.detach()), x, dy, [_local(s) for s in states], rule, h, grad_scale=self._scale(),
+            accum=accum,
         )
         self._record(stats, name)
 
@@ -306,7 +322,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
                 # -0.0 is the identity of IEEE addition: -0.0 + d == d bitwise, so the first
                 # accumulation equals torch assigning the first .grad.
                 rec.accum = torch.full_like(
-                    p, -0.0, dtype=torch.float32, memory_format=torch.contiguous_format
+                    _local(p.detach()), -0.0, dtype=torch.float32, memory_format=torch.contiguous_format
                 )
                 if p.grad is not None:  # an earlier micro-batch took the materialized path
                     rec.accum.add_(p.grad)
@@ -353,6 +369,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
             grad = torch.add(rec.accum, grad)
             rec.accum = None
         p.grad = None
+        if self._grad_reducer is not None:  # data parallel (forge_num.distributed): all-reduce first
+            grad = self._grad_reducer(p, grad)
         if self._mode == "skip":
             return
         self._apply_elementwise(p, grad, rec.name)

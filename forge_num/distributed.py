@@ -1,0 +1,254 @@
+"""forge_num inside torch.distributed: tensor parallelism (DTensor) and data parallelism.
+
+Tensor parallelism (``torch.distributed.tensor.parallel``: ColwiseParallel, RowwiseParallel,
+SequenceParallel, on a 1-D device mesh). ``forge_num.prepare(model, opt)`` after
+``parallelize_module`` needs nothing else:
+
+* A Linear whose weight is a DTensor sharded ``Shard(0)`` (Colwise, weight [out, in]) or ``Shard(1)``
+  (Rowwise) holds, on each rank, the *complete* gradient of its local shard: Colwise
+  ``dW_r = dY_rᵀ X`` (X replicated, dY sharded on the output features), Rowwise ``dW_r = dYᵀ X_r``
+  (dY replicated, X sharded on the input features). So the fused layer applies the rule to the local
+  shard from the local ``(X, dY)`` with no communication at all (``sharded_linear_forward``): the
+  forward is the local ``F.linear`` wrapped back into a DTensor with the placements DTensor itself
+  would give (Colwise: ``Shard(-1)``; Rowwise: ``Partial``, reduced by the parallel style's output
+  hook), and dX goes back labelled ``Partial`` (Colwise, reduced by the input hook's backward) or
+  ``Shard(-1)`` (Rowwise). The update is element-wise, so updating shards equals updating the whole
+  (proofs/distributed.md). A Colwise input in another layout (sequence parallelism) is redistributed
+  to ``Replicate`` explicitly, so each consumer's dX is reduce-scattered before the consumers' grads
+  are added; declare it (``ColwiseParallel(input_layouts=Shard(1))``, as torch's tutorials do) and
+  torch's own layers do the same. Left to DTensor's implicit dispatch, torch would add the Partial
+  grads first and reduce once: the same sum associated differently (proofs/distributed.md §1).
+* Every other parameter is updated in its post-accumulate-grad hook, on its local shard. A gradient
+  that DTensor leaves ``Partial`` (a replicated norm weight under SequenceParallel, whose gradient is a
+  sum over the sequence shards) is first reduced to the parameter's placements (``local_grad``: one
+  all-reduce of that one parameter), then updated, then freed.
+* Optimizer states are created with ``zeros_like(param)``: DTensors with the parameter's placements,
+  so ``torch.distributed.checkpoint`` saves and reloads them sharded.
+
+Data parallelism (``prepare_data_parallel``). torch's ``DistributedDataParallel`` cannot carry FORGE:
+its reducer copies every gradient into flat buckets allocated for the whole model (all gradients
+held at once) and writes the averaged gradient back only when the whole backward is over. Instead,
+every trainable parameter's gradient is averaged as autograd produces it, with DDP's arithmetic
+(``grad * (1/world)`` then an all-reduce sum, as DDP's reducer does when it copies into its bucket),
+then updated by the element-wise rule and freed at once. Linear weights cannot take the fused path:
+the fused epilogue would consume a *local* dW tile, and the rule needs the *averaged* one. The honest
+choice made here: linear weights are left unfused, so autograd materializes that one layer's dW, the
+hook all-reduces it and updates the weight, and it is freed before the next layer's dW exists. Memory:
+one layer's weight gradient at a time (4 bytes x the largest layer's parameters, fp32) instead of
+FORGE's none, and instead of DDP's 4 bytes x every parameter (plus its bucket copies). Communication
+is one all-reduce per parameter, not bucketed (more latency-bound than DDP on many small tensors).
+
+With exactly 2 ranks an all-reduce sum is ``a + b`` per element whatever the algorithm (IEEE addition
+is commutative), so this equals DDP bit for bit; with more ranks the association order of the sum
+depends on the collective's algorithm and chunking, and two implementations can differ within the
+bound of proofs/distributed.md §3.
+
+Telemetry under tensor parallelism: ``opt.stats['grad_norm']`` is this rank's norm over its local
+shards and replicated parameters (no cross-rank reduction).
+
+Not supported yet (errors say so where they can): gradient clipping (the global norm needs one more
+reduction across ranks, counting replicated parameters once), gradient accumulation under data
+parallelism, a fused tensor-parallel layer called twice in one step, autocast in tensor-parallel fused
+layers, transformers' Conv1D under tensor parallelism, 2-D meshes (TP x DP), FSDP2 (``fully_shard``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+__all__ = [
+    "sharded_linear_forward",
+    "local_grad",
+    "prepare_data_parallel",
+    "init_optimizer_state",
+    "checkpoint_state",
+    "load_checkpoint_state",
+]
+
+
+def _one_placement(t: DTensor):
+    if t.device_mesh.ndim != 1:
+        raise NotImplementedError("forge_num: tensor parallelism on a 1-D device mesh only")
+    return t.placements[0]
+
+
+def local_grad(param: torch.Tensor, grad: DTensor) -> torch.Tensor:
+    """The gradient of ``param``'s local shard: a ``Partial`` gradient is reduced to the parameter's
+    placements first (one all-reduce, or reduce-scatter, of this one parameter)."""
+    if not isinstance(grad, DTensor):
+        return grad
+    want = param.placements if isinstance(param, DTensor) else (Replicate(),) * grad.device_mesh.ndim
+    if tuple(grad.placements) != tuple(want):
+        grad = grad.redistribute(grad.device_mesh, want)
+    return grad.to_local()
+
+
+class _ShardedFusedLinearFn(torch.autograd.Function):
+    """out = x_local · W_localᵀ (+ b_local); backward: dX, then the fused update of the local shard.
+
+    ``anchor`` is an empty leaf that requires grad, so the node exists even where neither x nor the
+    bias needs a gradient; the weight itself is not an input (its gradient never reaches autograd).
+    """
+
+    @staticmethod
+    def forward(ctx, x, anchor, bias, w_local, param, layer, use):
+        out = F.linear(x, w_local, bias)
+        ctx.save_for_backward(x, w_local)
+        ctx.param, ctx.layer, ctx.use = param, layer, use
+        ctx.has_bias = bias is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        layer, use = ctx.layer, ctx.use
+        opt = layer.opt
+        x2 = x.reshape(-1, x.shape[-1])
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        dx = None
+        if ctx.needs_input_grad[0]:  # with the pre-update weight shard
+            dx = torch.mm(dy2, w).view(*x.shape[:-1], -1)
+        db = dy2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        if layer.materialize(use):
+            raise NotImplementedError(
+                "forge_num: a tensor-parallel fused Linear was used twice in one step; not supported yet"
+            )
+        opt._on_linear_grad(ctx.param, x2, dy2)  # the local shard's complete dW, consumed block by block
+        if opt._mode != "norm":
+            use.done = True
+        return dx, None, db, None, None, None, None
+
+
+def sharded_linear_forward(module: nn.Module, input, layer):
+    """The forward of a fused ``nn.Linear`` whose weight is a DTensor (called by fused.py)."""
+    if layer.layout != "linear":
+        raise NotImplementedError("forge_num: tensor parallelism for nn.Linear only (not Conv1D)")
+    if layer.opt.max_grad_norm is not None:
+        raise NotImplementedError(
+            "forge_num: gradient clipping under tensor parallelism is not supported yet (the global norm "
+            "needs a reduction across ranks); pass max_grad_norm=None"
+        )
+    if torch.is_autocast_enabled(input.device.type):
+        raise NotImplementedError("forge_num: tensor-parallel fused layers run in fp32 (no autocast) for now")
+    weight, bias = module.weight, module.bias
+    wp = _one_placement(weight)
+    mesh = weight.device_mesh
+    if not isinstance(input, DTensor):
+        raise TypeError(
+            "forge_num: a Linear with a DTensor weight needs a DTensor input (parallelize_module's "
+            "ColwiseParallel/RowwiseParallel install the input hooks that make one)"
+        )
+    if wp == Shard(0):  # Colwise: X replicated, out sharded on its features, dX a partial sum
+        x = input.redistribute(mesh, [Replicate()]) if tuple(input.placements) != (Replicate(),) else input
+        x_local = x.to_local(grad_placements=[Partial()])
+        out_place, b_local, b_after = Shard(x.ndim - 1), (bias.to_local() if bias is not None else None), None
+    elif wp == Shard(1):  # Rowwise: X sharded on its features, out a partial sum
+        want = Shard(input.ndim - 1)
+        x = input.redistribute(mesh, [want]) if tuple(input.placements) != (want,) else input
+        x_local = x.to_local()
+        out_place, b_local, b_after = Partial(), None, bias  # a replicated bias is added once, by DTensor
+    else:
+        raise NotImplementedError(f"forge_num: a Linear weight with placement {wp} (Shard(0)/Shard(1) only)")
+    anchor = torch.empty(0, requires_grad=True)
+    w_local = weight.detach().to_local()
+    out_local = _ShardedFusedLinearFn.apply(x_local, anchor, b_local, w_local, weight, layer, layer.new_use())
+    out = DTensor.from_local(out_local, mesh, [out_place], run_check=False)
+    if b_after is not None:
+        out = out + b_after
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Data parallelism
+# --------------------------------------------------------------------------------------------
+
+
+def prepare_data_parallel(model: nn.Module, optimizer, process_group=None) -> nn.Module:
+    """Data-parallel FORGE: ``prepare(model, optimizer)`` with every gradient averaged across ranks
+    (DDP's arithmetic) as it is produced, then updated and freed; linear weights unfused (their
+    layer's dW is materialized for its all-reduce, one layer at a time). Parameters and buffers are
+    broadcast from rank 0 first, as DDP does. Use instead of DistributedDataParallel, not with it."""
+    from forge_num.fused import _RUNTIME, prepare
+
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        raise TypeError(
+            "forge_num: prepare_data_parallel takes the bare model, not a DistributedDataParallel "
+            "(DDP's reducer holds every gradient in its buckets and averages them after backward)"
+        )
+    if optimizer.max_grad_norm is not None:
+        raise NotImplementedError("forge_num: gradient clipping under data parallelism is not supported yet")
+    if optimizer.accumulation_steps != 1:
+        raise NotImplementedError(
+            "forge_num: accumulation_steps > 1 under data parallelism is not supported yet"
+        )
+    world = dist.get_world_size(process_group)
+    src = dist.get_global_rank(process_group, 0) if process_group is not None else 0
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(t, src, group=process_group)
+    prepare(model, optimizer)
+    handle = model._forge_num_handle
+    for module in handle.fused.values():  # the fused path would consume the un-averaged local dW
+        module.__class__ = module._forge_num_original_class
+        _RUNTIME.pop(module, None)
+    handle.fused.clear()
+    inv = 1.0 / world
+
+    def reduce(p, grad):
+        grad = grad.mul_(inv)  # DDP: at::mul_out(bucket_view, grad, 1/world) before the all-reduce
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=process_group)
+        return grad
+
+    optimizer._grad_reducer = reduce
+    return model
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoints
+# --------------------------------------------------------------------------------------------
+
+
+def init_optimizer_state(optimizer) -> None:
+    """Create every parameter's optimizer state (zeros; DTensors shaped like their parameters) without
+    a step, so that a fresh optimizer has tensors for ``torch.distributed.checkpoint`` to load into.
+
+    (``torch.distributed.checkpoint.state_dict`` would otherwise initialize an empty optimizer by
+    calling ``step()`` on zero gradients, which a prepared forge_num optimizer refuses: no backward
+    ran.) Only for loading: the values are meant to be overwritten by the checkpoint.
+    """
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if optimizer.state.get(p):
+                continue
+            optimizer._prepare_state(p, group)
+            state = optimizer.state[p]
+            if "step" in state:
+                state["step"].zero_()
+
+
+def checkpoint_state(model: nn.Module, optimizer) -> dict:
+    """What to hand to ``torch.distributed.checkpoint.save``: the model's and optimizer's state dicts
+    as ``torch.distributed.checkpoint.state_dict.get_state_dict`` gives them (sharded DTensors keyed
+    by parameter names), plus forge_num's own step bookkeeping, which that function drops."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    if not optimizer.state:
+        init_optimizer_state(optimizer)
+    msd, osd = get_state_dict(model, optimizer)
+    extra = optimizer.state_dict().get("forge_num", {})
+    return {"model": msd, "optim": osd, "forge_num": dict(extra)}
+
+
+def load_checkpoint_state(model: nn.Module, optimizer, state: dict) -> None:
+    """Apply a state loaded into ``checkpoint_state(model, optimizer)``'s structure (by
+    ``torch.distributed.checkpoint.load``) to the model and the optimizer."""
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    extra = state.get("forge_num", {})
+    optimizer._global_step = int(extra.get("global_step", 0))
+    optimizer._prev_norm = extra.get("prev_norm")
