@@ -40,8 +40,15 @@ Options of the step (constructor keywords):
     elements); ``"skip"`` records them in the telemetry, ``"raise"`` raises ``FloatingPointError``
     in ``step()``. With exact clipping a non-finite global norm skips the whole update.
 ``precision``
-    ``"fp32"`` (fp32 weights and states, bit-exact); ``"bf16-sr"`` and ``"8bit"`` are not implemented
-    yet and raise ``NotImplementedError``.
+    ``"fp32"``: fp32 weights and states. ``"bf16-sr"``: bf16 weights and states (convert the model
+    with ``model.to(torch.bfloat16)``), updated in fp32 registers and stored with stochastic
+    rounding; the random stream is keyed by ``derive_seed(seed, step, parameter index)`` and
+    countered by element index, so runs with one ``seed`` are bitwise identical and a resumed run
+    replays the same stream. Linear weights under prepare() get the unrounded fp32 dW (the fused
+    kernel's accumulator); other parameters get autograd's bf16 gradient. ``"8bit"`` raises
+    ``NotImplementedError`` here (the fused kernel has it: ``forge_num.kernels.Q8State``).
+``seed``
+    The user seed of the stochastic rounding (bf16-sr); saved in and checked by the state dict.
 
 Telemetry: ``opt.stats`` (the last step) and ``opt.stats_history``: dicts with ``step``,
 ``grad_norm`` (global L2 norm of the unscaled gradient, fp64 accumulation), ``nonfinite`` (count),
@@ -60,11 +67,14 @@ from forge_num import torch_backend
 
 __all__ = ["AdamW", "Adam", "SGD", "Lion", "ForgeOptimizer"]
 
+# precision -> None (implemented) or why not yet
 _PRECISIONS = {
     "fp32": None,
-    "bf16-sr": "bf16 weights and states with stochastic rounding",
-    "8bit": "8-bit block-wise states with stochastic rounding",
+    "bf16-sr": None,
+    "8bit": "8-bit block-wise states with stochastic rounding: the fused kernel has it "
+            "(forge_num.kernels.Q8State); the optimizers and the torch backend do not yet",
 }
+_WEIGHT_DTYPE = {"fp32": torch.float32, "bf16-sr": torch.bfloat16}
 
 
 def _backend_for(t: torch.Tensor, choice: str):
@@ -123,6 +133,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
         accumulation_steps: int = 1,
         nonfinite: str = "skip",
         backend: str = "auto",
+        seed: int = 0,
     ):
         if precision not in _PRECISIONS:
             raise ValueError(f"precision must be one of {sorted(_PRECISIONS)}, got {precision!r}")
@@ -145,7 +156,10 @@ class ForgeOptimizer(torch.optim.Optimizer):
             raise ValueError(f"nonfinite must be 'skip' or 'raise', got {nonfinite!r}")
         if backend not in ("auto", "torch", "kernels"):
             raise ValueError(f"backend must be 'auto', 'torch' or 'kernels', got {backend!r}")
+        if not (isinstance(seed, int) and 0 <= seed < 2**64):
+            raise ValueError(f"seed must be an integer in [0, 2^64), got {seed!r}")
         self.precision = precision
+        self.seed = seed  # the user seed of the stochastic rounding stream (bf16-sr)
         self.max_grad_norm = max_grad_norm
         self.clipping = clipping if max_grad_norm is not None else None
         self.accumulation_steps = int(accumulation_steps)
@@ -182,12 +196,14 @@ class ForgeOptimizer(torch.optim.Optimizer):
         torch.optim.Optimizer.add_param_group(self, param_group)
         group = self.param_groups[-1]
         self._check_group(group)
+        want = _WEIGHT_DTYPE[self.precision]
         for p in group["params"]:
-            if p.dtype != torch.float32:
+            if p.dtype != want:
+                hint = ("Keep the weights in fp32 (use torch.autocast for bf16 compute)." if want == torch.float32
+                        else "Convert the model with model.to(torch.bfloat16).")
                 raise TypeError(
-                    f"{type(self).__name__}(precision='fp32') keeps fp32 weights; a parameter of shape "
-                    f"{tuple(p.shape)} has dtype {p.dtype}. Keep the weights in fp32 (use torch.autocast "
-                    "for bf16 compute)."
+                    f"{type(self).__name__}(precision={self.precision!r}) keeps {str(want).removeprefix('torch.')} "
+                    f"weights; a parameter of shape {tuple(p.shape)} has dtype {p.dtype}. {hint}"
                 )
 
     def _check_group(self, group: dict) -> None:
@@ -228,6 +244,17 @@ class ForgeOptimizer(torch.optim.Optimizer):
 
     def _index_groups(self):
         self._group_by_param = {p: g for g in self.param_groups for p in g["params"]}
+        # parameter id of the rounding stream: the parameter's position in the optimizer's groups
+        self._param_id = {p: i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
+
+    def _rounding_seed(self, p):
+        """The Philox key of ``p`` in the step being taken (bf16-sr): derive_seed(seed, step, id);
+        None in the fp32 regime. Steps count from 1, so a resumed run replays the same stream."""
+        if self.precision == "fp32":
+            return None
+        from forge_num.emulator.philox import derive_seed
+
+        return derive_seed(self.seed, self._global_step + 1, self._param_id[p])
 
     def add_param_group(self, param_group: dict) -> None:
         self._add_param_group_checked(param_group)
@@ -258,8 +285,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
         rule, h, states = self._prepare_state(p, group)
         backend = _backend_for(p, self.backend)
         stats = backend.elementwise_update(
-            _local(p.detach()), grad.contiguous(), [_local(s) for s in states], rule, h,
-            grad_scale=self._scale(),
+            _local(p.detach()), grad.contiguous().float(), [_local(s) for s in states], rule, h,
+            grad_scale=self._scale(), seed=self._rounding_seed(p),
         )
         self._record(stats, name)
 
@@ -269,7 +296,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
         backend = _backend_for(p, self.backend)
         stats = backend.fused_linear_update(
             _local(p.detach()), x, dy, [_local(s) for s in states], rule, h, grad_scale=self._scale(),
-            accum=accum,
+            accum=accum, seed=self._rounding_seed(p),
         )
         self._record(stats, name)
 
@@ -557,7 +584,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
 
     def state_dict(self):
         sd = super().state_dict()
-        sd["forge_num"] = {"global_step": self._global_step, "prev_norm": self._prev_norm}
+        sd["forge_num"] = {"global_step": self._global_step, "prev_norm": self._prev_norm,
+                           "precision": self.precision, "seed": self.seed}
         return sd
 
     def load_state_dict(self, state_dict):
@@ -571,6 +599,10 @@ class ForgeOptimizer(torch.optim.Optimizer):
         for state in self.state.values():
             if "step" in state and not torch.is_tensor(state["step"]):
                 state["step"] = torch.tensor(float(state["step"]), dtype=torch.float32)
+        if extra.get("precision", self.precision) != self.precision or extra.get("seed", self.seed) != self.seed:
+            raise ValueError(
+                f"this checkpoint was written with precision={extra.get('precision')!r}, seed={extra.get('seed')!r}; "
+                f"the optimizer has precision={self.precision!r}, seed={self.seed!r} (the rounding stream would differ)")
         self._global_step = int(extra.get("global_step", 0))
         self._prev_norm = extra.get("prev_norm")
         self._index_groups()  # torch's load_state_dict replaces the group dicts

@@ -1,0 +1,96 @@
+"""The optimizers in the bf16-sr regime: the same stream as the emulator, reproducible, resumable."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+import forge_num as fn
+from forge_num.emulator import emulate_elementwise
+from forge_num.emulator.philox import derive_seed
+from tests.test_training_semantics import tiny_llama
+
+HYPER = {"lr": 1e-2, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
+
+
+def _bits(t: torch.Tensor) -> np.ndarray:
+    return t.detach().contiguous().view(torch.int16).numpy().view(np.uint16)
+
+
+def test_plain_step_equals_the_emulator():
+    """Without prepare(): step() over .grad of bf16 parameters is the emulator's element-wise update
+    with the key derive_seed(seed, step, parameter index), bit for bit, for two steps."""
+    g = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(5, 7, generator=g).bfloat16()),
+              torch.nn.Parameter(torch.randn(11, generator=g).bfloat16())]
+    opt = fn.AdamW(params, precision="bf16-sr", seed=77, **HYPER)
+    want = [(_bits(p), [np.zeros(p.shape, np.uint16)] * 2) for p in params]
+    for step in (1, 2):
+        grads = [torch.randn(p.shape, generator=g).bfloat16() for p in params]
+        for i, (p, gr) in enumerate(zip(params, grads)):
+            p.grad = gr
+            w, st, _ = emulate_elementwise(want[i][0], gr.float().numpy(), want[i][1], rule="adamw", hyper=HYPER,
+                                           step=step, seed=derive_seed(77, step, i))
+            want[i] = (w, st)
+        opt.step()
+        opt.zero_grad()
+        for p, (w, st) in zip(params, want):
+            assert np.array_equal(_bits(p), w)
+            assert np.array_equal(_bits(opt.state[p]["exp_avg"]), st[0])
+            assert np.array_equal(_bits(opt.state[p]["exp_avg_sq"]), st[1])
+
+
+def _train(model, opt, steps, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    losses = []
+    for _ in range(steps):
+        ids = torch.randint(0, 256, (2, 16), generator=g)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def _prepared(seed):
+    model = tiny_llama().to(torch.bfloat16)
+    opt = fn.AdamW(model.parameters(), precision="bf16-sr", seed=seed, **HYPER)
+    return fn.prepare(model, opt), opt
+
+
+def test_prepared_model_is_reproducible_and_seeded():
+    m1, o1 = _prepared(1)
+    m2, o2 = _prepared(1)
+    m3, o3 = _prepared(2)
+    l1, l2, l3 = _train(m1, o1, 4), _train(m2, o2, 4), _train(m3, o3, 4)
+    assert l1 == l2
+    for a, b in zip(m1.parameters(), m2.parameters()):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+    assert any(not torch.equal(a.view(torch.int16), c.view(torch.int16)) for a, c in zip(m1.parameters(), m3.parameters()))
+
+
+def test_resume_replays_the_stream():
+    m1, o1 = _prepared(5)
+    _train(m1, o1, 2)
+    ckpt = (copy.deepcopy(m1.state_dict()), copy.deepcopy(o1.state_dict()))
+    rest = _train(m1, o1, 2, seed=9)
+    m2, o2 = _prepared(5)
+    m2.load_state_dict(ckpt[0])
+    o2.load_state_dict(ckpt[1])
+    assert _train(m2, o2, 2, seed=9) == rest
+    for a, b in zip(m1.parameters(), m2.parameters()):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+    m3, o3 = _prepared(6)
+    with pytest.raises(ValueError, match="seed"):
+        o3.load_state_dict(ckpt[1])
+
+
+def test_regime_dtype_is_checked():
+    with pytest.raises(TypeError, match="bfloat16"):
+        fn.AdamW([torch.nn.Parameter(torch.zeros(3))], precision="bf16-sr")
+    with pytest.raises(NotImplementedError, match="8bit"):
+        fn.AdamW([torch.nn.Parameter(torch.zeros(3))], precision="8bit")
