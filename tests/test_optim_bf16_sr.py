@@ -94,3 +94,22 @@ def test_regime_dtype_is_checked():
         fn.AdamW([torch.nn.Parameter(torch.zeros(3))], precision="bf16-sr")
     with pytest.raises(NotImplementedError, match="8bit"):
         fn.AdamW([torch.nn.Parameter(torch.zeros(3))], precision="8bit")
+
+
+def test_kernels_and_torch_backends_round_alike():
+    """The Triton element-wise kernel (CUDA, or the interpreter) and the torch backend give the same
+    bf16-sr bits for the same gradient: one rule, one random stream."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(6, 9, generator=g).bfloat16()
+    grads = [torch.randn(6, 9, generator=g).bfloat16() for _ in range(3)]
+    outs = []
+    for backend in ("kernels", "torch"):
+        p = torch.nn.Parameter(w.clone().to(dev))
+        opt = fn.Lion([p], lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, precision="bf16-sr", seed=4, backend=backend)
+        for gr in grads:
+            p.grad = gr.to(dev)
+            opt.step()
+        outs.append((p.detach().cpu().view(torch.int16), opt.state[p]["exp_avg"].cpu().view(torch.int16)))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert not torch.equal(outs[0][0], w.view(torch.int16))
