@@ -45,8 +45,9 @@ Options of the step (constructor keywords):
     rounding; the random stream is keyed by ``derive_seed(seed, step, parameter index)`` and
     countered by element index, so runs with one ``seed`` are bitwise identical and a resumed run
     replays the same stream. Linear weights under prepare() get the unrounded fp32 dW (the fused
-    kernel's accumulator); other parameters get autograd's bf16 gradient. ``"8bit"`` raises
-    ``NotImplementedError`` here (the fused kernel has it: ``forge_num.kernels.Q8State``).
+    kernel's accumulator); other parameters get autograd's bf16 gradient. ``"8bit"``: bf16 weights as
+    in bf16-sr, m and v as 8-bit codes with an fp32 scale per 128 elements of a row (state entries
+    ``{"codes", "scales"}``); a parameter is quantized in rows of its last dimension.
 ``seed``
     The user seed of the stochastic rounding (bf16-sr); saved in and checked by the state dict.
 
@@ -60,6 +61,8 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
+from typing import NamedTuple
+
 import torch
 
 from forge_num import rules as _rules
@@ -71,10 +74,23 @@ __all__ = ["AdamW", "Adam", "SGD", "Lion", "ForgeOptimizer"]
 _PRECISIONS = {
     "fp32": None,
     "bf16-sr": None,
-    "8bit": "8-bit block-wise states with stochastic rounding: the fused kernel has it "
-            "(forge_num.kernels.Q8State); the optimizers and the torch backend do not yet",
+    "8bit": None,
 }
-_WEIGHT_DTYPE = {"fp32": torch.float32, "bf16-sr": torch.bfloat16}
+_WEIGHT_DTYPE = {"fp32": torch.float32, "bf16-sr": torch.bfloat16, "8bit": torch.bfloat16}
+_QBLOCK = 128  # 8bit: elements of a row per quantization block (kernels/quant8.py, emulator/quant8.py)
+
+
+def _rows_cols(p: torch.Tensor) -> tuple[int, int]:
+    """The 2-D shape a parameter is quantized in: rows of its last dimension (1-D: one row)."""
+    cols = p.shape[-1] if p.dim() else 1
+    return max(1, p.numel() // max(cols, 1)), cols
+
+
+class _Q8(NamedTuple):
+    """An 8bit state as the backends take it (forge_num.kernels.Q8State's fields)."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
 
 
 def _backend_for(t: torch.Tensor, choice: str):
@@ -247,6 +263,19 @@ class ForgeOptimizer(torch.optim.Optimizer):
         # parameter id of the rounding stream: the parameter's position in the optimizer's groups
         self._param_id = {p: i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
 
+    def _new_state(self, p):
+        """A zero state tensor for ``p``: like ``p`` (fp32, bf16-sr), or 8-bit codes and block scales
+        ({"codes": uint8 [rows, cols], "scales": fp32 [rows, ceil(cols / 128)]}, scales 1)."""
+        if self.precision != "8bit":
+            return _zeros(p)
+        rows, cols = _rows_cols(p)
+        return {"codes": torch.zeros((rows, cols), dtype=torch.uint8, device=p.device),
+                "scales": torch.ones((rows, -(-cols // _QBLOCK)), dtype=torch.float32, device=p.device)}
+
+    @staticmethod
+    def _q8(states):
+        return [_Q8(s["codes"], s["scales"]) for s in states]
+
     def _rounding_seed(self, p):
         """The Philox key of ``p`` in the step being taken (bf16-sr): derive_seed(seed, step, id);
         None in the fp32 regime. Steps count from 1, so a resumed run replays the same stream."""
@@ -284,18 +313,29 @@ class ForgeOptimizer(torch.optim.Optimizer):
             grad = local_grad(p, grad)
         rule, h, states = self._prepare_state(p, group)
         backend = _backend_for(p, self.backend)
-        stats = backend.elementwise_update(
-            _local(p.detach()), grad.contiguous().float(), [_local(s) for s in states], rule, h,
-            grad_scale=self._scale(), seed=self._rounding_seed(p),
-        )
+        if self.precision == "8bit":
+            # whole quantization blocks along rows: the fused path with no tokens, starting from the
+            # materialized gradient (K = 0, accum = grad) on the parameter's 2-D view
+            rows, cols = _rows_cols(p)
+            w2 = _local(p.detach()).view(rows, cols)
+            stats = backend.fused_linear_update(
+                w2, w2.new_zeros((0, cols), dtype=torch.float32), w2.new_zeros((0, rows), dtype=torch.float32),
+                self._q8(states), rule, h, grad_scale=self._scale(),
+                accum=grad.contiguous().float().view(rows, cols), seed=self._rounding_seed(p))
+        else:
+            stats = backend.elementwise_update(
+                _local(p.detach()), grad.contiguous().float(), [_local(s) for s in states], rule, h,
+                grad_scale=self._scale(), seed=self._rounding_seed(p),
+            )
         self._record(stats, name)
 
     def _apply_linear(self, p, x, dy, accum, name):
         group = self._group_by_param[p]
         rule, h, states = self._prepare_state(p, group)
         backend = _backend_for(p, self.backend)
+        states = self._q8(states) if self.precision == "8bit" else [_local(s) for s in states]
         stats = backend.fused_linear_update(
-            _local(p.detach()), x, dy, [_local(s) for s in states], rule, h, grad_scale=self._scale(),
+            _local(p.detach()), x, dy, states, rule, h, grad_scale=self._scale(),
             accum=accum, seed=self._rounding_seed(p),
         )
         self._record(stats, name)
@@ -599,6 +639,10 @@ class ForgeOptimizer(torch.optim.Optimizer):
         for state in self.state.values():
             if "step" in state and not torch.is_tensor(state["step"]):
                 state["step"] = torch.tensor(float(state["step"]), dtype=torch.float32)
+            for value in state.values():  # 8bit: torch casts every state tensor to the parameter's dtype
+                if isinstance(value, dict) and "scales" in value:
+                    value["scales"] = value["scales"].to(torch.float32)  # exact: powers of two and NaN
+                    value["codes"] = value["codes"].to(torch.uint8)  # exact: integers 0..255 in bf16
         if extra.get("precision", self.precision) != self.precision or extra.get("seed", self.seed) != self.seed:
             raise ValueError(
                 f"this checkpoint was written with precision={extra.get('precision')!r}, seed={extra.get('seed')!r}; "
@@ -674,8 +718,8 @@ class Adam(ForgeOptimizer):
         state = self.state[p]
         if len(state) == 0:
             state["step"] = torch.tensor(0.0, dtype=torch.float32)
-            state["exp_avg"] = _zeros(p)
-            state["exp_avg_sq"] = _zeros(p)
+            state["exp_avg"] = self._new_state(p)
+            state["exp_avg_sq"] = self._new_state(p)
         state["step"] += 1  # as torch: the step counter advances before the update
         rule = self._rule(group)
         h = rule.scalars(group, int(state["step"].item()))
@@ -747,7 +791,7 @@ class SGD(ForgeOptimizer):
         state = self.state[p]
         first = "momentum_buffer" not in state or state["momentum_buffer"] is None
         if first:
-            state["momentum_buffer"] = _zeros(p)  # the rule sets it to the gradient (torch: clone(grad))
+            state["momentum_buffer"] = self._new_state(p)  # the rule sets it to the gradient (torch: clone(grad))
         return rule, rule.scalars(group, 1 if first else 2), [state["momentum_buffer"]]
 
 
@@ -775,5 +819,5 @@ class Lion(ForgeOptimizer):
     def _prepare_state(self, p, group):
         state = self.state[p]
         if len(state) == 0:
-            state["exp_avg"] = _zeros(p)
+            state["exp_avg"] = self._new_state(p)
         return _rules.LION, _rules.LION.scalars(group, 1), [state["exp_avg"]]

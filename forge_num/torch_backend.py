@@ -61,6 +61,7 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from forge_num.rules import Rule, guarded_update
@@ -395,6 +396,8 @@ def fused_linear_update(weight, x, dy, states, rule, h, *, grad_scale=1.0, accum
     _check_activations(x, dy, M, N)
     if x.device != weight.device:
         raise ValueError(f"x is on {x.device}, weight on {weight.device}")
+    if any(_is_q8(st) for st in states):
+        return _fused_linear_update_q8(weight, x, dy, list(states), rule, h, grad_scale, accum, seed)
     states = _check_states(states, weight, "weight")
     if accum is not None:
         _check_param_like("accum", accum, "weight", weight)
@@ -408,6 +411,62 @@ def fused_linear_update(weight, x, dy, states, rule, h, *, grad_scale=1.0, accum
         n2, bad = _apply(fn, weight[rows], g, [s[rows] for s in states], hs, scale, seed, offsets)
         norm_sq += n2
         nonfinite += bad
+    return UpdateStats(norm_sq, nonfinite)
+
+
+def _is_q8(state) -> bool:
+    """An 8bit state: an object with uint8 ``codes`` and fp32 ``scales`` (forge_num.kernels.Q8State)."""
+    return hasattr(state, "codes") and hasattr(state, "scales")
+
+
+def _fused_linear_update_q8(weight, x, dy, states, rule, h, grad_scale, accum, seed) -> UpdateStats:
+    """The 8bit regime (bf16 weight; m, v as 8-bit codes with a scale per 128 elements of a row):
+    whole rows at a time, through the emulator's twin of the kernel's epilogue
+    (emulator.linear_update.update_in_place_q8, NumPy on the CPU), so the bits are the kernel's
+    for the same gradient."""
+    from forge_num.emulator.linear_update import update_in_place_q8
+    from forge_num.emulator.quant8 import QBLOCK
+    from forge_num.emulator.rules import bind_guarded as np_guarded
+
+    if weight.dtype != torch.bfloat16:
+        raise TypeError(f"the 8bit regime keeps the weight in bfloat16, got {weight.dtype}")
+    if seed is None or not 0 <= int(seed) < 2**64:
+        raise ValueError(f"the 8bit regime rounds stochastically and needs seed=, got {seed!r}")
+    M, N = weight.shape
+    nb = -(-N // QBLOCK)
+    if len(states) > len(rule.state) or not all(_is_q8(st) for st in states):
+        raise ValueError(f"8bit states must be at most {len(rule.state)} Q8State(codes, scales)")
+    for st in states:
+        if st.codes.dtype != torch.uint8 or tuple(st.codes.shape) != (M, N):
+            raise ValueError(f"8bit codes must be uint8 [{M}, {N}], got {st.codes.dtype} {tuple(st.codes.shape)}")
+        if st.scales.dtype != _F32 or tuple(st.scales.shape) != (M, nb):
+            raise ValueError(f"8bit scales must be float32 [{M}, {nb}], got {st.scales.dtype} {tuple(st.scales.shape)}")
+    guarded = np_guarded(rule)
+    hs = tuple(float(v) for v in h)
+    scale = float(grad_scale)
+    Np = nb * QBLOCK
+
+    def pad(a, fill=0):
+        out = np.full((a.shape[0], Np), fill, dtype=a.dtype)
+        out[:, :N] = a
+        return out
+
+    norm_sq = torch.zeros((), dtype=_F64, device=weight.device)
+    nonfinite = torch.zeros((), dtype=torch.int64, device=weight.device)
+    for rows, g in weight_grad_blocks(x, dy, M, N, accum):
+        r0, r1 = rows.start, rows.stop
+        offs = np.arange(r0, r1, dtype=np.int64)[:, None] * N + np.arange(Np, dtype=np.int64)[None, :]
+        p_bits = pad(weight[rows].detach().cpu().view(torch.int16).numpy().view(np.uint16))
+        q = [(pad(st.codes[rows].cpu().numpy()), st.scales[rows].cpu().numpy()) for st in states]
+        g_np = pad(g.detach().cpu().numpy().astype(np.float32))
+        p_new, q_new, finite = update_in_place_q8(p_bits, q, offs, g_np, guarded, hs, np.float32(scale), int(seed))
+        weight[rows].copy_(torch.from_numpy(np.ascontiguousarray(p_new[:, :N]).view(np.int16)).view(torch.bfloat16))
+        for st, (codes, scales) in zip(states, q_new):
+            st.codes[rows].copy_(torch.from_numpy(np.ascontiguousarray(codes[:, :N])))
+            st.scales[rows].copy_(torch.from_numpy(scales))
+        g64 = g.to(_F64)
+        norm_sq += (g64 * g64).sum()
+        nonfinite += int(np.sum(~finite[:, :N]))
     return UpdateStats(norm_sq, nonfinite)
 
 

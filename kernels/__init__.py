@@ -194,11 +194,16 @@ def _check_states(states: Sequence[torch.Tensor], ref: torch.Tensor, rule: Rule)
     return states
 
 
+def _is_q8(state) -> bool:
+    """An 8bit state: anything with ``codes`` and ``scales`` (Q8State, or the optimizers' own)."""
+    return hasattr(state, "codes") and hasattr(state, "scales")
+
+
 def _check_q8_states(states, weight: torch.Tensor, rule: Rule) -> list:
     states = list(states)
     if weight.dtype != torch.bfloat16:
         raise TypeError(f"the 8bit regime keeps the weight in bfloat16, got {weight.dtype}")
-    if len(states) > len(rule.state) or not all(isinstance(st, Q8State) for st in states):
+    if len(states) > len(rule.state) or not all(_is_q8(st) for st in states):
         raise ValueError(f"8bit states must be {len(rule.state)} or fewer Q8State(codes, scales), got {states!r:.200}")
     M, N = weight.shape
     for name, st in zip(rule.state, states):
@@ -334,7 +339,7 @@ def fused_linear_update(
     _check_fp32_like("weight", weight, weight, weight.dtype)
     M, N = weight.shape
     _check_linear_inputs(x, dy, M, N)
-    q8 = any(isinstance(st, Q8State) for st in states)
+    q8 = any(_is_q8(st) for st in states)
     if q8:
         states = _check_q8_states(states, weight, rule)
         _check_device(weight, x, dy, *(t for st in states for t in st))
@@ -447,7 +452,7 @@ def unfused_linear_update(
     (8bit regime: the fused kernel with K = 0 starting from the stored dW, whose whole-block tiles
     the element-wise kernel does not have)."""
     grad = linear_mainloop(x, dy, accum=accum, config=config)
-    if any(isinstance(st, Q8State) for st in states):
+    if any(_is_q8(st) for st in states):
         return fused_linear_update(weight, x[:0], dy[:0], states, rule, h, grad_scale=grad_scale, accum=grad,
                                    seed=seed)
     return elementwise_update(weight, grad, states, rule, h, grad_scale=grad_scale, seed=seed)

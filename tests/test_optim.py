@@ -239,9 +239,9 @@ def test_sgd_state_dict_keys_and_round_trip():
     assert torch.equal(o2.state[m.a.weight]["momentum_buffer"], o.state[m.a.weight]["momentum_buffer"])
 
 
-def test_unimplemented_and_unknown_regimes():
-    # bf16-sr is implemented (tests/test_optim_bf16_sr.py); 8bit is not yet in the optimizers
-    with pytest.raises(NotImplementedError, match="8-bit block-wise states"):
+def test_unknown_regime_and_regime_dtypes():
+    # bf16-sr and 8bit keep bf16 weights (tests/test_optim_lowbit.py)
+    with pytest.raises(TypeError, match="precision='8bit'.*bfloat16"):
         fn.AdamW(Net().parameters(), precision="8bit")
     with pytest.raises(ValueError, match="precision must be one of"):
         fn.AdamW(Net().parameters(), precision="fp16")
