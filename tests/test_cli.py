@@ -8,16 +8,8 @@ import types
 import pytest
 
 from forge_num import cli
-from forge_num import torch_backend as _tb
+from tests.torch_reference import needs_fused_aten  # noqa: E402
 
-# torch.optim's single-tensor code is reproduced op for op by forge_num.rules with ATen's AVX2/AVX-512
-# kernels, whose lerp/addcmul/add(alpha=) are one fused multiply-add (Vectorized::fmadd). ATen's
-# DEFAULT kernels (no FMA; e.g. ATEN_CPU_CAPABILITY=default) round those twice, so torch.optim itself
-# computes something else there: parity with it is then not expected (forge_num's ops stay exact).
-needs_fused_aten = pytest.mark.skipif(
-    not _tb.addcmul_is_fma(),
-    reason="this CPU's ATen kernels round lerp/addcmul twice (no FMA): not the rules' op order",
-)
 
 pytest.importorskip("transformers")
 

@@ -45,10 +45,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 import forge_num as fn
 from forge_num import torch_backend as _tb
+from tests.torch_reference import ExactSqrt  # noqa: E402
 
 pytestmark = [
     pytest.mark.distributed,
@@ -162,15 +162,6 @@ def parallelize(model, mesh, sp):
     parallelize_module(model, mesh, top)
     return model
 
-
-class ExactSqrt(TorchFunctionMode):
-    """torch.optim's float32 sqrt, correctly rounded (as forge_num's rules compute it)."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in (torch.sqrt, torch.Tensor.sqrt) and args[0].dtype == torch.float32:
-            return args[0].double().sqrt().float()
-        return func(*args, **kwargs)
 
 
 HYPER = {

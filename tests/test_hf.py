@@ -6,37 +6,16 @@ import copy
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")  # Trainer needs it
 transformers.logging.set_verbosity_error()
 
-from forge_num import torch_backend as _tb  # noqa: E402
 from forge_num.hf import _param_groups, trainer_optimizers  # noqa: E402
-
-# torch.optim's single-tensor code is reproduced op for op by forge_num.rules with ATen's AVX2/AVX-512
-# kernels, whose lerp/addcmul/add(alpha=) are one fused multiply-add (Vectorized::fmadd). ATen's
-# DEFAULT kernels (no FMA; e.g. ATEN_CPU_CAPABILITY=default) round those twice, so torch.optim itself
-# computes something else there: parity with it is then not expected (forge_num's ops stay exact).
-needs_fused_aten = pytest.mark.skipif(
-    not _tb.addcmul_is_fma(),
-    reason="this CPU's ATen kernels round lerp/addcmul twice (no FMA): not the rules' op order",
-)
+from tests.torch_reference import ExactAdamW, needs_fused_aten  # noqa: E402
 
 
-class ExactSqrt(TorchFunctionMode):
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in (torch.sqrt, torch.Tensor.sqrt) and args[0].dtype == torch.float32:
-            return args[0].double().sqrt().float()
-        return func(*args, **kwargs)
 
-
-class ExactAdamW(torch.optim.AdamW):
-    def step(self, closure=None):
-        with ExactSqrt():
-            return super().step(closure)
 
 
 def tiny_llama():
