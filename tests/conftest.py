@@ -41,7 +41,7 @@ settings.register_profile(
 )
 settings.register_profile(
     "gpu",
-    max_examples=250,
+    max_examples=200,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
