@@ -266,7 +266,8 @@ def test_exact_clipping(micro):
     per-tensor norms are fp32 reductions (torch.linalg.vector_norm on CPU does not accumulate in fp64),
     forge_num's are fp64 sums of squares rounded once, so the coefficients differ in the last bits.
     Bound (any summation order of n squares in fp32: relative error <= γ_{n+1}; sqrt halves it, plus
-    one rounding; the same for the stacked per-tensor norms): |c_torch/c_forge - 1| <= γ_{n+1} + γ_{P+1} + 4u.
+    one rounding; the same for the stacked per-tensor norms): |c_torch/c_forge - 1| <= γ_{n+1} + γ_{P+1} + 4u
+    (proofs/clipping.md).
     """
     max_norm = 0.05
     m1 = tiny_llama()
