@@ -419,3 +419,24 @@ def test_random_regions_on_gpu():
     bad = {name: v for name, v in bad.items() if v}
     assert not bad, json.dumps(bad, indent=1)[:20000]
     assert total >= 10**5, f"only {total} outputs per configuration"
+
+
+@pytest.mark.parametrize("config", [None, *__import__("forge_num.kernels", fromlist=["BF16_CONFIGS"]).BF16_CONFIGS],
+                         ids=str)
+def test_t_vectors_through_forge_nums_own_mainloop(config):
+    """The vectors through the project's own kernel: kernels.linear_mainloop computes
+    dW = dYᵀ X starting from the accumulation buffer, so with dY[k, i] = a_i[k], X[k, j] = b_j[k]
+    and accum[i, j] = c_i, output (i, j) is the instruction sequence of the fused kernel's mainloop
+    on vector i's lanes (the same wgmma path, tl.trans of the dY tile, zero-filled K tail)."""
+    from forge_num import kernels
+
+    vectors, a, b, acc = _vector_problem()  # a [V, 16] (rows = vectors), b [16, V]
+    dy = _bf16_tensor(a.T.copy())  # [K=16, M=V]: dY[k, i] = a_i[k]
+    x = _bf16_tensor(b)  # [K=16, N=V]: X[k, j] = b_j[k]
+    accum = torch.from_numpy(np.ascontiguousarray(acc)).cuda()
+    got = kernels.linear_mainloop(x, dy, accum=accum, config=config).cpu().numpy().view(np.uint32)
+    cfg_bk = (config or kernels.default_config(0, 0, 0, torch.bfloat16)).BK
+    want = model_dot(a, b, acc, bk=cfg_bk)
+    bad = [(v["id"], _hex(got[i, i]), _hex(want[i, i])) for i, v in enumerate(vectors) if got[i, i] != want[i, i]]
+    assert not bad, f"vectors where the project's kernel and the model differ (id, gpu, model): {bad}"
+    assert np.array_equal(got, want), "an off-diagonal output differs"
