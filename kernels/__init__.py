@@ -16,6 +16,12 @@ Public functions (CUDA tensors; CPU tensors only under ``TRITON_INTERPRET=1`` af
     weight_grad_norm_sq(x, dy, accum=None) -> 0-d fp64   Σ dW² without storing dW
     accumulate_weight_grad(x, dy, accum) -> None         accum <- the chain dyᵀ x started at accum
 
+Regimes, chosen by the storage of the weight and its states: float32 weight and states (fp32);
+bfloat16 weight and states (bf16-sr); bfloat16 weight and ``Q8State`` states (8bit: uint8 codes and
+fp32 block scales, fused kernel only — the element-wise update of an 8bit parameter is the fused
+kernel with K = 0 from its gradient). bf16-sr and 8bit round stochastically and take ``seed=``,
+the Philox key of the parameter and step (forge_num.emulator.philox.derive_seed).
+
 UpdateStats.norm_sq is Σ g² of the unscaled gradient in fp64: per-tile partials (fp64, exact
 squares) summed in a fixed order on the device, so a run is deterministic; nonfinite counts the
 gradient elements that were not finite (those elements of W and state were left unchanged).
