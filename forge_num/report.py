@@ -55,8 +55,25 @@ def binade_values(per_binade: int, rng: np.random.Generator) -> tuple[np.ndarray
     return bits.view(np.float32), exps
 
 
-def sr_bias(values: np.ndarray, draws: int, seed: int) -> dict:
-    """Per value: mean error of SR in ulps with a 95% CI, and the exact binomial p-value."""
+def _gpu_sr_bits(key: int, values: np.ndarray, d0: int, d: int) -> np.ndarray:
+    """The GPU's stochastic roundings (kernels/random.py, kernels/rounding.py) of values[j] with
+    counters (d0 + i) * n + j, as uint16 [d, n]: what the kernels store."""
+    import torch
+    import triton
+
+    from forge_num.report_kernels import sr_draws_kernel
+
+    n = values.size
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: under TRITON_INTERPRET=1 (tests)
+    x = torch.from_numpy(values).to(dev)
+    out = torch.empty(d * n, dtype=torch.int16, device=dev)
+    sr_draws_kernel[(triton.cdiv(d * n, 1024),)](x, out, key, d0, n, d * n, BLOCK=1024)
+    return out.cpu().numpy().view(np.uint16).reshape(d, n)
+
+
+def sr_bias(values: np.ndarray, draws: int, seed: int, device: str = "emulator") -> dict:
+    """Per value: mean error of SR in ulps with a 95% CI, and the exact binomial p-value.
+    ``device="gpu"``: the roundings come from the Triton kernels on CUDA instead of the emulator."""
     from scipy.stats import binomtest
 
     key = derive_seed(seed, 1, 0)
@@ -67,16 +84,16 @@ def sr_bias(values: np.ndarray, draws: int, seed: int) -> dict:
     chunk = max(1, (1 << 22) // n)
     for d0 in range(0, draws, chunk):
         d = min(chunk, draws - d0)
-        offs = (np.arange(d0, d0 + d, dtype=np.int64)[:, None] * n + np.arange(n)[None, :])
-        r_p = rounding_bits(key, offs)[0]
         x = np.broadcast_to(values, (d, n))
-        y = bf16_sr_bits(x, r_p)
-        lo_trunc = bf16_to_f32((x.view(np.uint32) >> np.uint32(16)).astype(np.uint16))
+        if device == "gpu":
+            y = _gpu_sr_bits(key, values, d0, d)
+        else:
+            offs = (np.arange(d0, d0 + d, dtype=np.int64)[:, None] * n + np.arange(n)[None, :])
+            y = bf16_sr_bits(x, rounding_bits(key, offs)[0])
         ups += np.sum(y.astype(np.int64) != (x.view(np.uint32) >> np.uint32(16)), axis=0)
         err = (bf16_to_f32(y).astype(np.float64) - x.astype(np.float64)) / _ulp_bf16(values)
         err_sum += err.sum(axis=0)
         err_sq += (err * err).sum(axis=0)
-        del lo_trunc
     mean = err_sum / draws
     sd = np.sqrt(np.maximum(err_sq / draws - mean * mean, 0.0))
     lo16 = (values.view(np.uint32) & np.uint32(0xFFFF)).astype(np.float64)
@@ -131,11 +148,11 @@ def tiny_update_drift(steps: int, seed: int) -> dict:
 
 
 def run(draws: int = 100_000, per_binade: int = 2, seed: int = 0, blocks: int = 64, q_draws: int = 64,
-        steps: int = 2000) -> dict:
+        steps: int = 2000, device: str = "emulator") -> dict:
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
     values, exps = binade_values(per_binade, rng)
-    sr = sr_bias(values, draws, seed)
+    sr = sr_bias(values, draws, seed, device)
     n_tests = values.size
     binades = []
     for e in np.unique(exps):
@@ -154,7 +171,9 @@ def run(draws: int = 100_000, per_binade: int = 2, seed: int = 0, blocks: int = 
         "quant8": quant8_check(blocks, q_draws, seed),
         "tiny_updates": tiny_update_drift(steps, seed),
         "seconds": time.perf_counter() - t0,
-        "source": "emulator (bit-exact twin of the kernels' rounding; Philox stream of derive_seed)",
+        "source": ("GPU: the Triton kernels' rounding (kernels/random.py, kernels/rounding.py) for the bf16 "
+                   "SR section; the emulator for the 8-bit and tiny-update sections" if device == "gpu" else
+                   "emulator (bit-exact twin of the kernels' rounding; Philox stream of derive_seed)"),
     }
 
 
@@ -223,8 +242,10 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=2000, help="tiny-update steps")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bias-report")
+    ap.add_argument("--device", choices=("emulator", "gpu"), default="emulator",
+                    help="where the bf16 roundings are drawn: the emulator, or the Triton kernels on CUDA")
     args = ap.parse_args(argv)
-    report = run(args.draws, args.per_binade, args.seed, steps=args.steps)
+    report = run(args.draws, args.per_binade, args.seed, steps=args.steps, device=args.device)
     for p in write(report, args.out):
         print("wrote", p)
     sr = report["sr_bf16"]

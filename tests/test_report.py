@@ -36,3 +36,14 @@ def test_report_detects_a_biased_rounding(monkeypatch):
     vals = np.array([1.0 + 2.0**-9, 3.0 + 2.0**-10], np.float32)
     res = report.sr_bias(vals, 20000, seed=1)
     assert float(np.min(res["p_value"])) * vals.size < 1e-3
+
+
+def test_gpu_path_draws_the_emulators_roundings():
+    """`--device gpu` runs the kernels' own rounding code (here under the interpreter when there is
+    no GPU): the same draws as the emulator, so the same statistics to the bit."""
+    import numpy as np
+
+    vals = np.array([1.0 + 2.0**-9, -3.0 - 2.0**-12, 2.0**-140, 3.3e38], np.float32)
+    a = report.sr_bias(vals, 300, 1, "gpu")
+    b = report.sr_bias(vals, 300, 1, "emulator")
+    assert np.array_equal(a["mean_err_ulp"], b["mean_err_ulp"]) and np.array_equal(a["p_value"], b["p_value"])
