@@ -12,7 +12,7 @@ import functools
 
 import numpy as np
 
-from forge_num.rules import Rule, guarded_update
+from forge_num.rules import Rule
 
 from . import fp32
 
@@ -67,4 +67,4 @@ def bind_rule(rule: Rule):
 
 @functools.lru_cache(maxsize=None)
 def bind_guarded(rule: Rule):
-    return rule.bind({**NAMESPACE, "rule_update": bind_rule(rule)}, guarded_update)
+    return rule.bind_guarded(NAMESPACE)

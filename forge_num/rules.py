@@ -119,9 +119,13 @@ class Rule:
         if missing:
             raise KeyError(f"op vocabulary lacks {missing}")
         glb = {"__builtins__": __builtins__, "__name__": fn.__module__, **namespace}
-        if function is not None:
-            glb["rule_update"] = namespace["rule_update"]
         return types.FunctionType(fn.__code__, glb, fn.__name__, fn.__defaults__, fn.__closure__)
+
+    def bind_guarded(self, namespace: Mapping, wrap: Callable = lambda fn: fn):
+        """``guarded_update`` around this rule, both bound to ``namespace``; ``wrap`` (``triton.jit``
+        for the kernels) is applied to each bound function. The one composition every backend uses."""
+        inner = wrap(self.bind(namespace))
+        return wrap(self.bind({**namespace, "rule_update": inner}, guarded_update))
 
 
 # --------------------------------------------------------------------------------------------

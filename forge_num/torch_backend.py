@@ -64,7 +64,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from forge_num.rules import Rule, guarded_update
+from forge_num.rules import Rule
 
 __all__ = [
     "NAMESPACE",
@@ -239,7 +239,7 @@ def bind_rule(rule: Rule):
 @functools.lru_cache(maxsize=None)
 def bind_guarded(rule: Rule):
     """The guarded update over torch tensors: ``(p, g, s0, s1, h, grad_scale) -> (p, s0, s1, finite)``."""
-    return rule.bind({**NAMESPACE, "rule_update": bind_rule(rule)}, guarded_update)
+    return rule.bind_guarded(NAMESPACE)
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,16 +11,11 @@ import functools
 
 import triton
 
-from forge_num.rules import Rule, guarded_update
+from forge_num.rules import Rule
 
 from .ieee import NAMESPACE
 
 
 @functools.lru_cache(maxsize=None)
-def rule_jit(rule: Rule):
-    return triton.jit(rule.bind(NAMESPACE))
-
-
-@functools.lru_cache(maxsize=None)
 def guarded_update_jit(rule: Rule):
-    return triton.jit(rule.bind({**NAMESPACE, "rule_update": rule_jit(rule)}, guarded_update))
+    return rule.bind_guarded(NAMESPACE, triton.jit)
