@@ -1,18 +1,75 @@
 #!/usr/bin/env bash
-# One device session: install, kernel benchmark, exactness suite. Writes everything under $OUT
-# (or ./out), prints short tables.
-#   BENCH_ARGS="--shapes 4096x4096 --tokens 256"  arguments for bench/kernels.py
-#   EXACT_TIMEOUT=420  seconds for pytest; at the limit it gets SIGINT and still prints its summary
-#   HYPOTHESIS_PROFILE=gpu (250 cases per test) or ci (40)
+# One device call: install, then the named parts in order, each under its own time limit, so the
+# call ends inside the device's 10-minute limit with everything it measured. All results go to
+# $OUT (the device tool returns at most 8 files): logs and JSON are collected into
+# $OUT/results.tgz, and the short tables are printed last.
+#
+#   bash bench/gpu_session.sh kernels exactness+bias     (call A: kernel benchmark, then the whole
+#                                                         GPU test suite with the bias report beside it)
+#   bash bench/gpu_session.sh train capacity fidelity    (call B: training step, capacity, fidelity)
+#
+# Parts: kernels, exactness, exactness+bias, bias, train, capacity, fidelity. Environment:
+#   KERNEL_ARGS / KERNEL_ARGS_LOWBIT   arguments of the two bench/kernels.py runs
+#   T_KERNELS T_EXACT T_TRAIN T_CAPACITY T_FIDELITY T_BIAS   seconds for each part
+#   PYTEST_ARGS   extra pytest arguments (e.g. test files or -k) of the exactness part
+#   XDIST         pytest-xdist workers (12)
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 FORGE_RESULTS_DIR="$OUT" HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-gpu}
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+R=/tmp/forge_results; rm -rf "$R"; mkdir -p "$R"
+export PYTHONUNBUFFERED=1 FORGE_RESULTS_DIR="$R" HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-gpu}
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$R/install.log" 2>&1 || { cat "$R/install.log"; exit 1; }
+if ls .whl/*.whl >/dev/null 2>&1; then  # the baselines (bitsandbytes, torchao, flashoptim), carried
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    >>"$R/install.log" 2>&1 && export PYTHONPATH=/tmp/site
+fi
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
   python3 -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, 'cuda', torch.version.cuda)"
-  date -u +%Y-%m-%dT%H:%M:%SZ; } | tee "$OUT/env.txt"
-timeout ${BENCH_TIMEOUT:-240} python3 bench/kernels.py ${BENCH_ARGS:-} --out "$OUT/kernels.json" 2>&1 | tee "$OUT/bench.log" | tail -20
-timeout -s INT -k 30 ${EXACT_TIMEOUT:-420} python3 -m pytest -m "exactness or gpu" -q -rfE -p no:cacheprovider \
-  -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning -n ${XDIST:-8} "$@" 2>&1 | tee "$OUT/exactness.log" \
-  | grep -v "^\s*$" | tail -25
-echo "exactness exit: ${PIPESTATUS[0]}" | tee -a "$OUT/exactness.log"
+  git log -1 --format='commit %H %s' 2>/dev/null; date -u +%Y-%m-%dT%H:%M:%SZ; } | tee "$R/env.txt"
+
+run_exactness() {
+  timeout -s INT -k 30 "${T_EXACT:-300}" python3 -m pytest -m "exactness or gpu or statistical" -q -rfE \
+    -p no:cacheprovider -W ignore::DeprecationWarning -n "${XDIST:-12}" --junitxml="$R/junit.xml" \
+    ${PYTEST_ARGS:-} >"$R/exactness.log" 2>&1
+  echo "pytest exit: $?" >>"$R/exactness.log"
+}
+run_bias() {
+  timeout "${T_BIAS:-280}" forge-num report bias --device gpu --draws "${BIAS_DRAWS:-1000000}" --out "$R/bias" \
+    >"$R/bias.log" 2>&1; echo "bias exit: $?" >>"$R/bias.log"
+}
+
+for part in "$@"; do
+  echo "== $part $(date -u +%H:%M:%S)"
+  case "$part" in
+    kernels)
+      timeout "${T_KERNELS:-200}" python3 bench/kernels.py ${KERNEL_ARGS:---precision fp32 --shapes 4096x4096,14336x4096,4096x14336,8192x8192,28672x8192} \
+        --out "$R/kernels.json" 2>&1 | tee "$R/kernels.log" | tail -3
+      timeout "${T_KERNELS_LOWBIT:-90}" python3 bench/kernels.py ${KERNEL_ARGS_LOWBIT:---precision bf16-sr,8bit --shapes 4096x4096,14336x4096} \
+        --out "$R/kernels_lowbit.json" 2>&1 | tee "$R/kernels_lowbit.log" | tail -3 ;;
+    exactness) run_exactness ;;
+    bias) run_bias ;;
+    exactness+bias) run_bias & run_exactness; wait ;;
+    train)
+      timeout "${T_TRAIN:-300}" python3 bench/train_step.py ${TRAIN_ARGS:---models llama-1b,llama-8b --tokens 1x2048 --checkpointing on --warmup 2 --steps 4} \
+        --budget-s $(( ${T_TRAIN:-300} - 40 )) --out "$R/train_step.json" >"$R/train_step.log" 2>&1; tail -20 "$R/train_step.log" ;;
+    capacity)
+      timeout "${T_CAPACITY:-200}" python3 bench/capacity.py ${CAPACITY_ARGS:---methods torch_adamw,forge --search layers} \
+        --budget-s $(( ${T_CAPACITY:-200} - 30 )) --out "$R/capacity.json" >"$R/capacity.log" 2>&1; tail -12 "$R/capacity.log" ;;
+    fidelity)
+      timeout "${T_FIDELITY:-200}" python3 bench/fidelity.py ${FIDELITY_ARGS:---parts update --run-timeout 120} \
+        --out "$R/fidelity.json" >"$R/fidelity.log" 2>&1; tail -20 "$R/fidelity.log" ;;
+    *) echo "unknown part $part" ;;
+  esac
+done
+
+echo "== summary $(date -u +%H:%M:%S)"
+[ -f "$R/kernels.log" ] && grep -E "^(fp32|bf16|8bit)|ceilings" "$R/kernels.log" "$R/kernels_lowbit.log" 2>/dev/null | cut -c1-230
+if [ -f "$R/exactness.log" ]; then
+  grep -E "^(FAILED|ERROR)" "$R/exactness.log" | cut -c1-200 | head -30
+  tail -3 "$R/exactness.log"
+  [ -f "$R/exactness_cases.jsonl" ] && python3 -c "
+import collections, json
+c = collections.Counter(json.loads(l)['case'] for l in open('$R/exactness_cases.jsonl'))
+print('passing hypothesis cases:', ' '.join(f'{k}={v}' for k, v in sorted(c.items())))"
+fi
+[ -f "$R/bias.log" ] && tail -6 "$R/bias.log"
+tar czf "$OUT/results.tgz" -C "$R" . && cp "$R/env.txt" "$OUT/" && ls -la "$OUT"

@@ -47,6 +47,14 @@ def measure_ceilings() -> dict:
     return {"bf16_flops": 2 * 8192**3 / t_mm, "copy_bytes_per_s": 2 * src.numel() * 4 / t_cp}
 
 
+# Timed beside the library's configurations but not yet among them (each configuration the
+# launcher may pick must first pass the exactness tests): 128x128 tiles with a 4-way split epilogue,
+# whose ptxas report for AdamW is 255 registers and a 12-byte spill (python -m bench.registers).
+CANDIDATES = (
+    kernels.TileConfig(128, 128, 64, num_warps=8, num_stages=3, epilogue_split=4),
+    kernels.TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4),
+)
+
 # Bytes per weight element that the update must read and write at least, by regime: W, m, v read
 # and written once (8bit: codes, plus one fp32 scale per QBLOCK elements for each state).
 STATE_BYTES = {"fp32": 2 * (4 + 4 + 4), "bf16-sr": 2 * (2 + 2 + 2), "8bit": 2 * (2 + 1 + 1 + 8 / kernels.QBLOCK)}
@@ -82,11 +90,27 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32") -
 
     per_config = {}
     configs = kernels.Q8_CONFIGS[torch.bfloat16] if precision == "8bit" else kernels.configs_for(torch.bfloat16)
-    for cfg in configs:
+    candidates = () if precision == "8bit" else CANDIDATES
+    for cfg in (*configs, *candidates):
         per_config[str(cfg)] = triton.testing.do_bench(lambda: forge(cfg), warmup=10, rep=100,
                                                        return_mode="median") * 1e-3
     t_forge = triton.testing.do_bench(forge, warmup=25, rep=200, return_mode="median") * 1e-3
     t_unfused = triton.testing.do_bench(unfused, warmup=25, rep=200, return_mode="median") * 1e-3
+    parts = {}
+    if precision == "fp32":
+        # where the time goes: the two mainloops alone (dW stored: fp32 by Triton, bf16 by cuBLAS) and
+        # the update alone (forge's element-wise kernel and torch's fused AdamW on a stored fp32 dW)
+        g = torch.empty(M, N, device="cuda")
+        bench = lambda f: triton.testing.do_bench(f, warmup=10, rep=100, return_mode="median")  # noqa: E731
+        parts["triton_dw_ms"] = bench(lambda: kernels.linear_mainloop(x, dy, out=g))
+        parts["cublas_dw_ms"] = bench(lambda: dy.t() @ x)
+        parts["forge_update_only_ms"] = bench(lambda: kernels.elementwise_update(w, g, states, rules.ADAMW, h))
+        p.grad = g
+
+        def torch_step():
+            opt.step()
+        parts["torch_update_only_ms"] = bench(torch_step)
+        p.grad = None
     flops = 2.0 * K * M * N
     min_bytes = 2 * (K * N + K * M) + STATE_BYTES[precision] * M * N
     floor = max(flops / ceilings["bf16_flops"], min_bytes / ceilings["copy_bytes_per_s"])
@@ -95,7 +119,8 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32") -
             "config": str(configs[0]),
             "per_config_ms": {k: t * 1e3 for k, t in per_config.items()},
             "best_config": min(per_config, key=per_config.get),
-            "best_config_speedup_vs_unfused": t_unfused / min(per_config.values())}
+            "candidates": [str(c) for c in candidates],
+            "best_config_speedup_vs_unfused": t_unfused / min(per_config.values()), **parts}
 
 
 def main(argv=None) -> int:
@@ -109,6 +134,10 @@ def main(argv=None) -> int:
     rows = []
     shapes = [tuple(int(s) for s in shape.split("x")) for shape in args.shapes.split(",")]
     tokens = [int(t) for t in args.tokens.split(",")]
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+            "python": platform.python_version(), "ceilings": ceilings,
+            "command": "python bench/kernels.py " + " ".join(sys.argv[1:] if argv is None else argv)}
     for precision, (M, N), K in itertools.product(args.precision.split(","), shapes, tokens):
         if precision not in STATE_BYTES:
             raise SystemExit(f"unknown precision {precision!r}; choose from {sorted(STATE_BYTES)}")
@@ -116,15 +145,13 @@ def main(argv=None) -> int:
         r = rows[-1]
         print(f"{precision:<7} {M:>6}x{N:<6} K={K:<6} forge {r['forge_ms']:8.3f} ms  unfused {r['unfused_ms']:8.3f} ms  "
               f"floor {r['floor_ms']:7.3f} ms  speedup {r['speedup_vs_unfused']:5.2f}x  "
-              f"forge/floor {r['forge_over_floor']:5.2f}  best cfg {r['best_config_speedup_vs_unfused']:5.2f}x",
+              f"forge/floor {r['forge_over_floor']:5.2f}  best cfg {r['best_config_speedup_vs_unfused']:5.2f}x"
+              + (f"  [dW triton {r['triton_dw_ms']:.3f} cublas {r['cublas_dw_ms']:.3f}; update forge "
+                 f"{r['forge_update_only_ms']:.3f} torch {r['torch_update_only_ms']:.3f}]" if "triton_dw_ms" in r else ""),
               flush=True)
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
-            "python": platform.python_version(), "ceilings": ceilings,
-            "command": "python bench/kernels.py " + " ".join(sys.argv[1:] if argv is None else argv)}
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        if args.out:  # rewritten after every row: a run stopped at its time limit keeps what it measured
+            with open(args.out, "w") as f:
+                json.dump({"meta": meta, "rows": rows}, f, indent=1)
     print(f"\nceilings: bf16 matmul {ceilings['bf16_flops'] / 1e12:.0f} TFLOP/s, copy {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s")
     return 0
 

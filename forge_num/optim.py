@@ -48,6 +48,10 @@ Options of the step (constructor keywords):
     kernel's accumulator); other parameters get autograd's bf16 gradient. ``"8bit"``: bf16 weights as
     in bf16-sr, m and v as 8-bit codes with an fp32 scale per 128 elements of a row (state entries
     ``{"codes", "scales"}``); a parameter is quantized in rows of its last dimension.
+``backend``
+    ``"auto"`` (the Triton kernels for CUDA tensors, the torch backend elsewhere), ``"kernels"``,
+    ``"torch"``, or an object with the four functions of ``forge_num.kernels`` named in
+    ``BACKEND_FUNCTIONS`` and their signatures (tests use one as a reference that materializes dW).
 ``seed``
     The user seed of the stochastic rounding (bf16-sr); saved in and checked by the state dict.
 
@@ -93,7 +97,12 @@ class _Q8(NamedTuple):
     scales: torch.Tensor
 
 
-def _backend_for(t: torch.Tensor, choice: str):
+BACKEND_FUNCTIONS = ("fused_linear_update", "elementwise_update", "weight_grad_norm_sq", "accumulate_weight_grad")
+
+
+def _backend_for(t: torch.Tensor, choice):
+    if not isinstance(choice, str):  # an object with BACKEND_FUNCTIONS (a reference backend in tests)
+        return choice
     if choice == "torch" or (choice == "auto" and not t.is_cuda):
         return torch_backend
     from forge_num import kernels  # CUDA (or TRITON_INTERPRET=1)
@@ -170,8 +179,10 @@ class ForgeOptimizer(torch.optim.Optimizer):
             raise ValueError(f"accumulation_steps must be an integer >= 1, got {accumulation_steps!r}")
         if nonfinite not in ("skip", "raise"):
             raise ValueError(f"nonfinite must be 'skip' or 'raise', got {nonfinite!r}")
-        if backend not in ("auto", "torch", "kernels"):
+        if isinstance(backend, str) and backend not in ("auto", "torch", "kernels"):
             raise ValueError(f"backend must be 'auto', 'torch' or 'kernels', got {backend!r}")
+        if not isinstance(backend, str) and not all(callable(getattr(backend, f, None)) for f in BACKEND_FUNCTIONS):
+            raise TypeError(f"a backend object must provide {', '.join(BACKEND_FUNCTIONS)}, got {backend!r}")
         if not (isinstance(seed, int) and 0 <= seed < 2**64):
             raise ValueError(f"seed must be an integer in [0, 2^64), got {seed!r}")
         self.precision = precision

@@ -373,9 +373,12 @@ def weight_grad_blocks(x, dy, M, N, accum=None):
     rows = max(1, BLOCK_ELEMS // max(N, 1))
     for r0 in range(0, M, rows):
         r1 = min(M, r0 + rows)
-        blk = torch.mm(dyf[:, r0:r1].t(), xf)
-        if accum is not None:
-            blk = torch.add(accum[r0:r1], blk)  # as torch accumulates .grad: old + new
+        if accum is not None and x.shape[0] == 0:
+            blk = accum[r0:r1].clone()  # no tokens: the gradient is the buffer, -0 kept (as the kernels)
+        else:
+            blk = torch.mm(dyf[:, r0:r1].t(), xf)
+            if accum is not None:
+                blk = torch.add(accum[r0:r1], blk)  # as torch accumulates .grad: old + new
         yield slice(r0, r1), blk
 
 

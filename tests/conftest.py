@@ -25,7 +25,7 @@ if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
-from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 
 if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
     from forge_num import interpreter
@@ -45,6 +45,10 @@ settings.register_profile(
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    # no shrinking: a device call is time-limited, and a failing case is reported as drawn (with
+    # the blob that replays it) rather than lost when shrinking outlasts the call
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    print_blob=True,
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
