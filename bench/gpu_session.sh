@@ -4,14 +4,15 @@
 # $OUT (the device tool returns at most 8 files): logs and JSON are collected into
 # $OUT/results.tgz, and the short tables are printed last.
 #
-#   bash bench/gpu_session.sh kernels exactness+bias     (call A: kernel benchmark, then the whole
-#                                                         GPU test suite with the bias report beside it)
-#   bash bench/gpu_session.sh train capacity fidelity    (call B: training step, capacity, fidelity)
+#   bash bench/gpu_session.sh kernels exactness+bias     (kernel benchmark, then the whole GPU test
+#                                                         suite with the bias report beside it)
+#   bash bench/gpu_session.sh train capacity             (training step, then capacity)
 #
-# Parts: kernels, exactness, exactness+bias, bias, train, capacity, fidelity. Environment:
+# Parts: kernels, exactness, bias, train, capacity, fidelity; "a+b" runs a and b side by side.
+# Environment:
 #   KERNEL_ARGS / KERNEL_ARGS_LOWBIT   arguments of the two bench/kernels.py runs
 #   T_KERNELS T_EXACT T_TRAIN T_CAPACITY T_FIDELITY T_BIAS   seconds for each part
-#   PYTEST_ARGS   extra pytest arguments (e.g. test files or -k) of the exactness part
+#   PYTEST_FILES, PYTEST_K   test files and a -k expression for the exactness part
 #   XDIST         pytest-xdist workers (12)
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -29,36 +30,42 @@ fi
 run_exactness() {
   timeout -s INT -k 30 "${T_EXACT:-300}" python3 -m pytest -m "exactness or gpu or statistical" -q -rfE \
     -p no:cacheprovider -W ignore::DeprecationWarning -n "${XDIST:-12}" --junitxml="$R/junit.xml" \
-    ${PYTEST_ARGS:-} >"$R/exactness.log" 2>&1
+    ${PYTEST_FILES:-} ${PYTEST_K:+-k "$PYTEST_K"} >"$R/exactness.log" 2>&1
   echo "pytest exit: $?" >>"$R/exactness.log"
 }
 run_bias() {
   timeout "${T_BIAS:-280}" forge-num report bias --device gpu --draws "${BIAS_DRAWS:-1000000}" --out "$R/bias" \
     >"$R/bias.log" 2>&1; echo "bias exit: $?" >>"$R/bias.log"
 }
+run_kernels() {
+  timeout "${T_KERNELS:-200}" python3 bench/kernels.py ${KERNEL_ARGS:---precision fp32 --shapes 4096x4096,14336x4096,4096x14336,8192x8192,28672x8192} \
+    --out "$R/kernels.json" 2>&1 | tee "$R/kernels.log" | tail -3
+  timeout "${T_KERNELS_LOWBIT:-90}" python3 bench/kernels.py ${KERNEL_ARGS_LOWBIT:---precision bf16-sr,8bit --shapes 4096x4096,14336x4096} \
+    --out "$R/kernels_lowbit.json" 2>&1 | tee "$R/kernels_lowbit.log" | tail -3
+}
+run_train() {
+  timeout "${T_TRAIN:-300}" python3 bench/train_step.py ${TRAIN_ARGS:---models llama-1b,llama-8b --tokens 1x2048 --checkpointing on --warmup 2 --steps 4} \
+    --budget-s $(( ${T_TRAIN:-300} - 40 )) --out "$R/train_step.json" >"$R/train_step.log" 2>&1; tail -20 "$R/train_step.log"
+}
+run_capacity() {
+  timeout "${T_CAPACITY:-200}" python3 bench/capacity.py ${CAPACITY_ARGS:---methods torch_adamw,forge --search layers} \
+    --budget-s $(( ${T_CAPACITY:-200} - 30 )) --out "$R/capacity.json" >"$R/capacity.log" 2>&1; tail -12 "$R/capacity.log"
+}
+run_fidelity() {
+  timeout "${T_FIDELITY:-200}" python3 bench/fidelity.py ${FIDELITY_ARGS:---parts update --run-timeout 120} \
+    --out "$R/fidelity.json" >"$R/fidelity.log" 2>&1; tail -20 "$R/fidelity.log"
+}
 
+# A part "a+b" runs a and b side by side (for parts whose timings do not matter).
 for part in "$@"; do
   echo "== $part $(date -u +%H:%M:%S)"
-  case "$part" in
-    kernels)
-      timeout "${T_KERNELS:-200}" python3 bench/kernels.py ${KERNEL_ARGS:---precision fp32 --shapes 4096x4096,14336x4096,4096x14336,8192x8192,28672x8192} \
-        --out "$R/kernels.json" 2>&1 | tee "$R/kernels.log" | tail -3
-      timeout "${T_KERNELS_LOWBIT:-90}" python3 bench/kernels.py ${KERNEL_ARGS_LOWBIT:---precision bf16-sr,8bit --shapes 4096x4096,14336x4096} \
-        --out "$R/kernels_lowbit.json" 2>&1 | tee "$R/kernels_lowbit.log" | tail -3 ;;
-    exactness) run_exactness ;;
-    bias) run_bias ;;
-    exactness+bias) run_bias & run_exactness; wait ;;
-    train)
-      timeout "${T_TRAIN:-300}" python3 bench/train_step.py ${TRAIN_ARGS:---models llama-1b,llama-8b --tokens 1x2048 --checkpointing on --warmup 2 --steps 4} \
-        --budget-s $(( ${T_TRAIN:-300} - 40 )) --out "$R/train_step.json" >"$R/train_step.log" 2>&1; tail -20 "$R/train_step.log" ;;
-    capacity)
-      timeout "${T_CAPACITY:-200}" python3 bench/capacity.py ${CAPACITY_ARGS:---methods torch_adamw,forge --search layers} \
-        --budget-s $(( ${T_CAPACITY:-200} - 30 )) --out "$R/capacity.json" >"$R/capacity.log" 2>&1; tail -12 "$R/capacity.log" ;;
-    fidelity)
-      timeout "${T_FIDELITY:-200}" python3 bench/fidelity.py ${FIDELITY_ARGS:---parts update --run-timeout 120} \
-        --out "$R/fidelity.json" >"$R/fidelity.log" 2>&1; tail -20 "$R/fidelity.log" ;;
-    *) echo "unknown part $part" ;;
-  esac
+  for p in ${part//+/ }; do
+    case "$p" in
+      kernels|exactness|bias|train|capacity|fidelity) "run_$p" & ;;
+      *) echo "unknown part $p" ;;
+    esac
+  done
+  wait
 done
 
 echo "== summary $(date -u +%H:%M:%S)"
@@ -72,4 +79,5 @@ c = collections.Counter(json.loads(l)['case'] for l in open('$R/exactness_cases.
 print('passing hypothesis cases:', ' '.join(f'{k}={v}' for k, v in sorted(c.items())))"
 fi
 [ -f "$R/bias.log" ] && tail -6 "$R/bias.log"
+for f in train_step capacity fidelity; do [ -f "$R/$f.log" ] && { echo "-- $f"; tail -25 "$R/$f.log"; }; done
 tar czf "$OUT/results.tgz" -C "$R" . && cp "$R/env.txt" "$OUT/" && ls -la "$OUT"

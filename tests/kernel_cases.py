@@ -226,4 +226,9 @@ def run_q8_case(rule_name: str, hyper: dict, dtype: torch.dtype, M: int, N: int,
     for (c, sc), s in zip(res.states, sf):
         assert np.array_equal(c, s.codes.cpu().numpy()), "emulated codes != kernel codes"
         assert np.array_equal(sc.view(np.uint32), s.scales.cpu().numpy().view(np.uint32)), "scales differ"
-    assert not same_bits(wf, dev(w))  # something was updated
+    # not vacuous: the states moved. The weight may legitimately not (lr = 0, or updates far below its
+    # bf16 ulp), nor may a few state codes: an E4M3 step is 12.5%, and a momentum change of ~10%
+    # rounds stochastically back to the same code about half the time (seen on the H200 with a single
+    # finite element). With 64 elements all staying put has probability ~2^-64.
+    if M * N >= 64 and states:
+        assert any(not np.array_equal(c, s.codes.numpy()) for (c, _), s in zip(res.states, states))
