@@ -262,6 +262,7 @@ class PreparedHandle:
     fused: dict = field(default_factory=dict)  # name -> module swapped to a fused class
     hooked: dict = field(default_factory=dict)  # name -> parameter with an in-backward hook
     tied: list = field(default_factory=list)  # names of Linear modules left unfused (tied weights)
+    sharded: list = field(default_factory=list)  # names of Linear modules left unfused (FSDP2 reduces dW)
     hooks: list = field(default_factory=list)
 
     def remove(self) -> None:
@@ -293,6 +294,12 @@ def prepare(model: nn.Module, optimizer: ForgeOptimizer) -> nn.Module:
             "optimizer's parameters are not in the prepared model"
         )
 
+    fsdp = set()
+    if any(hasattr(m, "_get_fsdp_state") for m in model.modules()):  # FSDP2's fully_shard
+        from forge_num.distributed import fully_sharded_params
+
+        fsdp = fully_sharded_params(model, optimizer)
+
     handle = PreparedHandle(model, optimizer)
     for mname, module in model.named_modules(remove_duplicate=False):
         layout = _layout_of(module)
@@ -303,6 +310,9 @@ def prepare(model: nn.Module, optimizer: ForgeOptimizer) -> nn.Module:
             continue
         if len(names.get(w, ())) > 1:
             handle.tied.append(mname)  # a tied weight: autograd sums its uses, the hook updates it
+            continue
+        if w in fsdp:  # FSDP2 reduce-scatters dW, then the hook updates the local shard
+            handle.sharded.append(mname)
             continue
         if w.dim() != 2 or not w.is_contiguous():
             continue
