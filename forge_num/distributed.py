@@ -1,4 +1,4 @@
-"""forge_num inside torch.distributed: tensor parallelism (DTensor) and data parallelism.
+"""forge_num inside torch.distributed: tensor parallelism (DTensor), data parallelism and FSDP2.
 
 Tensor parallelism (``torch.distributed.tensor.parallel``: ColwiseParallel, RowwiseParallel,
 SequenceParallel, on a 1-D device mesh). ``forge_num.prepare(model, opt)`` after
@@ -43,13 +43,55 @@ is commutative), so this equals DDP bit for bit; with more ranks the association
 depends on the collective's algorithm and chunking, and two implementations can differ within the
 bound of proofs/distributed.md §3.
 
-Telemetry under tensor parallelism: ``opt.stats['grad_norm']`` is this rank's norm over its local
-shards and replicated parameters (no cross-rank reduction).
+Data parallelism with accumulation and clipping. ``accumulation_steps=k``: each rank accumulates its
+local ``.grad`` over the micro-batches (autograd), and the last micro-batch's hook averages the sum
+across ranks once, then updates: DDP's ``no_sync()`` arithmetic (one reduction per step; every rank
+holds its local gradients for the step, as under ``no_sync``). ``clipping="exact"``: the norm-only
+pass averages each gradient as the update pass will (the same collective on the same bits, so the
+same result), so every rank holds the averaged gradient and the norm is ``clip_grad_norm_``'s on it,
+bit for bit (per-parameter fp32 norms stacked in parameter order); cost: one more backward and one
+more all-reduce per parameter per step. ``clipping="previous"``: the previous step's telemetry norm,
+which is already that of the averaged (replicated) gradient.
 
-Not supported yet (errors say so where they can): gradient clipping (the global norm needs one more
-reduction across ranks, counting replicated parameters once), gradient accumulation under data
-parallelism, a fused tensor-parallel layer called twice in one step, autocast in tensor-parallel fused
-layers, transformers' Conv1D under tensor parallelism, 2-D meshes (TP x DP), FSDP2 (``fully_shard``).
+FSDP2 (``torch.distributed.fsdp.fully_shard``). Call ``fully_shard`` on the blocks and on the root
+as torchtitan does, build the optimizer on ``model.parameters()`` (the sharded DTensors), then
+``forge_num.prepare(model, opt)``: it finds the FSDP2 units and needs nothing else. FSDP2 itself
+reduce-scatters each unit's gradients as its backward ends and calls the post-accumulate-grad hooks
+of the sharded parameters by hand (``_fsdp_collectives.foreach_reduce``, torch 2.13); forge_num's hook
+applies the element-wise rule to the local shard (parameter, states and gradient all local) and frees
+the sharded gradient at once, so no rank ever holds the model's gradients: one unit's unsharded
+gradients (freed by FSDP2 after the reduce-scatter's copy-in) and one parameter's sharded gradient.
+Linear weights are left unfused (``handle.sharded`` names them): as under data parallelism the
+epilogue would consume a local, unreduced dW. Optimizer states are ``zeros_like(param)``: sharded
+DTensors, saved and loaded by ``torch.distributed.checkpoint`` (``checkpoint_state``). The gradient is
+FSDP2's: with an fp32 or bf16 reduce dtype and no divide factor, ``ReduceOp.AVG``, which gloo computes
+as the sum, then ``/ P`` (proofs/distributed.md §4). ``accumulation_steps=k`` with FSDP2's gradient
+sync left on (its default): every micro-batch is reduce-scattered and FSDP2 adds the shards into the
+sharded ``.grad`` (1/P of the gradients held between micro-batches); the last micro-batch's hook
+updates. (FSDP2's ``set_requires_gradient_sync(False)`` keeps whole unsharded gradients instead, and
+its hooks then run only on the synced micro-batch; combined with exact clipping the norm pass would
+add its gradients to FSDP2's accumulation: not supported.)
+
+Clipping with sharded parameters (FSDP2, tensor parallelism). Each rank takes the fp32 norm of its
+local part of each gradient (a Partial gradient is reduced first, as for the update); one all-gather
+of these per-parameter norms, then on every rank alike a sharded parameter's norm is
+``fl32(sqrt(Σ_r fl64(n_r)²))`` in rank order, a replicated one's is taken once, and the total is the
+norm of the per-parameter norms in parameter order (``global_total_norm``). Every rank gets the same
+bits, so the same coefficient; against ``clip_grad_norm_`` on the whole gradient the coefficient is
+within the bound of proofs/distributed.md §5, not bitwise (the shards' sums are associated
+differently). Exact clipping under FSDP2 runs FSDP2's backward twice (all-gathers and reduce-scatters
+included); ``opt.backward(loss)`` runs both passes. Telemetry: ``opt.stats['grad_norm']`` and the
+non-finite count are global: the shards' sums are added across ranks (one all-gather of four numbers
+per step), replicated parameters counted once; ``clipping="previous"`` uses that global norm.
+
+Not supported yet (errors say so where they can): under FSDP2, the stochastic regimes (``bf16-sr``,
+``8bit``: their rounding stream is countered by the element's index in the tensor the backend is
+given, here the local shard, so the bits would depend on the number of ranks; proofs/distributed.md
+§6), a 2-D mesh (HSDP, FSDP2 x tensor parallelism), parameters outside every ``fully_shard`` unit,
+and exact clipping with FSDP2's ``set_requires_gradient_sync(False)``; a fused tensor-parallel layer
+called twice in one step, autocast in tensor-parallel fused layers, transformers' Conv1D under tensor
+parallelism, 2-D meshes (TP x DP). The stochastic regimes under tensor parallelism are not refused but
+have the same local-index counters (proofs/distributed.md §6).
 """
 
 from __future__ import annotations
@@ -169,7 +211,12 @@ def prepare_data_parallel(model: nn.Module, optimizer, process_group=None) -> nn
     """Data-parallel FORGE: ``prepare(model, optimizer)`` with every gradient averaged across ranks
     (DDP's arithmetic) as it is produced, then updated and freed; linear weights unfused (their
     layer's dW is materialized for its all-reduce, one layer at a time). Parameters and buffers are
-    broadcast from rank 0 first, as DDP does. Use instead of DistributedDataParallel, not with it."""
+    broadcast from rank 0 first, as DDP does. Use instead of DistributedDataParallel, not with it.
+
+    ``accumulation_steps`` > 1: local gradients accumulate over the micro-batches and are averaged
+    once, at the last one (DDP's ``no_sync`` arithmetic). Clipping: ``"exact"`` (the norm pass
+    averages the gradients too: the norm is ``clip_grad_norm_``'s on the averaged gradient) and
+    ``"previous"`` (the previous step's norm of the averaged gradient); see the module docstring."""
     from forge_num.fused import _RUNTIME, prepare
 
     if isinstance(model, nn.parallel.DistributedDataParallel):

@@ -14,6 +14,9 @@
   the last use. Tied weights (one Parameter in two modules, e.g. embedding and LM head) are found at
   prepare() time and those Linear modules are left as they are; a fused module called twice is found
   when its backward runs (two live uses of one weight in the graph).
+* Under FSDP2 (``fully_shard``) the Linear layers of FSDP2-managed weights stay unfused (FSDP2
+  reduce-scatters their dW first) and every parameter is updated on its local shard in the hook that
+  FSDP2 calls after the reduce-scatter (forge_num.distributed); ``handle.sharded`` names them.
 * Under ``torch.autocast`` the layer computes its output and dX in the autocast dtype exactly as
   ``F.linear`` does, and dW in fp32 from the low-precision X and dY: never rounded to bf16, whereas
   torch's autocast rounds its dW to bf16 before the cast back to fp32 (so there the two differ, by

@@ -53,7 +53,8 @@ Options of the step (constructor keywords):
 
 Telemetry: ``opt.stats`` (the last step) and ``opt.stats_history``: dicts with ``step``,
 ``grad_norm`` (global L2 norm of the unscaled gradient, fp64 accumulation), ``nonfinite`` (count),
-``clip_coef`` and ``skipped``.
+``clip_coef`` and ``skipped``. With sharded DTensor parameters (FSDP2, tensor parallelism) the norms
+and counts are combined across ranks, replicated parameters counted once (forge_num.distributed).
 """
 
 from __future__ import annotations
