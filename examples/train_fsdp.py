@@ -44,7 +44,8 @@ def train(model, opt, steps, accum, rank, world, log, forge, opt_backward):
     g = torch.Generator().manual_seed(1)  # one global batch per micro-batch; each rank takes its rows
     for step in range(steps):
         for _ in range(accum):
-            ids = torch.randint(0, VOCAB, (BATCH * world, SEQ), generator=g)[rank * BATCH : (rank + 1) * BATCH]
+            ids = torch.randint(0, VOCAB, (BATCH * world, SEQ), generator=g)
+            ids = ids[rank * BATCH : (rank + 1) * BATCH]
             loss = model(ids) / accum
             if opt_backward:
                 opt.backward(loss)  # exact clipping: the norm-only pass, then the updating one

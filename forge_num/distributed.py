@@ -286,7 +286,9 @@ def fully_sharded_params(model: nn.Module, optimizer) -> set:
             "for the whole parameter); use precision='fp32' (proofs/distributed.md section 6)"
         )
     opt_params = {p for g in optimizer.param_groups for p in g["params"]}
-    outside = [n for n, p in model.named_parameters() if p.requires_grad and p in opt_params and p not in managed]
+    outside = [
+        n for n, p in model.named_parameters() if p.requires_grad and p in opt_params and p not in managed
+    ]
     if outside:
         raise NotImplementedError(
             f"forge_num: under FSDP2 every trained parameter must belong to a fully_shard unit (apply "

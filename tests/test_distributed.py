@@ -496,8 +496,8 @@ def _fsdp_worker(rank, world, kinds, steps, outdir, micro=1, clip=None, ref=True
         fn.prepare(model, opt)
         handle = model._forge_num_handle
         out["fused"], out["unfused"] = sorted(handle.fused), sorted(handle.sharded)
-        out["coefs"], out["norms"] = train_dist(model, opt, local, "forge", micro, opt_backward=clip is not None
-                                                and clip[0] == "exact")
+        exact = clip is not None and clip[0] == "exact"
+        out["coefs"], out["norms"] = train_dist(model, opt, local, "forge", micro, opt_backward=exact)
         out["forge"] = full_params(model)
         out["alive"], out["nparams"] = alive, len(params)
         names = {p: n for n, p in model.named_parameters()}
@@ -682,8 +682,9 @@ def single_process_abs(world, how):
 
 N_ELEMS = sum(p.numel() for p in Tiny(seed=0).parameters())
 N_MAX, N_PARAMS = max(p.numel() for p in Tiny(seed=0).parameters()), len(list(Tiny(seed=0).parameters()))
-LINEARS = sorted([*(f"layers.{i}.{n}" for i in range(LAYERS) for n in ("w1", "w2", "w3", "wk", "wo", "wq", "wv")),
-                  "head"])
+LINEARS = sorted(
+    [*(f"layers.{i}.{n}" for i in range(LAYERS) for n in ("w1", "w2", "w3", "wk", "wo", "wq", "wv")), "head"]
+)
 
 
 def test_fully_sharded_equals_fsdp_torch_and_single_process():
@@ -716,7 +717,7 @@ def test_data_parallel_4_ranks():
     order (seen in the last bit of tok.weight after a few steps). Step 1's gradients are within
     Proposition 4's 2 γ_3 Σ_r |x_r| of a single process's (sequential sum)."""
     res = run_distributed("_dp_worker", "adamw", 10, allreduce=True, world=4)
-    _assert_bitwise(res["forge"], res["allreduce"], "data parallel 4 ranks vs the same reduction + torch.optim")
+    _assert_bitwise(res["forge"], res["allreduce"], "DP 4 ranks vs the same reduction + torch.optim")
     assert_within_sum_bound(res["grads1"], single_process_abs(4, "dp"), 4, "DP 4 ranks")
 
 
@@ -769,7 +770,8 @@ def _tp_clip_worker(rank, world, mode, outdir):
     opt = fn.AdamW(model.parameters(), max_grad_norm=0.05, clipping=mode, **HYPER["adamw"])
     fn.prepare(model, opt)
     coefs, norms = train_dist(model, opt, data, "forge", opt_backward=mode == "exact")
-    res = dict(forge=full_params(model), coefs=coefs, norms=norms, fused=sorted(model._forge_num_handle.fused))
+    fused = sorted(model._forge_num_handle.fused)
+    res = dict(forge=full_params(model), coefs=coefs, norms=norms, fused=fused)
     model = parallelize(Tiny(seed=0), mesh, sp=True)
     opt = make_opt("adamw", "torch", model.parameters())
     ref_norms = []
