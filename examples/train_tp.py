@@ -119,7 +119,7 @@ def train(model, opt, steps, seed, log, forge):
         opt.step()  # forge_num: bookkeeping only
         opt.zero_grad(set_to_none=True)
         if log and (step % 5 == 0 or step == steps - 1):
-            extra = f"  grad-norm(local shards) {opt.stats['grad_norm']:.4f}" if forge else ""
+            extra = f"  grad-norm {opt.stats['grad_norm']:.4f}" if forge else ""
             print(f"step {step:3d}  loss {loss.item():.4f}{extra}", flush=True)
 
 

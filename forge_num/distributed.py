@@ -1,4 +1,4 @@
-"""forge_num inside torch.distributed: tensor parallelism (DTensor) and data parallelism.
+"""forge_num inside torch.distributed: tensor parallelism (DTensor), data parallelism and FSDP2.
 
 Tensor parallelism (``torch.distributed.tensor.parallel``: ColwiseParallel, RowwiseParallel,
 SequenceParallel, on a 1-D device mesh). ``forge_num.prepare(model, opt)`` after
@@ -43,13 +43,55 @@ is commutative), so this equals DDP bit for bit; with more ranks the association
 depends on the collective's algorithm and chunking, and two implementations can differ within the
 bound of proofs/distributed.md §3.
 
-Telemetry under tensor parallelism: ``opt.stats['grad_norm']`` is this rank's norm over its local
-shards and replicated parameters (no cross-rank reduction).
+Data parallelism with accumulation and clipping. ``accumulation_steps=k``: each rank accumulates its
+local ``.grad`` over the micro-batches (autograd), and the last micro-batch's hook averages the sum
+across ranks once, then updates: DDP's ``no_sync()`` arithmetic (one reduction per step; every rank
+holds its local gradients for the step, as under ``no_sync``). ``clipping="exact"``: the norm-only
+pass averages each gradient as the update pass will (the same collective on the same bits, so the
+same result), so every rank holds the averaged gradient and the norm is ``clip_grad_norm_``'s on it,
+bit for bit (per-parameter fp32 norms stacked in parameter order); cost: one more backward and one
+more all-reduce per parameter per step. ``clipping="previous"``: the previous step's telemetry norm,
+which is already that of the averaged (replicated) gradient.
 
-Not supported yet (errors say so where they can): gradient clipping (the global norm needs one more
-reduction across ranks, counting replicated parameters once), gradient accumulation under data
-parallelism, a fused tensor-parallel layer called twice in one step, autocast in tensor-parallel fused
-layers, transformers' Conv1D under tensor parallelism, 2-D meshes (TP x DP), FSDP2 (``fully_shard``).
+FSDP2 (``torch.distributed.fsdp.fully_shard``). Call ``fully_shard`` on the blocks and on the root
+as torchtitan does, build the optimizer on ``model.parameters()`` (the sharded DTensors), then
+``forge_num.prepare(model, opt)``: it finds the FSDP2 units and needs nothing else. FSDP2 itself
+reduce-scatters each unit's gradients as its backward ends and calls the post-accumulate-grad hooks
+of the sharded parameters by hand (``_fsdp_collectives.foreach_reduce``, torch 2.13); forge_num's hook
+applies the element-wise rule to the local shard (parameter, states and gradient all local) and frees
+the sharded gradient at once, so no rank ever holds the model's gradients: one unit's unsharded
+gradients (freed by FSDP2 after the reduce-scatter's copy-in) and one parameter's sharded gradient.
+Linear weights are left unfused (``handle.sharded`` names them): as under data parallelism the
+epilogue would consume a local, unreduced dW. Optimizer states are ``zeros_like(param)``: sharded
+DTensors, saved and loaded by ``torch.distributed.checkpoint`` (``checkpoint_state``). The gradient is
+FSDP2's: with an fp32 or bf16 reduce dtype and no divide factor, ``ReduceOp.AVG``, which gloo computes
+as the sum, then ``/ P`` (proofs/distributed.md §4). ``accumulation_steps=k`` with FSDP2's gradient
+sync left on (its default): every micro-batch is reduce-scattered and FSDP2 adds the shards into the
+sharded ``.grad`` (1/P of the gradients held between micro-batches); the last micro-batch's hook
+updates. (FSDP2's ``set_requires_gradient_sync(False)`` keeps whole unsharded gradients instead, and
+its hooks then run only on the synced micro-batch; combined with exact clipping the norm pass would
+add its gradients to FSDP2's accumulation: not supported.)
+
+Clipping with sharded parameters (FSDP2, tensor parallelism). Each rank takes the fp32 norm of its
+local part of each gradient (a Partial gradient is reduced first, as for the update); one all-gather
+of these per-parameter norms, then on every rank alike a sharded parameter's norm is
+``fl32(sqrt(Σ_r fl64(n_r)²))`` in rank order, a replicated one's is taken once, and the total is the
+norm of the per-parameter norms in parameter order (``global_total_norm``). Every rank gets the same
+bits, so the same coefficient; against ``clip_grad_norm_`` on the whole gradient the coefficient is
+within the bound of proofs/distributed.md §5, not bitwise (the shards' sums are associated
+differently). Exact clipping under FSDP2 runs FSDP2's backward twice (all-gathers and reduce-scatters
+included); ``opt.backward(loss)`` runs both passes. Telemetry: ``opt.stats['grad_norm']`` and the
+non-finite count are global: the shards' sums are added across ranks (one all-gather of four numbers
+per step), replicated parameters counted once; ``clipping="previous"`` uses that global norm.
+
+Not supported yet (errors say so where they can): under FSDP2, the stochastic regimes (``bf16-sr``,
+``8bit``: their rounding stream is countered by the element's index in the tensor the backend is
+given, here the local shard, so the bits would depend on the number of ranks; proofs/distributed.md
+§6), a 2-D mesh (HSDP, FSDP2 x tensor parallelism), parameters outside every ``fully_shard`` unit,
+and exact clipping with FSDP2's ``set_requires_gradient_sync(False)``; a fused tensor-parallel layer
+called twice in one step, autocast in tensor-parallel fused layers, transformers' Conv1D under tensor
+parallelism, 2-D meshes (TP x DP). The stochastic regimes under tensor parallelism are not refused but
+have the same local-index counters (proofs/distributed.md §6).
 """
 
 from __future__ import annotations
@@ -64,6 +106,9 @@ __all__ = [
     "sharded_linear_forward",
     "local_grad",
     "prepare_data_parallel",
+    "fully_sharded_params",
+    "global_total_norm",
+    "global_step_totals",
     "init_optimizer_state",
     "checkpoint_state",
     "load_checkpoint_state",
@@ -127,11 +172,6 @@ def sharded_linear_forward(module: nn.Module, input, layer):
     """The forward of a fused ``nn.Linear`` whose weight is a DTensor (called by fused.py)."""
     if layer.layout != "linear":
         raise NotImplementedError("forge_num: tensor parallelism for nn.Linear only (not Conv1D)")
-    if layer.opt.max_grad_norm is not None:
-        raise NotImplementedError(
-            "forge_num: gradient clipping under tensor parallelism is not supported yet (the global norm "
-            "needs a reduction across ranks); pass max_grad_norm=None"
-        )
     if torch.is_autocast_enabled(input.device.type):
         raise NotImplementedError("forge_num: tensor-parallel fused layers run in fp32 (no autocast) for now")
     weight, bias = module.weight, module.bias
@@ -171,19 +211,18 @@ def prepare_data_parallel(model: nn.Module, optimizer, process_group=None) -> nn
     """Data-parallel FORGE: ``prepare(model, optimizer)`` with every gradient averaged across ranks
     (DDP's arithmetic) as it is produced, then updated and freed; linear weights unfused (their
     layer's dW is materialized for its all-reduce, one layer at a time). Parameters and buffers are
-    broadcast from rank 0 first, as DDP does. Use instead of DistributedDataParallel, not with it."""
+    broadcast from rank 0 first, as DDP does. Use instead of DistributedDataParallel, not with it.
+
+    ``accumulation_steps`` > 1: local gradients accumulate over the micro-batches and are averaged
+    once, at the last one (DDP's ``no_sync`` arithmetic). Clipping: ``"exact"`` (the norm pass
+    averages the gradients too: the norm is ``clip_grad_norm_``'s on the averaged gradient) and
+    ``"previous"`` (the previous step's norm of the averaged gradient); see the module docstring."""
     from forge_num.fused import _RUNTIME, prepare
 
     if isinstance(model, nn.parallel.DistributedDataParallel):
         raise TypeError(
             "forge_num: prepare_data_parallel takes the bare model, not a DistributedDataParallel "
             "(DDP's reducer holds every gradient in its buckets and averages them after backward)"
-        )
-    if optimizer.max_grad_norm is not None:
-        raise NotImplementedError("forge_num: gradient clipping under data parallelism is not supported yet")
-    if optimizer.accumulation_steps != 1:
-        raise NotImplementedError(
-            "forge_num: accumulation_steps > 1 under data parallelism is not supported yet"
         )
     world = dist.get_world_size(process_group)
     src = dist.get_global_rank(process_group, 0) if process_group is not None else 0
@@ -205,6 +244,124 @@ def prepare_data_parallel(model: nn.Module, optimizer, process_group=None) -> nn
 
     optimizer._grad_reducer = reduce
     return model
+
+
+# --------------------------------------------------------------------------------------------
+# FSDP2 (fully_shard)
+# --------------------------------------------------------------------------------------------
+
+
+def fully_sharded_params(model: nn.Module, optimizer) -> set:
+    """The parameters of ``model`` that FSDP2 (``fully_shard``) manages: their sharded DTensors, whose
+    gradients FSDP2 reduce-scatters and hands to their post-accumulate-grad hooks. Empty where no
+    module is an ``FSDPModule``. Called by ``forge_num.prepare``, which leaves the Linear layers of
+    these weights unfused (the fused epilogue would consume a local, unreduced dW) and lets every one
+    of them be updated in its hook on its local shard. Raises NotImplementedError for what is not
+    supported: a trainable parameter outside every ``fully_shard`` unit (its gradient would not be
+    reduced), a 2-D mesh (HSDP, FSDP x TP), and the stochastic regimes (bf16-sr, 8bit; see the module
+    docstring)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - builds without torch.distributed
+        return set()
+    managed = {}
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        group = module._get_fsdp_state()._fsdp_param_group  # None for a unit that holds no parameter
+        for fsdp_param in group.fsdp_params if group is not None else ():
+            managed[fsdp_param.sharded_param] = fsdp_param
+    if not managed:
+        return set()
+    for p in managed:
+        if p.device_mesh.ndim != 1:
+            raise NotImplementedError(
+                "forge_num: FSDP2 on a 1-D device mesh only (not HSDP or FSDP x tensor parallel yet)"
+            )
+    if optimizer.precision != "fp32":
+        raise NotImplementedError(
+            f"forge_num: FSDP2 with precision={optimizer.precision!r} is not supported yet: the rounding "
+            "stream would be countered by each element's index in its local shard, not in the whole "
+            "parameter, so the bits would depend on the number of ranks (and 8bit states are laid out "
+            "for the whole parameter); use precision='fp32' (proofs/distributed.md section 6)"
+        )
+    opt_params = {p for g in optimizer.param_groups for p in g["params"]}
+    outside = [
+        n for n, p in model.named_parameters() if p.requires_grad and p in opt_params and p not in managed
+    ]
+    if outside:
+        raise NotImplementedError(
+            f"forge_num: under FSDP2 every trained parameter must belong to a fully_shard unit (apply "
+            f"fully_shard to the root module too); not sharded: {', '.join(outside[:5])}"
+        )
+    return set(managed)
+
+
+# --------------------------------------------------------------------------------------------
+# Norms across ranks (clipping and telemetry with sharded parameters)
+# --------------------------------------------------------------------------------------------
+
+
+def _is_sharded(p) -> bool:
+    return isinstance(p, DTensor) and any(pl.is_shard() for pl in p.placements)
+
+
+def _shard_group(params):
+    """The process group over which the sharded parameters among ``params`` are sharded."""
+    groups = {}
+    for p in params:
+        if _is_sharded(p):
+            if p.device_mesh.ndim != 1:
+                raise NotImplementedError("forge_num: norms of parameters sharded on a 2-D mesh")
+            g = p.device_mesh.get_group()
+            groups.setdefault(tuple(dist.get_process_group_ranks(g)), g)
+    if len(groups) != 1:
+        raise NotImplementedError("forge_num: sharded parameters on more than one group of ranks")
+    return next(iter(groups.values()))
+
+
+def _gather(t: torch.Tensor, group) -> list[torch.Tensor]:
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, t.contiguous(), group=group)
+    return parts  # in rank order, the same bits on every rank
+
+
+def global_total_norm(pairs) -> torch.Tensor:
+    """The global gradient norm (fp32, 0-d) from ``(parameter, norm)`` pairs in the optimizer's
+    parameter order, each norm the fp32 norm of that parameter's gradient on this rank (of its local
+    shard for a sharded DTensor parameter). One all-gather of the per-parameter norms; then, on every
+    rank alike, a sharded parameter's norm is ``fl32(sqrt(Σ_r fl64(n_r)²))`` summed in rank order
+    (binary64: each square is exact), a replicated parameter's is rank 0's (counted once), and the
+    total is ``torch.linalg.vector_norm`` of these in parameter order, as a single process and
+    ``clip_grad_norm_`` stack them. Every rank computes the same bits (proofs/distributed.md §5)."""
+    params = [p for p, _ in pairs]
+    group = _shard_group(params)
+    device = pairs[0][1].device
+    local = torch.stack([n.to(device, torch.float32) for _, n in pairs])
+    parts = _gather(local, group)
+    sq = parts[0].double() ** 2
+    for t in parts[1:]:
+        sq = sq + t.double() ** 2
+    sharded = torch.tensor([_is_sharded(p) for p in params], device=device)
+    per = torch.where(sharded, sq.sqrt().float(), parts[0])
+    return torch.linalg.vector_norm(per, 2.0)
+
+
+def global_step_totals(params, norm_sq, bad) -> torch.Tensor:
+    """(Σ g² in binary64, number of non-finite elements) of a step's updates across ranks, as a CPU
+    float64 tensor of two: each rank's records of sharded parameters summed on the rank, then added
+    in rank order; the records of replicated parameters (the same on every rank) counted once."""
+    group = _shard_group(params)
+    device = norm_sq[0].device
+    sharded = torch.tensor([_is_sharded(p) for p in params], device=device)
+    n2 = torch.stack([n.to(device, torch.float64) for n in norm_sq])
+    b = torch.stack([x.to(device, torch.float64) for x in bad])
+    local = torch.stack([n2[sharded].sum(), b[sharded].sum(), n2[~sharded].sum(), b[~sharded].sum()])
+    parts = _gather(local, group)
+    acc = parts[0][:2].clone()
+    for t in parts[1:]:
+        acc = acc + t[:2]
+    return (acc + parts[0][2:]).cpu()
 
 
 # --------------------------------------------------------------------------------------------

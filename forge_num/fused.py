@@ -14,6 +14,9 @@
   the last use. Tied weights (one Parameter in two modules, e.g. embedding and LM head) are found at
   prepare() time and those Linear modules are left as they are; a fused module called twice is found
   when its backward runs (two live uses of one weight in the graph).
+* Under FSDP2 (``fully_shard``) the Linear layers of FSDP2-managed weights stay unfused (FSDP2
+  reduce-scatters their dW first) and every parameter is updated on its local shard in the hook that
+  FSDP2 calls after the reduce-scatter (forge_num.distributed); ``handle.sharded`` names them.
 * Under ``torch.autocast`` the layer computes its output and dX in the autocast dtype exactly as
   ``F.linear`` does, and dW in fp32 from the low-precision X and dY: never rounded to bf16, whereas
   torch's autocast rounds its dW to bf16 before the cast back to fp32 (so there the two differ, by
@@ -262,6 +265,7 @@ class PreparedHandle:
     fused: dict = field(default_factory=dict)  # name -> module swapped to a fused class
     hooked: dict = field(default_factory=dict)  # name -> parameter with an in-backward hook
     tied: list = field(default_factory=list)  # names of Linear modules left unfused (tied weights)
+    sharded: list = field(default_factory=list)  # names of Linear modules left unfused (FSDP2 reduces dW)
     hooks: list = field(default_factory=list)
 
     def remove(self) -> None:
@@ -293,6 +297,12 @@ def prepare(model: nn.Module, optimizer: ForgeOptimizer) -> nn.Module:
             "optimizer's parameters are not in the prepared model"
         )
 
+    fsdp = set()
+    if any(hasattr(m, "_get_fsdp_state") for m in model.modules()):  # FSDP2's fully_shard
+        from forge_num.distributed import fully_sharded_params
+
+        fsdp = fully_sharded_params(model, optimizer)
+
     handle = PreparedHandle(model, optimizer)
     for mname, module in model.named_modules(remove_duplicate=False):
         layout = _layout_of(module)
@@ -303,6 +313,9 @@ def prepare(model: nn.Module, optimizer: ForgeOptimizer) -> nn.Module:
             continue
         if len(names.get(w, ())) > 1:
             handle.tied.append(mname)  # a tied weight: autograd sums its uses, the hook updates it
+            continue
+        if w in fsdp:  # FSDP2 reduce-scatters dW, then the hook updates the local shard
+            handle.sharded.append(mname)
             continue
         if w.dim() != 2 or not w.is_contiguous():
             continue

@@ -57,7 +57,8 @@ Options of the step (constructor keywords):
 
 Telemetry: ``opt.stats`` (the last step) and ``opt.stats_history``: dicts with ``step``,
 ``grad_norm`` (global L2 norm of the unscaled gradient, fp64 accumulation), ``nonfinite`` (count),
-``clip_coef`` and ``skipped``.
+``clip_coef`` and ``skipped``. With sharded DTensor parameters (FSDP2, tensor parallelism) the norms
+and counts are combined across ranks, replicated parameters counted once (forge_num.distributed).
 """
 
 from __future__ import annotations
@@ -117,6 +118,11 @@ def _is_dtensor(t) -> bool:
 def _local(t):
     """A DTensor's local shard (the same storage, so in-place updates land in the DTensor); else ``t``."""
     return t._local_tensor if _is_dtensor(t) else t
+
+
+def _is_sharded(p) -> bool:
+    """A DTensor parameter sharded across ranks (each rank holds a different part of it)."""
+    return _is_dtensor(p) and any(pl.is_shard() for pl in p.placements)
 
 
 class _Rec:
@@ -201,7 +207,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
         self._grad_reducer = None  # set by forge_num.distributed.prepare_data_parallel
         self._grad_seen: dict = {}  # plain mode: (id, version) of each .grad consumed by the last step()
         self._mode = "idle"  # idle | norm | update | skip
-        self._norms: list[torch.Tensor] = []  # per-parameter fp32 norms of the norm pass
+        self._norms: list[tuple] = []  # (parameter, fp32 norm of its local gradient) of the norm pass
         self._stash: dict[torch.Tensor, torch.Tensor | None] = {}
         self._coef: torch.Tensor | None = None  # clipping coefficient of the current step
         self._coef_float: float | None = None
@@ -209,6 +215,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
         self._norm_sq: list[torch.Tensor] = []
         self._bad: list[torch.Tensor] = []
         self._bad_names: list[str] = []
+        self._stat_params: list[torch.Tensor] = []  # the parameter of each telemetry record
         self._max_events = 0
         self._global_step = 0
         self._prev_norm: float | None = None
@@ -311,10 +318,11 @@ class ForgeOptimizer(torch.optim.Optimizer):
             self._coef_float = float(self._coef)  # exact: the coefficient is an fp32 value
         return self._coef_float
 
-    def _record(self, stats, name):
+    def _record(self, stats, name, p):
         self._norm_sq.append(stats.norm_sq)
         self._bad.append(stats.nonfinite)
         self._bad_names.append(name)
+        self._stat_params.append(p)
 
     def _apply_elementwise(self, p, grad, name):
         group = self._group_by_param[p]
@@ -338,7 +346,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
                 _local(p.detach()), grad.contiguous().float(), [_local(s) for s in states], rule, h,
                 grad_scale=self._scale(), seed=self._rounding_seed(p),
             )
-        self._record(stats, name)
+        self._record(stats, name, p)
 
     def _apply_linear(self, p, x, dy, accum, name):
         group = self._group_by_param[p]
@@ -349,7 +357,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
             _local(p.detach()), x, dy, states, rule, h, grad_scale=self._scale(),
             accum=accum, seed=self._rounding_seed(p),
         )
-        self._record(stats, name)
+        self._record(stats, name, p)
 
     # ---------------------------------------------------------------------------------------
     # Entry points used by prepare(): the in-backward events
@@ -392,7 +400,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
             rec.norm_seen = True
             backend = _backend_for(p, self.backend)
             n2 = backend.weight_grad_norm_sq(x, dy, accum=self._earlier(p, rec, self._stash.get(p)))
-            self._norms.append(n2.sqrt().to(torch.float32))
+            self._norms.append((p, n2.sqrt().to(torch.float32)))
             return
         last = self._next_event(p, rec)
         if not last:
@@ -436,7 +444,9 @@ class ForgeOptimizer(torch.optim.Optimizer):
             total = p.grad if old is None else old + p.grad
             if rec.accum is not None:
                 total = rec.accum + total
-            self._norms.append(torch.linalg.vector_norm(total, 2.0))
+            if self._grad_reducer is not None:  # data parallel: the norm of the averaged gradient
+                total = self._grad_reducer(p, total)  # (total is never the stash: in place is safe)
+            self._norms.append((p, self._grad_norm(p, total)))
             p.grad = None  # restored from the stash after the norm pass
             return
         last = self._next_event(p, rec)
@@ -463,11 +473,29 @@ class ForgeOptimizer(torch.optim.Optimizer):
         clip_coef = self.max_grad_norm / (total_norm + 1e-6)
         return torch.clamp(clip_coef, max=1.0)
 
-    def _total_norm(self, norms: list[torch.Tensor]) -> torch.Tensor:
+    def _grad_norm(self, p, g) -> torch.Tensor:
+        """The fp32 norm of ``p``'s gradient on this rank: a DTensor's local shard, after a Partial
+        gradient is reduced to ``p``'s placements (so a replicated parameter's norm is its whole norm)."""
+        if _is_dtensor(g):
+            from forge_num.distributed import local_grad
+
+            g = local_grad(p, g)
+        return torch.linalg.vector_norm(g, 2.0)
+
+    def _total_norm(self, norms: list[tuple]) -> torch.Tensor:
+        """The global norm from (parameter, norm) pairs: the norm of the per-parameter norms taken in
+        the optimizer's parameter order (as ``clip_grad_norm_`` stacks them in the order it is given);
+        with sharded DTensor parameters, their shards' norms are combined across ranks first
+        (``forge_num.distributed.global_total_norm``)."""
         if not norms:
             return torch.zeros((), dtype=torch.float32)
-        device = norms[0].device
-        return torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]), 2.0)
+        norms = sorted(norms, key=lambda pn: self._param_id[pn[0]])
+        if any(_is_sharded(p) for p, _ in norms):
+            from forge_num.distributed import global_total_norm
+
+            return global_total_norm(norms)
+        device = norms[0][1].device
+        return torch.linalg.vector_norm(torch.stack([n.to(device) for _, n in norms]), 2.0)
 
     def _run_backward(self, run) -> None:
         """run(retain_graph) runs one backward of the current loss; the passes of one micro-batch."""
@@ -492,7 +520,9 @@ class ForgeOptimizer(torch.optim.Optimizer):
                         if not rec.norm_seen:
                             g = self._pending_total(p, rec)
                             if g is not None:
-                                self._norms.append(torch.linalg.vector_norm(g, 2.0))
+                                if self._grad_reducer is not None:  # data parallel: averaged first
+                                    g = self._grad_reducer(p, g.clone())
+                                self._norms.append((p, self._grad_norm(p, g)))
                 finally:
                     for p in [*self._recs, *self._passive]:  # the norm pass leaves no gradient behind
                         p.grad = self._stash.pop(p, None)
@@ -553,19 +583,23 @@ class ForgeOptimizer(torch.optim.Optimizer):
                 f"forge_num: optimizer.step() was called but no backward ran since the last step ({what}). "
                 "Call loss.backward() (or opt.backward(loss)) before each optimizer.step()."
             )
+        # a parameter absent from the last micro-batch(es), or an early step(): its pending gradient
+        # (data parallel: averaged across ranks first, in the same order on every rank)
+        pending_grads = {p: self._pending_total(p, rec) for p, rec in pending}
+        if self._grad_reducer is not None:
+            pending_grads = {p: self._grad_reducer(p, g) for p, g in pending_grads.items()}
         if self._coef is None and self.clipping == "exact" and not self._skip_step and (plain or pending):
             # plain mode, or a step() before the last micro-batch: every gradient is materialized here
-            norms = [torch.linalg.vector_norm(p.grad, 2.0) for p in plain]
-            norms += [torch.linalg.vector_norm(self._pending_total(p, rec), 2.0) for p, rec in pending]
+            norms = [(p, self._grad_norm(p, p.grad)) for p in plain]
+            norms += [(p, self._grad_norm(p, g)) for p, g in pending_grads.items()]
             total = self._total_norm(norms)
             if torch.isfinite(total):
                 self._coef = self._clip_coef_from(total)
             else:
                 self._skip_step = True
         if not self._skip_step:
-            for p, rec in pending:  # a parameter absent from the last micro-batch(es), or an early step()
-                grad = self._pending_total(p, rec)
-                self._apply_elementwise(p, grad, rec.name)
+            for p, rec in pending:
+                self._apply_elementwise(p, pending_grads[p], rec.name)
             where = {
                 p: f"param_groups[{i}]['params'][{j}]"
                 for i, g in enumerate(self.param_groups)
@@ -582,7 +616,14 @@ class ForgeOptimizer(torch.optim.Optimizer):
 
     def _finish_step(self):
         grad_norm = nonfinite = None
-        if self._norm_sq:  # one transfer for the whole step
+        if self._norm_sq and any(_is_sharded(p) for p in self._stat_params):
+            # sharded parameters: their shards' sums added across ranks, replicated ones counted once
+            from forge_num.distributed import global_step_totals
+
+            totals = global_step_totals(self._stat_params, self._norm_sq, self._bad)
+            grad_norm = math.sqrt(float(totals[0]))
+            nonfinite = int(totals[1])
+        elif self._norm_sq:  # one transfer for the whole step
             dev = self._norm_sq[0].device
             totals = torch.stack(
                 [
@@ -615,7 +656,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
         self._coef = None
         self._coef_float = None
         self._skip_step = False
-        self._norm_sq, self._bad, self._bad_names = [], [], []
+        self._norm_sq, self._bad, self._bad_names, self._stat_params = [], [], [], []
         if self.nonfinite == "raise" and (nonfinite or skipped):
             if skipped:
                 raise FloatingPointError(
