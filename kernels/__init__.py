@@ -280,7 +280,7 @@ def _launch_linear(
         if q8:
             config = INTERPRETER_Q8_CONFIG if _interpreting() else Q8_CONFIGS[x.dtype][0]
         else:
-            config = INTERPRETER_CONFIG if _interpreting() else default_config(M, N, K, x.dtype)
+            config = INTERPRETER_CONFIG if _interpreting() else default_config(M, N, K, x.dtype, bf16)
     if q8 and (config.BN % QBLOCK or config.epilogue_split != 1):
         raise ValueError(f"the 8bit regime needs BN a multiple of {QBLOCK} and epilogue_split=1, got {config}")
     norm_sq, nonfinite, slots_n = _telemetry_buffers(M, N, device)
@@ -315,9 +315,26 @@ def _launch_linear(
     return UpdateStats(norm_sq.sum(), nonfinite.sum(dtype=torch.int64))
 
 
-def default_config(M: int, N: int, K: int, dtype: torch.dtype) -> TileConfig:
-    """The tile shape for a problem: the first of configs_for(dtype) (tuning tables: issue 5)."""
-    return configs_for(dtype)[0]
+# The default bf16 tiles, by storage regime, as measured on the H200 (bench/results/2026-12-02-h200-s2,
+# kernels_fp32.json and kernels_lowbit.json: every configuration of BF16_CONFIGS timed at each shape
+# and K). fp32 weight and state: 64x128x64 with 4 warps was the fastest at all 20 (shape, K) points
+# of the five Llama shapes and K = 256..16384, 1.10-1.61x faster than 128x64x64 with 8 warps, the
+# previous default (which holds one CTA per multiprocessor at 255 registers; the 4-warp tiles two).
+# bf16-sr: 64x64x64 was the fastest at K <= 4096 (its epilogue, Philox and the roundings, is heavier).
+# Both keep BK = 64, so the unfused comparator's mainloop (fp32 regime default) walks K in the same
+# blocks as the fused kernel in either regime.
+DEFAULT_BF16_CONFIG = {False: TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4),
+                       True: TileConfig(64, 64, 64, num_warps=4, num_stages=4, epilogue_split=2)}
+assert all(c in BF16_CONFIGS for c in DEFAULT_BF16_CONFIG.values())
+
+
+def default_config(M: int, N: int, K: int, dtype: torch.dtype, bf16_storage: bool = False) -> TileConfig:
+    """The tile shape for a problem: a measured default per mainloop mode and storage regime (one
+    per regime so far: the H200 measurements found no shape or K where another verified
+    configuration won in the fp32 regime)."""
+    if dtype == torch.float32:
+        return IEEE_CONFIGS[0]
+    return DEFAULT_BF16_CONFIG[bool(bf16_storage)]
 
 
 def fused_linear_update(
