@@ -8,7 +8,7 @@
 #                                                         suite with the bias report beside it)
 #   bash bench/gpu_session.sh train capacity             (training step, then capacity)
 #
-# Parts: kernels, exactness, bias, train, capacity, fidelity; "a+b" runs a and b side by side.
+# Parts: kernels, mainloop, exactness, bias, train, capacity, fidelity; "a+b" runs a and b side by side.
 # Environment:
 #   KERNEL_ARGS / KERNEL_ARGS_LOWBIT   arguments of the two bench/kernels.py runs
 #   T_KERNELS T_EXACT T_TRAIN T_CAPACITY T_FIDELITY T_BIAS   seconds for each part
@@ -40,8 +40,12 @@ run_bias() {
 run_kernels() {
   timeout "${T_KERNELS:-200}" python3 bench/kernels.py ${KERNEL_ARGS:---precision fp32 --shapes 4096x4096,14336x4096,4096x14336,8192x8192,28672x8192} \
     --out "$R/kernels.json" 2>&1 | tee "$R/kernels.log" | tail -3
-  timeout "${T_KERNELS_LOWBIT:-90}" python3 bench/kernels.py ${KERNEL_ARGS_LOWBIT:---precision bf16-sr,8bit --shapes 4096x4096,14336x4096} \
+  [ "${T_KERNELS_LOWBIT:-90}" -gt 0 ] && timeout "${T_KERNELS_LOWBIT:-90}" python3 bench/kernels.py ${KERNEL_ARGS_LOWBIT:---precision bf16-sr,8bit --shapes 4096x4096,14336x4096} \
     --out "$R/kernels_lowbit.json" 2>&1 | tee "$R/kernels_lowbit.log" | tail -3
+}
+run_mainloop() {
+  timeout "${T_MAINLOOP:-150}" python3 bench/kernels.py --mainloop ${MAINLOOP_ARGS:---shapes 4096x4096,14336x4096 --tokens 1024,4096,16384} \
+    --out "$R/mainloop.json" 2>&1 | tee "$R/mainloop.log" | tail -8
 }
 run_train() {
   timeout "${T_TRAIN:-300}" python3 bench/train_step.py ${TRAIN_ARGS:---models llama-1b,llama-8b --tokens 1x2048 --checkpointing on --warmup 2 --steps 4} \
@@ -61,7 +65,7 @@ for part in "$@"; do
   echo "== $part $(date -u +%H:%M:%S)"
   for p in ${part//+/ }; do
     case "$p" in
-      kernels|exactness|bias|train|capacity|fidelity) "run_$p" & ;;
+      kernels|mainloop|exactness|bias|train|capacity|fidelity) "run_$p" & ;;
       *) echo "unknown part $p" ;;
     esac
   done

@@ -13,6 +13,7 @@ All measured side by side in one run (triton.testing.do_bench, median). Prints a
 
     python bench/kernels.py [--shapes 4096x4096,14336x4096] [--tokens 256,1024] [--precision fp32,bf16-sr,8bit]
                             [--out bench/results/x.json]
+    python bench/kernels.py --mainloop [--shapes ...] [--tokens ...]   the dW mainloop alone, per tile
 
 bf16-sr and 8bit are compared with torch.optim.AdamW(fused=True) on a bf16 parameter (the
 memory-matched torch setup), fp32 with the AMP setup (fp32 parameter, bf16 activations).
@@ -123,13 +124,66 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32") -
             "best_config_speedup_vs_unfused": t_unfused / min(per_config.values()), **parts}
 
 
+# Mainloop-only tiles (--mainloop): the dW GEMM with a plain store epilogue, so that register
+# pressure from the update does not limit the tile. How fast Triton's mainloop can get on these
+# shapes, beside cuBLAS, says which part of the gap to cuBLAS the epilogue costs.
+MAINLOOP_TILES = (
+    kernels.TileConfig(64, 128, 64, num_warps=4, num_stages=4),
+    kernels.TileConfig(128, 128, 64, num_warps=8, num_stages=4),
+    kernels.TileConfig(128, 256, 64, num_warps=8, num_stages=3),
+    kernels.TileConfig(256, 128, 64, num_warps=8, num_stages=3),
+    kernels.TileConfig(128, 128, 128, num_warps=8, num_stages=3),
+)
+
+
+def bench_mainloop(M: int, N: int, K: int) -> dict:
+    """Time kernels.linear_mainloop (dW stored in fp32) per tile against cuBLAS dW (bf16 and fp32 out)."""
+    torch.manual_seed(0)
+    x = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(K, M, device="cuda", dtype=torch.bfloat16)
+    g = torch.empty(M, N, device="cuda")
+    bench = lambda f: triton.testing.do_bench(f, warmup=10, rep=100, return_mode="median")  # noqa: E731
+    flops = 2.0 * K * M * N
+    row = {"M": M, "N": N, "K": K, "cublas_bf16_out_ms": bench(lambda: dy.t() @ x), "triton_ms": {}}
+    try:  # fp32 output, as the mainloop stores it (torch.mm's out_dtype, where this torch has it)
+        row["cublas_fp32_out_ms"] = bench(lambda: torch.mm(dy.t(), x, out_dtype=torch.float32))
+    except (TypeError, RuntimeError) as e:
+        row["cublas_fp32_out_ms"] = f"{type(e).__name__}: {str(e)[:120]}"
+    for cfg in MAINLOOP_TILES:
+        try:
+            row["triton_ms"][str(cfg)] = bench(lambda: kernels.linear_mainloop(x, dy, out=g, config=cfg))
+        except Exception as e:  # a tile that does not compile (shared memory): reported, not fatal
+            row["triton_ms"][str(cfg)] = f"{type(e).__name__}: {str(e)[:120]}"
+    row["tflops"] = {k: flops / v * 1e-9 for k, v in row["triton_ms"].items() if isinstance(v, float)}
+    row["cublas_tflops"] = flops / row["cublas_bf16_out_ms"] * 1e-9
+    return row
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=LLAMA8B)
     ap.add_argument("--tokens", default="256,1024,4096,16384")
     ap.add_argument("--precision", default="fp32", help="comma-separated: fp32, bf16-sr, 8bit")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--mainloop", action="store_true", help="time the dW mainloop alone per tile (MAINLOOP_TILES)")
     args = ap.parse_args(argv)
+    if args.mainloop:
+        rows = []
+        for shape in args.shapes.split(","):
+            M, N = (int(v) for v in shape.split("x"))
+            for K in (int(t) for t in args.tokens.split(",")):
+                r = bench_mainloop(M, N, K)
+                rows.append(r)
+                best = max(r["tflops"], key=r["tflops"].get) if r["tflops"] else None
+                print(f"mainloop {M:>6}x{N:<6} K={K:<6} cuBLAS {r['cublas_tflops']:6.0f} TFLOP/s  "
+                      + "  ".join(f"{k.split('(')[1].split(', num_stages')[0]}: {v:5.0f}" for k, v in r["tflops"].items())
+                      + (f"  best {best.split('(')[1][:40]}" if best else ""), flush=True)
+                if args.out:
+                    with open(args.out, "w") as f:
+                        json.dump({"meta": {"command": "python bench/kernels.py " + " ".join(sys.argv[1:] if argv is None else argv),
+                                            "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                                            "triton": triton.__version__}, "rows": rows}, f, indent=1)
+        return 0
     ceilings = measure_ceilings()
     rows = []
     shapes = [tuple(int(s) for s in shape.split("x")) for shape in args.shapes.split(",")]
