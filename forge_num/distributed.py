@@ -90,8 +90,8 @@ given, here the local shard, so the bits would depend on the number of ranks; pr
 §6), a 2-D mesh (HSDP, FSDP2 x tensor parallelism), parameters outside every ``fully_shard`` unit,
 and exact clipping with FSDP2's ``set_requires_gradient_sync(False)``; a fused tensor-parallel layer
 called twice in one step, autocast in tensor-parallel fused layers, transformers' Conv1D under tensor
-parallelism, 2-D meshes (TP x DP). The stochastic regimes under tensor parallelism are not refused but
-have the same local-index counters (proofs/distributed.md §6).
+parallelism, 2-D meshes (TP x DP), and the stochastic regimes on any sharded parameter (refused
+when the optimizer is built: the same local-index counters, proofs/distributed.md §6).
 """
 
 from __future__ import annotations

@@ -232,6 +232,16 @@ class ForgeOptimizer(torch.optim.Optimizer):
         self._check_group(group)
         want = _WEIGHT_DTYPE[self.precision]
         for p in group["params"]:
+            if self.precision != "fp32" and _is_sharded(p):
+                # the rounding stream is countered by the element's index in the tensor updated, which
+                # for a shard is its local index: results would depend on the number of ranks and
+                # shards would share random bits (proofs/distributed.md, stochastic regimes)
+                raise NotImplementedError(
+                    f"{type(self).__name__}(precision={self.precision!r}) on a sharded DTensor parameter "
+                    f"(placements {tuple(p.placements)}) is not supported yet: the stochastic rounding "
+                    "stream is not keyed by global element index; use precision='fp32' under tensor "
+                    "parallelism or FSDP2"
+                )
             if p.dtype != want:
                 hint = ("Keep the weights in fp32 (use torch.autocast for bf16 compute)." if want == torch.float32
                         else "Convert the model with model.to(torch.bfloat16).")

@@ -911,3 +911,24 @@ def test_sharded_fused_update_equals_unsharded(name, style, P):
         assert torch.equal(w_r, cut(full_w)), (name, style, P, r)
         for a, b in zip(s_r, full_s):
             assert torch.equal(a, cut(b)), (name, style, P, r)
+
+
+def _lowbit_sharded_worker(rank, world, outdir):
+    """A sharded DTensor parameter in a stochastic-rounding regime is refused with a clear error."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    model = parallelize(Tiny(seed=0), init_device_mesh("cpu", (world,)), sp=False).to(torch.bfloat16)
+    out = {}
+    for precision in ("bf16-sr", "8bit"):
+        try:
+            fn.AdamW(model.parameters(), precision=precision, seed=1)
+            out[precision] = None
+        except NotImplementedError as e:
+            out[precision] = str(e)
+    return out
+
+
+def test_stochastic_regimes_refuse_sharded_parameters():
+    res = run_distributed("_lowbit_sharded_worker")
+    for precision, msg in res.items():
+        assert msg and "sharded DTensor" in msg and "global element index" in msg, (precision, msg)
