@@ -43,7 +43,8 @@ def compile_ptx(cfg: kernels.TileConfig, rule: rules.Rule, dtype: str, precision
     const = {"stride_xn": 1, "stride_dym": 1, "GUARDED_UPDATE": guarded_update_jit(rule), "N_STATE": len(rule.state), "BF16_STORAGE": precision == "bf16-sr", "STATE_Q8": precision == "8bit",
              "UPDATE": True, "STORE_ACC": False, "HAS_ACCUM": False,
              "INPUT_PRECISION": "ieee" if dtype == "fp32" else "tf32",
-             "BM": cfg.BM, "BN": cfg.BN, "BK": cfg.BK, "EPILOGUE_SPLIT": cfg.epilogue_split}
+             "BM": cfg.BM, "BN": cfg.BN, "BK": cfg.BK, "EPILOGUE_SPLIT": cfg.epilogue_split,
+             "PERSISTENT": bool(cfg.persistent), "GROUP_M": 8}
     for k in const:
         sig[k] = "constexpr"
     names = list(sig)

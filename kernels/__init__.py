@@ -29,6 +29,7 @@ gradient elements that were not finite (those elements of W and state were left 
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -89,6 +90,7 @@ class TileConfig:
     num_warps: int = 4
     num_stages: int = 3
     epilogue_split: int = 1  # the epilogue runs on this many column sub-tiles (1, 2 or 4)
+    persistent: int = 0  # 0: one program per tile; n > 0: n programs per SM, each looping over tiles
 
     def __post_init__(self):
         for name in ("BM", "BN", "BK"):
@@ -97,6 +99,8 @@ class TileConfig:
                 raise ValueError(f"TileConfig.{name} must be a power of two >= 16, got {v}")
         if self.epilogue_split not in (1, 2, 4) or self.BN // self.epilogue_split < 8:
             raise ValueError(f"TileConfig.epilogue_split must be 1, 2 or 4 with BN/split >= 8, got {self}")
+        if not (isinstance(self.persistent, int) and 0 <= self.persistent <= 8):
+            raise ValueError(f"TileConfig.persistent must be an int in [0, 8] (programs per SM), got {self}")
 
 
 # Tile shapes the launcher may use, per mainloop mode. Every one of them is a test case
@@ -268,6 +272,18 @@ def _telemetry_buffers(M: int, N: int, device) -> tuple[torch.Tensor, torch.Tens
     return norm_sq, nonfinite, slots_n
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count_cached(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _sm_count(device: torch.device) -> int:
+    """Multiprocessors of a CUDA device (the interpreter: 4, so that programs loop over several tiles)."""
+    if device.type != "cuda":
+        return 4
+    return _sm_count_cached(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def _launch_linear(
     weight, states, x, dy, accum, acc_out, rule, h, grad_scale, *, update: bool, config: TileConfig | None,
     n_state: int, seed: int = 0, bf16: bool = False, q8: bool = False,
@@ -293,6 +309,8 @@ def _launch_linear(
         s = list(states) + [None, None]
     guarded = guarded_update_jit(rule) if update else _NO_UPDATE
     grid = (triton.cdiv(M, config.BM), triton.cdiv(N, config.BN))
+    if config.persistent:  # a 1-D grid of at most `persistent` programs per SM, looping over the tiles
+        grid = (min(grid[0] * grid[1], config.persistent * _sm_count(device)),)
     if M and N:
         fused_linear_update_kernel[grid](
             weight if weight is not None else dummy,
@@ -309,6 +327,7 @@ def _launch_linear(
             UPDATE=update, STORE_ACC=acc_out is not None, HAS_ACCUM=accum is not None,
             INPUT_PRECISION=precision,
             BM=config.BM, BN=config.BN, BK=config.BK, EPILOGUE_SPLIT=config.epilogue_split,
+            PERSISTENT=bool(config.persistent),
             num_warps=config.num_warps, num_stages=config.num_stages,
             enable_fp_fusion=False,
         )

@@ -99,9 +99,49 @@ def fused_linear_update_kernel(
     UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, HAS_ACCUM: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
+    PERSISTENT: tl.constexpr = False, GROUP_M: tl.constexpr = 8,
 ):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    """One program per tile (grid [cdiv(M, BM), cdiv(N, BN)]), or PERSISTENT: a 1-D grid of fewer
+    programs, each walking tiles pid, pid + P, pid + 2P, ... in grouped order (GROUP_M tile rows
+    share the X tiles in L2), so that the next tile's loads can start during this tile's epilogue.
+    Scheduling only: every tile computes the same bits and writes the same telemetry slot."""
+    if PERSISTENT:
+        tiles_m = tl.cdiv(M, BM)
+        tiles_n = tl.cdiv(N, BN)
+        for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0)):
+            # grouped order: GROUP_M consecutive tile rows, column by column
+            group = tile // (GROUP_M * tiles_n)
+            first_m = group * GROUP_M
+            rows = tl.minimum(tiles_m - first_m, GROUP_M)
+            pid_m = first_m + (tile % (GROUP_M * tiles_n)) % rows
+            pid_n = (tile % (GROUP_M * tiles_n)) // rows
+            linear_update_tile(
+                pid_m, pid_n, w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, accum_ptr, acc_out_ptr, norm_sq_ptr,
+                nonfinite_ptr, scale0_ptr, scale1_ptr, n_blocks, M, N, K, stride_xk, stride_xn, stride_dyk,
+                stride_dym, h, grad_scale, seed, slots_n, GUARDED_UPDATE, N_STATE, BF16_STORAGE, STATE_Q8,
+                UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT)
+    else:
+        linear_update_tile(
+            tl.program_id(0), tl.program_id(1), w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, accum_ptr, acc_out_ptr,
+            norm_sq_ptr, nonfinite_ptr, scale0_ptr, scale1_ptr, n_blocks, M, N, K, stride_xk, stride_xn,
+            stride_dyk, stride_dym, h, grad_scale, seed, slots_n, GUARDED_UPDATE, N_STATE, BF16_STORAGE,
+            STATE_Q8, UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT)
+
+
+@triton.jit
+def linear_update_tile(
+    pid_m, pid_n,
+    w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, accum_ptr, acc_out_ptr, norm_sq_ptr, nonfinite_ptr,
+    scale0_ptr, scale1_ptr, n_blocks,
+    M, N, K, stride_xk, stride_xn, stride_dyk, stride_dym,
+    h, grad_scale, seed, slots_n,
+    GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr,
+    STATE_Q8: tl.constexpr,
+    UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, HAS_ACCUM: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
+):
+    """The tile (pid_m, pid_n): mainloop, epilogue, telemetry slot (the module docstring's pseudocode)."""
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_n = pid_n * BN + tl.arange(0, BN)
 

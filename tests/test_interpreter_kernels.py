@@ -169,3 +169,20 @@ def test_8bit_regime(rule, dtype):
     from tests.kernel_cases import run_q8_case
 
     run_q8_case(rule, HYPERS[rule], dtype, 20, 200, 9, seed=4, device=CPU)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-sr"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["ieee", "bf16"])
+def test_persistent_schedule_computes_the_same_bits(precision, dtype):
+    """A persistent grid (TileConfig.persistent: 4 programs under the interpreter for 3 x 5 tiles,
+    grouped order) only changes which program computes which tile: fused == unfused == emulator."""
+    cfg = kernels.TileConfig(32, 32, 16, num_warps=4, num_stages=1, epilogue_split=2, persistent=1)
+    run_case(Case("adamw", 70, 130, 40, dtype, ADAMW, step=2, seed=9, config=cfg, with_accum=True,
+                  precision=precision), CPU)
+
+
+def test_persistent_schedule_8bit():
+    from tests.kernel_cases import run_q8_case
+
+    cfg = kernels.TileConfig(16, 128, 16, num_warps=4, num_stages=1, persistent=1)
+    run_q8_case("adamw", HYPERS["adamw"], torch.bfloat16, 40, 200, 9, seed=5, device=CPU, config=cfg)
