@@ -3,10 +3,11 @@
 * the 5,000 published H200 rows, bit for bit, and each single-feature alternative failing on them;
 * an exact rational evaluation of the model's definition, written plainly here (align, truncate,
   sum, round toward zero), on hypothesis-generated blocks and chains;
-* the targeted vectors of tests/data/tensor_core_h200/t_vectors.json, and the project's H200 run
+* the targeted vectors of tests/data/tensor_core_h200/t_vectors.json, and the project's two H200 runs
   (tests/data/tensor_core_h200/h200_run_2026-12-02.json, an excerpt of
-  bench/results/2026-12-02-h200/tensor_core_vectors.json): every vector's GPU word and every recorded
-  mismatch example replayed through the corrected model;
+  bench/results/2026-12-02-h200/tensor_core_vectors.json, and h200_run_2026-12-02-s2.json, an excerpt
+  of bench/results/2026-12-02-h200-s2/tensor_core_vectors.json): every vector's GPU word and every
+  recorded mismatch example replayed through the corrected model;
 * the proved error bound of the bf16 mainloop (proofs/tensor_core_model.md): it holds, it is not
   vacuous, and its machine check passes (and fails for a wrong bound).
 """
@@ -591,6 +592,53 @@ def test_h200_run_counts():
     assert len(run["examples"]) == 40 and {e["region"] for e in run["examples"]} == {UNDERFLOW_REGION}
 
 
+
+# the second H200 session of 2026-12-02: the same test against the corrected model, K padded to BK
+H200_RUN_2 = json.loads((DATA / "h200_run_2026-12-02-s2.json").read_text())
+
+
+def test_h200_run_2_counts():
+    """What the second run says: every vector (X12, X13 included) and every region agree with the
+    corrected model in all 8 configurations, on the first run's region inputs; so did forge_num's own
+    mainloop in each bf16 tile configuration."""
+    origin = H200_RUN_2["origin"]
+    assert origin["copied_from"] == "bench/results/2026-12-02-h200-s2/tensor_core_vectors.json"
+    assert origin["device"] == "NVIDIA H200" and origin["capability"] == "sm_90"
+    assert origin["driver"] == "580.159.04"
+    assert origin["versions"] == H200_RUN["origin"]["versions"] and len(origin["sha256"]) == 64
+    assert H200_RUN_2["configurations"] == H200_RUN["configurations"]
+    configs = H200_RUN_2["configurations"]
+    run = H200_RUN_2["t_vectors"]
+    ids = [v["id"] for v in T_VECTORS["vectors"]]
+    for key in ("expected_at_run", "status_at_run", "agrees", "alternatives_matching_gpu", "gpu", "model"):
+        assert list(run[key]) == ids, key
+    assert run["expected_at_run"] == {v["id"]: v["expected"] for v in T_VECTORS["vectors"]}
+    assert {vid for vid, s in run["status_at_run"].items() if s != "measured"} == {"X12", "X13"}
+    for vid in ids:
+        assert list(run["gpu"][vid]) == configs and list(run["model"][vid]) == configs, vid
+        words = {run["expected_at_run"][vid]}
+        assert set(run["gpu"][vid].values()) == set(run["model"][vid].values()) == words, vid
+        assert run["agrees"][vid] is True and run["alternatives_matching_gpu"][vid] == [], vid
+    assert run["gpu"]["X12"] == run["gpu"]["X13"] == dict.fromkeys(configs, "00000000")
+    assert list(run["off_diagonal_mismatches"]) == configs
+    assert not any(run["off_diagonal_mismatches"].values())
+    regions = H200_RUN_2["random_regions"]
+    assert regions["outputs_per_configuration"] == 10 * 256 * 256
+    assert regions["nan_words_seen"] == ["7fffffff"]
+    assert regions["count_fields"] == H200_RUN["random_regions"]["count_fields"]
+    assert list(regions["counts"]) == list(H200_RUN["random_regions"]["counts"])
+    for name, by_cfg in regions["counts"].items():
+        assert by_cfg == dict.fromkeys(configs, [65536, 0, 0]), name  # 0 mismatches, UNDERFLOW_REGION too
+    assert regions["gpu_nan_words"] == H200_RUN["random_regions"]["gpu_nan_words"]
+    assert regions["examples"] == []
+    own = H200_RUN_2["own_mainloop"]
+    assert own["copied_from"] == "bench/results/2026-12-02-h200-s2/junit_callA.xml"
+    # config None (default_config: the first of BF16_CONFIGS) and the 5 BF16_CONFIGS of the run
+    assert list(own["cases"])[0] == "None" and len(own["cases"]) == 6
+    assert all(c.startswith("TileConfig(BM=") for c in list(own["cases"])[1:])
+    assert set(own["cases"].values()) == {"passed"}
+
+
 @pytest.mark.parametrize("bk", [16, 32, 64])
 def test_h200_run_vectors_replayed(bk):
     """Every vector through the corrected model as the kernel runs it (K padded to BK): the GPU word."""
@@ -600,6 +648,18 @@ def test_h200_run_vectors_replayed(bk):
         c, a, b = _vector_arrays(v)
         d = tc.dot_sm90(a, b.T.copy(), c.reshape(1, 1), pad_k_to=bk)
         assert "%08x" % int(d.view(np.uint32)[0, 0]) == _run_gpu_word(v["id"]), (v["id"], bk)
+
+
+
+def test_h200_run_2_vectors_replayed():
+    """The second run's words, configuration by configuration, from the model padded to that BK."""
+    for v in T_VECTORS["vectors"]:
+        c, a, b = _vector_arrays(v)
+        for cfg, word in H200_RUN_2["t_vectors"]["gpu"][v["id"]].items():
+            bk = int(cfg.split("x")[2].split("w")[0])
+            d = tc.dot_sm90(a, b.T.copy(), c.reshape(1, 1), pad_k_to=bk)
+            model_at_run = H200_RUN_2["t_vectors"]["model"][v["id"]][cfg]
+            assert "%08x" % int(d.view(np.uint32)[0, 0]) == word == model_at_run, (v["id"], cfg)
 
 
 def test_h200_run_mismatch_examples_replayed():
