@@ -31,7 +31,9 @@ The model of one k16 instruction, d = c + sum_{k<16} a_k * b_k (bf16 a, b; fp32 
    to +-0, tiny subnormal results" exactly the 7,512 outputs per configuration (60,096 of 524,288)
    whose one instruction (K = 16) has a negative nonzero sum truncating to zero were +0 where the
    old rule said -0; nothing else in the run differed, and the corrected model reproduces the GPU
-   word of every recorded example (MEASURED_CASES["underflow_is_+0"]).
+   word of every recorded example (MEASURED_CASES["underflow_is_+0"]). A second session the same day
+   (H200_RUN_2) found no mismatch against the corrected model, and X12, X13 give +0 also where the
+   accumulator's cut value takes part (MEASURED_CASES["zero_result_with_accumulator_term"]).
 5. Specials, per instruction: a NaN operand or accumulator, a 0 x Inf product, or Inf products/c of
    both signs give NaN (0x7FFFFFFF); otherwise any Inf gives that Inf.
 
@@ -47,9 +49,12 @@ Bit layouts used here: a bf16 word is the upper half of the fp32 word with the s
 15, exponent bits 14..7, fraction bits 6..0); everything is done on int64 integers so that no float
 rounding happens on the way, and the result's fp32 word is assembled from integer fields.
 
-``MEASURED_CASES`` lists the behaviours beyond the published rows' range that the project's H200
-run settled, each with its vectors, regions and counts; ``UNMEASURED_CASES`` lists what no
-measurement has exercised yet. tests/test_gpu_tensor_core.py is the run that settles them.
+``MEASURED_CASES`` lists the behaviours beyond the published rows' range that the project's two H200
+runs settled, each with its vectors, regions and counts (the second, ``H200_RUN_2``, repeated the
+first against the corrected model with no mismatch and settled X12, X13: a zero result in which the
+accumulator takes part is +0 as well); ``UNMEASURED_CASES`` lists what no measurement has exercised
+yet: now only the scope (other parts, drivers and instruction paths). tests/test_gpu_tensor_core.py
+is the run that settles them.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ __all__ = [
     "MEASURED_CASES",
     "UNMEASURED_CASES",
     "H200_RUN",
+    "H200_RUN_2",
     "ARCH_MODELS",
     "NoVerifiedModelError",
     "block_fma_sm90",
@@ -102,13 +108,27 @@ H200_RUN = (
     "bench/results/2026-12-02-h200/tensor_core_vectors.json (2026-12-02, NVIDIA H200 sm_90, driver "
     "580.159.04, torch 2.11.0+cu130, triton 3.6.0)"
 )
+# The second H200 session of the same day (same device, driver and versions; code at commit bc223f0):
+# the same test against the corrected model, K padded to each BK, on all 32 vectors (X12, X13 added)
+# and the same 10 regions (same seed, same inputs): every vector's word = model in all 8
+# configurations, 0 mismatches in all 5,242,880 random outputs; and the 32 vectors as one problem
+# through forge_num's own kernel (kernels.linear_mainloop, the fused kernel's mainloop from the
+# accumulation buffer) with each of the 5 BF16_CONFIGS tile shapes, every output = model. The tests
+# use a copy: tests/data/tensor_core_h200/h200_run_2026-12-02-s2.json.
+H200_RUN_2 = (
+    "bench/results/2026-12-02-h200-s2/tensor_core_vectors.json (2026-12-02, second session, NVIDIA H200 "
+    "sm_90, driver 580.159.04, torch 2.11.0+cu130, triton 3.6.0)"
+)
 
 # Behaviours outside what the 5,000 published H200 rows exercise (they hold no zeros, subnormals or
-# specials, exponents 2^-16..2^2 only) that the H200 run settled. Each entry: the assumption as the
+# specials, exponents 2^-16..2^2 only) that the H200 runs settled. Each entry: the assumption as the
 # model implements it, the vectors (GPU word = model word in all 8 configurations) and regions
 # (0 mismatches in all 8 configurations, the zero signs corrected) that exercise it, and the
-# counts. Instruction counts in the regions come from regenerating the regions' inputs on CPU from
-# the test's seed (the 40 recorded examples are reproduced exactly), see proofs/tensor_core_model.md.
+# counts. The counts are the first run's; the second run (H200_RUN_2) repeated every vector and
+# region (the same inputs) against the corrected model and matched all of them, and it alone measured
+# X12 and X13 ("zero_result_with_accumulator_term"). Instruction counts in the regions come from
+# regenerating the regions' inputs on CPU from the test's seed (the 40 recorded examples are
+# reproduced exactly), see proofs/tensor_core_model.md.
 _FLOOR_REGION = "bf16 subnormals, the floor, fp32 subnormal results"
 _UNDERFLOW_REGION = "underflow to +-0, tiny subnormal results"
 MEASURED_CASES: dict[str, dict] = {
@@ -256,33 +276,48 @@ MEASURED_CASES: dict[str, dict] = {
         "evidence": (
             "no mismatch in 9 of the 10 regions and none but the corrected zero signs in the 10th "
             "(K = 16 to 64: chains of 1 to 4 instructions over BK = 16, 32, 64 tiles), in all 8 "
-            "configurations, A direct and through tl.trans (the dW kernel's shape); the PTX/SASS the "
-            "run executed was not recorded"
+            "configurations, A direct and through tl.trans (the dW kernel's shape); the second run: 0 "
+            "mismatches in all 10 regions against the corrected model, and all 32 vectors through "
+            "forge_num's own mainloop (kernels.linear_mainloop: the fused kernel's, from the accumulation "
+            "buffer, tl.trans of the dY tile, zero-filled K tail) equal to the model in each of the 5 "
+            "BF16_CONFIGS tile shapes; the PTX/SASS the runs executed was not recorded"
         ),
     },
-}
-
-# What no measurement has exercised. The model's prediction stands there untested.
-UNMEASURED_CASES: dict[str, dict] = {
     "zero_result_with_accumulator_term": {
         "assumption": (
             "an exact zero or an underflow to zero in which the accumulator's cut value q(c) is nonzero "
             "gives +0, as it does for products alone"
         ),
         "vectors": ("X12", "X13"),
-        "why": (
-            "in the H200 run every one of the 7,512 + 7,402 underflows and 23,876 + 22 exact zeros had "
-            "c = +-0, and T11's c = 1 is cut to 0 on its 2^175 grid"
+        "regions": (),
+        "evidence": (
+            "second run only: GPU = model = 00000000 on X12 (q(c) = 2^-126 with products -2^-126 and "
+            "-2^-150: a sum of -2^-150 truncating to zero; the signed-zero alternative: 80000000) and "
+            "X13 (c = -1 cancelled exactly by a product +1) in all 8 configurations, and through "
+            "kernels.linear_mainloop in each of the 5 BF16_CONFIGS tile shapes; no random region has "
+            "such an instruction (by the analysis of the regions' inputs, the same in both runs, every "
+            "underflow and exact zero there, 7,512 + 7,402 and 23,876 + 22 per configuration, has "
+            "c = +-0), so X12 and X13 alone pin it"
         ),
     },
+}
+
+# What no measurement has exercised. The model's prediction stands there untested.
+UNMEASURED_CASES: dict[str, dict] = {
     "other_parts_and_paths": {
         "assumption": "sm_90 means this model: on other sm_90 parts, drivers and instruction paths too",
         "vectors": (),
         "why": (
-            "measured on one H200 (driver 580.159.04, triton 3.6.0) through Triton tl.dot in 8 tile "
-            "configurations only: not on an H100, not for BM < 64 or other warp counts, not through "
-            "cuBLAS or hand-written wgmma/mma.sync; the PTX of the run was not captured; NaN payloads "
-            "other than those tried"
+            "measured on one H200 (driver 580.159.04, torch 2.11.0+cu130, triton 3.6.0), in two sessions "
+            "of 2026-12-02, through Triton tl.dot only: the test kernel in 8 tile configurations (BM x BN "
+            "x BK warps 64x64x64 w4, 128x128x64 w8, 128x64x32 w4, 64x64x16 w4, A direct and through "
+            "tl.trans) and, in the second run, forge_num's own mainloop (kernels.linear_mainloop) in the "
+            "5 BF16_CONFIGS tile shapes (128x64x64 w8 and w4, 64x128x64 w4, 64x64x64 w4, 64x128x32 w8) "
+            "on the 32 targeted vectors (the random regions went through the test kernel only; random "
+            "data through the fused kernel is tests/test_gpu_exactness.py's); not on an H100 or another "
+            "H200, driver or Triton version, not for BM < 64 or tile shapes outside these, not through "
+            "cuBLAS or hand-written wgmma/mma.sync; the PTX/SASS of the runs was not captured, so which "
+            "instructions ran is inferred; NaN payloads other than those tried"
         ),
     },
 }
