@@ -5,8 +5,9 @@ with ``a`` either loaded directly ([BM, BK] tiles) or, as in the dW kernel (dW =
 [BK, BM] tile of aᵀ and transposed with ``tl.trans``. Inputs:
 
 * the targeted vectors of tests/data/tensor_core_h200/t_vectors.json (T1-T16, X1-X13), one k16
-  instruction each; the table printed settles the `unmeasured` ones (X12, X13: the H200 run of
-  2026-12-02, bench/results/2026-12-02-h200/, measured the others and corrected T13 to +0).
+  instruction each; the table printed settles any `unmeasured` ones (none left: the first H200 run
+  of 2026-12-02, bench/results/2026-12-02-h200/, measured T1-T16, X1-X11 and corrected T13 to +0;
+  the second, bench/results/2026-12-02-h200-s2/, measured all 32, X12 and X13 included).
   With BK > 16 the kernel runs BK/16 instructions per tile, the ones after the vector's on zeros;
   the model is padded the same way (``dot_sm90(..., pad_k_to=BK)``), which changes no word since no
   instruction outputs -0 (T13) or a non-canonical NaN;
