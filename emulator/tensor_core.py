@@ -315,8 +315,9 @@ UNMEASURED_CASES: dict[str, dict] = {
             "5 BF16_CONFIGS tile shapes (128x64x64 w8 and w4, 64x128x64 w4, 64x64x64 w4, 64x128x32 w8) "
             "on the 32 targeted vectors (the random regions went through the test kernel only; random "
             "data through the fused kernel is tests/test_gpu_exactness.py's); not on an H100 or another "
-            "H200, driver or Triton version, not for BM < 64 or tile shapes outside these, not through "
-            "cuBLAS or hand-written wgmma/mma.sync; the PTX/SASS of the runs was not captured, so which "
+            "H200, driver or Triton version, not for BM < 64 or tile shapes outside these, not with the "
+            "persistent grid (TileConfig.persistent > 0, added after the runs), not through cuBLAS or "
+            "hand-written wgmma/mma.sync; the PTX/SASS of the runs was not captured, so which "
             "instructions ran is inferred; NaN payloads other than those tried"
         ),
     },
