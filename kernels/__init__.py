@@ -89,7 +89,7 @@ class TileConfig:
     BK: int
     num_warps: int = 4
     num_stages: int = 3
-    epilogue_split: int = 1  # the epilogue runs on this many column sub-tiles (1, 2 or 4)
+    epilogue_split: int = 1  # the epilogue runs on this many column sub-tiles (8bit regime: row sub-tiles)
     persistent: int = 0  # 0: one program per tile; n > 0: n programs per SM, each looping over tiles
 
     def __post_init__(self):
@@ -123,10 +123,11 @@ BF16_CONFIGS = (
     TileConfig(64, 128, 32, num_warps=8, num_stages=4, epilogue_split=4),
 )
 INTERPRETER_CONFIG = TileConfig(32, 32, 16, num_warps=4, num_stages=1, epilogue_split=2)
-# 8bit regime: the epilogue needs whole quantization blocks, so BN is a multiple of QBLOCK and the
-# epilogue is not split; the tiles are short so that it fits in registers without spills
-# (python -m bench.registers --precision 8bit: 64x128 spilled 532 B per thread, these none; not yet
-# timed).
+# 8bit regime: the epilogue needs whole quantization blocks, so BN is a multiple of QBLOCK, and an
+# epilogue split is by rows. The tiles are short so that the epilogue fits in registers without
+# spills (python -m bench.registers --precision 8bit: an unsplit 64x128 spilled 532 B per thread,
+# these none). Timed on the H200 at 0.14-0.25x the unfused step (2026-12-02): taller tiles with a
+# row-split epilogue are benchmark candidates (bench/kernels.py Q8_CANDIDATES) until measured.
 Q8_CONFIGS = {
     torch.bfloat16: (TileConfig(32, 128, 64, num_warps=8, num_stages=3), TileConfig(16, 128, 64, num_warps=4, num_stages=3)),
     torch.float32: (TileConfig(16, 128, 16, num_warps=4, num_stages=2),),
@@ -297,8 +298,8 @@ def _launch_linear(
             config = INTERPRETER_Q8_CONFIG if _interpreting() else Q8_CONFIGS[x.dtype][0]
         else:
             config = INTERPRETER_CONFIG if _interpreting() else default_config(M, N, K, x.dtype, bf16)
-    if q8 and (config.BN % QBLOCK or config.epilogue_split != 1):
-        raise ValueError(f"the 8bit regime needs BN a multiple of {QBLOCK} and epilogue_split=1, got {config}")
+    if q8 and config.BN % QBLOCK:
+        raise ValueError(f"the 8bit regime needs BN a multiple of {QBLOCK} (its epilogue splits rows), got {config}")
     norm_sq, nonfinite, slots_n = _telemetry_buffers(M, N, device)
     dummy = norm_sq  # any tensor: pointers of absent operands are never dereferenced
     if q8:

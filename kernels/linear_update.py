@@ -160,13 +160,46 @@ def linear_update_tile(
 
     if STATE_Q8:
         # 8bit regime: the epilogue needs whole quantization blocks (QBLOCK elements of a row), so
-        # it runs on the whole tile, whose width is a multiple of QBLOCK.
-        tl.static_assert(EPILOGUE_SPLIT == 1, "the 8bit regime runs its epilogue on the whole tile")
+        # the tile's width is a multiple of QBLOCK and the epilogue is split by *rows*: EPILOGUE_SPLIT
+        # row sub-tiles of [BM / EPILOGUE_SPLIT, BN], each holding whole blocks. Rows are independent
+        # (a block's scale comes from its own row), so the split changes no bit of W, codes or scales.
         if STORE_ACC:
             tl.store(acc_out_ptr + offs, g, mask=in_tile)
-        finite = update_in_place_q8(w_ptr, s0_ptr, scale0_ptr, s1_ptr, scale1_ptr, n_blocks, offs_m, offs_n,
-                                    M, N, g, h, grad_scale, seed, GUARDED_UPDATE, N_STATE)
-        norm_sq, nonfinite = tile_telemetry(g, in_tile, finite)
+        if EPILOGUE_SPLIT == 1:
+            norm_sq, nonfinite = update_rows_q8(
+                g, offs_m, offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr, scale1_ptr, n_blocks, h, grad_scale,
+                seed, GUARDED_UPDATE, N_STATE)
+        elif EPILOGUE_SPLIT == 2:
+            g0, g1 = row_halves(g, BM, BN)
+            R: tl.constexpr = BM // 2
+            n0, f0 = update_rows_q8(
+                g0, pid_m * BM + tl.arange(0, R), offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr, scale1_ptr,
+                n_blocks, h, grad_scale, seed, GUARDED_UPDATE, N_STATE)
+            n1, f1 = update_rows_q8(
+                g1, pid_m * BM + R + tl.arange(0, R), offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr,
+                scale1_ptr, n_blocks, h, grad_scale, seed, GUARDED_UPDATE, N_STATE)
+            norm_sq = n0 + n1
+            nonfinite = f0 + f1
+        else:
+            tl.static_assert(EPILOGUE_SPLIT == 4, "EPILOGUE_SPLIT must be 1, 2 or 4")
+            gt, gb = row_halves(g, BM, BN)
+            g0, g1 = row_halves(gt, BM // 2, BN)
+            g2, g3 = row_halves(gb, BM // 2, BN)
+            Rq: tl.constexpr = BM // 4
+            n0, f0 = update_rows_q8(
+                g0, pid_m * BM + tl.arange(0, Rq), offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr, scale1_ptr,
+                n_blocks, h, grad_scale, seed, GUARDED_UPDATE, N_STATE)
+            n1, f1 = update_rows_q8(
+                g1, pid_m * BM + Rq + tl.arange(0, Rq), offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr,
+                scale1_ptr, n_blocks, h, grad_scale, seed, GUARDED_UPDATE, N_STATE)
+            n2, f2 = update_rows_q8(
+                g2, pid_m * BM + 2 * Rq + tl.arange(0, Rq), offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr,
+                scale1_ptr, n_blocks, h, grad_scale, seed, GUARDED_UPDATE, N_STATE)
+            n3, f3 = update_rows_q8(
+                g3, pid_m * BM + 3 * Rq + tl.arange(0, Rq), offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr,
+                scale1_ptr, n_blocks, h, grad_scale, seed, GUARDED_UPDATE, N_STATE)
+            norm_sq = (n0 + n1) + (n2 + n3)
+            nonfinite = (f0 + f1) + (f2 + f3)
     # The epilogue runs on EPILOGUE_SPLIT column sub-tiles of [BM, BN / EPILOGUE_SPLIT], one after
     # the other: W, S0 and S1 of a whole tile next to the accumulator do not fit in registers
     # (ptxas spills kilobytes per thread at 128x128), a quarter of them does. Element-wise, so the
@@ -215,6 +248,24 @@ def linear_update_tile(
 def column_halves(x, BM: tl.constexpr, BN: tl.constexpr):
     """x[:, :BN/2], x[:, BN/2:] of a [BM, BN] tile (reshape to [BM, 2, BN/2], move the 2 last, split)."""
     return tl.split(tl.permute(tl.reshape(x, (BM, 2, BN // 2)), (0, 2, 1)))
+
+
+@triton.jit
+def row_halves(x, BM: tl.constexpr, BN: tl.constexpr):
+    """x[:BM/2, :], x[BM/2:, :] of a [BM, BN] tile (reshape to [2, BM/2, BN], move the 2 last, split)."""
+    return tl.split(tl.permute(tl.reshape(x, (2, BM // 2, BN)), (1, 2, 0)))
+
+
+@triton.jit
+def update_rows_q8(
+    g, offs_m, offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h, grad_scale, seed,
+    GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr,
+):
+    """The 8bit epilogue on a row sub-tile of whole blocks; (Σ g² in fp64, non-finite count) over it."""
+    in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    finite = update_in_place_q8(w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, offs_m, offs_n, M, N,
+                                g, h, grad_scale, seed, GUARDED_UPDATE, N_STATE)
+    return tile_telemetry(g, in_tile, finite)
 
 
 @triton.jit

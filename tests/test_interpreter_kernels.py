@@ -186,3 +186,14 @@ def test_persistent_schedule_8bit():
 
     cfg = kernels.TileConfig(16, 128, 16, num_warps=4, num_stages=1, persistent=1)
     run_q8_case("adamw", HYPERS["adamw"], torch.bfloat16, 40, 200, 9, seed=5, device=CPU, config=cfg)
+
+
+@pytest.mark.parametrize("split", [2, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["ieee", "bf16"])
+def test_8bit_row_split_epilogue(split, dtype):
+    """The 8bit epilogue split into row sub-tiles of whole quantization blocks (rows past M, N not a
+    multiple of the block, a non-finite gradient element): the same bits as the emulator."""
+    from tests.kernel_cases import run_q8_case
+
+    cfg = kernels.TileConfig(32, 128, 16, num_warps=4, num_stages=1, epilogue_split=split)
+    run_q8_case("adamw", HYPERS["adamw"], dtype, 45, 200, 9, seed=6, device=CPU, config=cfg)
