@@ -53,7 +53,9 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 if os.path.dirname(_HERE) not in sys.path:
     sys.path.insert(0, os.path.dirname(_HERE))
 
-METHODS = ["forge", "torch_adamw", "torch_hooks", "bnb_adamw8bit", "ao_adamw8bit", "flashoptim"]
+METHODS = ["forge", "forge_bf16sr", "forge_8bit", "torch_adamw", "torch_hooks", "bnb_adamw8bit", "ao_adamw8bit",
+           "flashoptim"]
+FORGE_PRECISION = {"forge": "fp32", "forge_bf16sr": "bf16-sr", "forge_8bit": "8bit"}
 HYPER = {"lr": 1e-4, "weight_decay": 0.01}
 GIB = 1024**3
 
@@ -83,6 +85,8 @@ MODELS = {
 FLOOR = {
     #                W      S      G      C    params dtype
     "forge":        (4.0, 8.0, 0.0, 0.0, "fp32"),  # dW never materialized (linear weights)
+    "forge_bf16sr": (2.0, 4.0, 0.0, 0.0, "bf16"),  # bf16 W, m, v (stochastic rounding)
+    "forge_8bit":   (2.0, 2.0625, 0.0, 0.0, "bf16"),  # bf16 W; 8-bit m, v + an fp32 scale per 128
     "torch_adamw":  (4.0, 8.0, 4.0, 2.0, "fp32"),
     "torch_hooks":  (4.0, 8.0, 0.0, 2.0, "fp32"),
     "bnb_adamw8bit": (2.0, 2.0, 2.0, 0.0, "bf16"),  # two 8-bit states (+ fp32 block absmax, ~0.03)
@@ -140,12 +144,13 @@ def predict_peak_bytes(cfg: dict, method: str, batch: int, seq: int, checkpointi
     resid = 4 * h if dt == "fp32" else 2 * h
     act = T * (L * resid + full_layer) if checkpointing else T * L * full_layer
     cache = c * n["linear"]
-    if method == "forge":
-        # fused linears hold no bf16 copy; a tied LM head is an ordinary autocast linear
-        cache = 2.0 * n["embed"] if cfg.get("tie_word_embeddings") else 0.0
+    if method in FORGE_PRECISION:
+        # fused linears hold no bf16 copy; a tied LM head is an ordinary autocast linear (fp32 regime)
+        cache = 2.0 * n["embed"] if cfg.get("tie_word_embeddings") and dt == "fp32" else 0.0
     logits = 12.0 * T * V
     fwd = (w + s) * n["total"] + cache + act + logits
-    released = {"forge": 4.0, "torch_hooks": 4.0, "flashoptim": 2.0}.get(method, 0.0) * n["embed"]
+    released = {"forge": 4.0, "forge_bf16sr": 2.0, "forge_8bit": 2.0, "torch_hooks": 4.0,
+                "flashoptim": 2.0}.get(method, 0.0) * n["embed"]
     bwd = (w + s + g) * n["total"] + released
     return max(fwd, bwd)
 
@@ -197,12 +202,15 @@ def _setup(method: str, model, cuda: bool):
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]
-    if method == "forge":
+    if method in FORGE_PRECISION:
         import forge_num
 
-        opt = forge_num.AdamW(params, max_grad_norm=None, **HYPER)
+        precision = FORGE_PRECISION[method]
+        opt = forge_num.AdamW(params, max_grad_norm=None, precision=precision, seed=0, **HYPER)
         forge_num.prepare(model, opt)
-        return torch.bfloat16, opt.step  # step(): bookkeeping only, every parameter was updated
+        # step(): bookkeeping only, every parameter was updated in backward. fp32 weights train under
+        # autocast; the bf16 regimes' model is bf16 already
+        return (torch.bfloat16 if precision == "fp32" else None), opt.step
     if method == "torch_adamw":
         opt = torch.optim.AdamW(params, fused=True, **HYPER)
 

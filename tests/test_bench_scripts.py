@@ -34,7 +34,7 @@ def _run(script, *args, env_extra=None):
 def test_train_step_tiny(tmp_path):
     out = tmp_path / "train_step.json"
     proc = _run("train_step.py", "--tiny", "--checkpointing", "on",
-                "--methods", "forge,torch_adamw,torch_hooks,bnb_adamw8bit,ao_adamw8bit,flashoptim",
+                "--methods", "forge,forge_bf16sr,forge_8bit,torch_adamw,torch_hooks,bnb_adamw8bit,ao_adamw8bit,flashoptim",
                 "--out", str(out), env_extra={"BENCH_HIDE_MODULES": "bitsandbytes"})
     data = json.loads(out.read_text())
     meta = data["meta"]
@@ -43,14 +43,14 @@ def test_train_step_tiny(tmp_path):
     assert meta["device"] == "cpu" and meta["gpu"] is None
     assert meta["floor_bytes_per_param"]["torch_adamw"] == 16 and meta["floor_bytes_per_param"]["forge"] == 12
     rows = {r["method"]: r for r in data["rows"]}
-    assert list(rows) == ["forge", "torch_adamw", "torch_hooks", "bnb_adamw8bit", "ao_adamw8bit",
-                          "flashoptim"]
+    assert list(rows) == ["forge", "forge_bf16sr", "forge_8bit", "torch_adamw", "torch_hooks", "bnb_adamw8bit",
+                          "ao_adamw8bit", "flashoptim"]
     for r in data["rows"]:
         for key in ("model", "batch", "seq", "tokens", "checkpointing", "status", "reason", "n_params",
                     "predicted_peak_gib"):
             assert key in r, (r["method"], key)
         assert r["checkpointing"] is True and r["tokens"] == r["batch"] * r["seq"]
-    for m in ("forge", "torch_adamw", "torch_hooks"):
+    for m in ("forge", "forge_bf16sr", "forge_8bit", "torch_adamw", "torch_hooks"):
         r = rows[m]
         assert r["status"] == "ok", r
         assert r["peak_gib"] is None  # no allocator peak on the CPU: n/a, not a made-up number
