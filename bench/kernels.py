@@ -48,24 +48,10 @@ def measure_ceilings() -> dict:
     return {"bf16_flops": 2 * 8192**3 / t_mm, "copy_bytes_per_s": 2 * src.numel() * 4 / t_cp}
 
 
-# Timed beside the library's configurations but not yet among them (each configuration the
-# launcher may pick must first pass the exactness tests): 128x128 tiles with a 4-way split epilogue,
-# whose ptxas report for AdamW is 255 registers and a 12-byte spill (python -m bench.registers), and
-# persistent grids (ptxas: 340 B of spills for 64x128 with 2 programs per SM, 236 B for 128x128).
-CANDIDATES = (
-    kernels.TileConfig(128, 128, 64, num_warps=8, num_stages=3, epilogue_split=4),
-    kernels.TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4),
-    kernels.TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, persistent=2),
-    kernels.TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, persistent=1),
-)
-
-# 8bit regime: taller tiles with the epilogue split into row sub-tiles of whole quantization blocks
-# (ptxas, AdamW: 64x128 with 8 warps and 2 row halves, no spill; 128x128 with 4 quarters, 204 B).
-# The library's 32x128 and 16x128 tiles re-read X M/BM times, which dominates at large K.
-Q8_CANDIDATES = (
-    kernels.TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=2),
-    kernels.TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4),
-)
+# Timed beside the library's configurations: kernels.CANDIDATE_CONFIGS / CANDIDATE_Q8_CONFIGS
+# (not picked by the launcher until measured faster and verified; their comment says why each).
+CANDIDATES = kernels.CANDIDATE_CONFIGS
+Q8_CANDIDATES = kernels.CANDIDATE_Q8_CONFIGS
 
 # Bytes per weight element that the update must read and write at least, by regime: W, m, v read
 # and written once (8bit: codes, plus one fp32 scale per QBLOCK elements for each state).

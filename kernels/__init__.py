@@ -135,6 +135,25 @@ Q8_CONFIGS = {
 INTERPRETER_Q8_CONFIG = TileConfig(16, 128, 16, num_warps=4, num_stages=1)
 
 
+# Candidates: configurations the launcher never picks. bench/kernels.py times them beside the ones
+# above and tests/test_gpu_exactness.py::test_candidate_configs checks their bits on the GPU; one is
+# promoted into the lists above once it is measured faster and verified.
+#   bf16, fp32 or bf16-sr storage: 128x128 tiles with a 4-way split epilogue (ptxas, AdamW: 255
+#   registers, a 12-byte spill), and persistent grids (236-340 B of spills).
+#   8bit: taller tiles with the epilogue split into row sub-tiles of whole quantization blocks
+#   (64x128 with 8 warps and two row halves: no spill; 128x128 with four quarters: 204 B).
+CANDIDATE_CONFIGS = (
+    TileConfig(128, 128, 64, num_warps=8, num_stages=3, epilogue_split=4),
+    TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4),
+    TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, persistent=2),
+    TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, persistent=1),
+)
+CANDIDATE_Q8_CONFIGS = (
+    TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=2),
+    TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4),
+)
+
+
 def configs_for(input_dtype: torch.dtype) -> tuple[TileConfig, ...]:
     return IEEE_CONFIGS if input_dtype == torch.float32 else BF16_CONFIGS
 

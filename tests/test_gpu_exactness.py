@@ -12,7 +12,7 @@ import os
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from forge_num import kernels, rules
@@ -127,3 +127,30 @@ def test_8bit_regime(rule, dtype, data):
                 seed=data.draw(st.integers(0, 2**20)), device=CUDA,
                 config=data.draw(st.sampled_from(kernels.Q8_CONFIGS[dtype])), step=data.draw(st.integers(1, 50)))
     _record(f"8bit/{rule}/{'ieee' if dtype == torch.float32 else 'bf16'}", True)
+
+
+CANDIDATES = [("linear", c) for c in kernels.CANDIDATE_CONFIGS] + [("8bit", c) for c in kernels.CANDIDATE_Q8_CONFIGS]
+
+
+@pytest.mark.parametrize("regime,config", CANDIDATES, ids=[f"{r}-{c}" for r, c in CANDIDATES])
+@settings(max_examples=40)
+@given(data=st.data())
+def test_candidate_configs(regime, config, data):
+    """The benchmark's candidate tiles (bigger tiles, persistent grids, the 8bit row-split epilogue)
+    compute the same bits as the unfused path and the emulator, in every regime they can run, so that
+    a measured winner can be promoted into the launcher's lists."""
+    from tests.kernel_cases import run_q8_case
+
+    rule = data.draw(st.sampled_from(sorted(rules.RULES)))
+    hyper = data.draw(HYPER[rule])
+    # up to 2-3 tiles a side, so that persistent programs walk several tiles and groups
+    M, N, K = data.draw(st.integers(1, 260)), data.draw(st.integers(1, 260)), data.draw(st.integers(0, 140))
+    step, seed = data.draw(st.integers(1, 50)), data.draw(st.integers(0, 2**20))
+    if regime == "8bit":
+        run_q8_case(rule, hyper, torch.bfloat16, M=M, N=N, K=K, seed=seed, device=CUDA, config=config, step=step)
+        return
+    precision = data.draw(st.sampled_from(["fp32", "bf16-sr"]))
+    run_case(Case(rule=rule, M=M, N=N, K=K, dtype=torch.bfloat16, hyper=hyper, step=step, seed=seed, config=config,
+                  with_accum=data.draw(st.booleans()), transpose_inputs=data.draw(st.booleans()),
+                  bad_rows=data.draw(st.sampled_from([0, 0, 2])), precision=precision), CUDA)
+

@@ -197,3 +197,17 @@ def test_8bit_row_split_epilogue(split, dtype):
 
     cfg = kernels.TileConfig(32, 128, 16, num_warps=4, num_stages=1, epilogue_split=split)
     run_q8_case("adamw", HYPERS["adamw"], dtype, 45, 200, 9, seed=6, device=CPU, config=cfg)
+
+
+@pytest.mark.parametrize("config", kernels.CANDIDATE_CONFIGS, ids=str)
+def test_candidate_configs(config):
+    """The benchmark's candidate tiles (kernels.CANDIDATE_CONFIGS) compute the emulator's bits."""
+    run_case(Case("adamw", 150, 140, 20, torch.bfloat16, ADAMW, step=2, seed=5, config=config, with_accum=True,
+                  bad_rows=2), CPU)
+
+
+@pytest.mark.parametrize("config", kernels.CANDIDATE_Q8_CONFIGS, ids=str)
+def test_candidate_q8_configs(config):
+    from tests.kernel_cases import run_q8_case
+
+    run_q8_case("adamw", HYPERS["adamw"], torch.bfloat16, 150, 260, 20, seed=3, device=CPU, config=config)
