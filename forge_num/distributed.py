@@ -18,6 +18,11 @@ SequenceParallel, on a 1-D device mesh). ``forge_num.prepare(model, opt)`` after
   are added; declare it (``ColwiseParallel(input_layouts=Shard(1))``, as torch's tutorials do) and
   torch's own layers do the same. Left to DTensor's implicit dispatch, torch would add the Partial
   grads first and reduce once: the same sum associated differently (proofs/distributed.md §1).
+* Under ``torch.autocast`` the sharded fused layer computes as the unsharded one (forge_num/fused.py):
+  its local output and dX in the autocast dtype, as ``F.linear`` would, and the local dW in fp32
+  from the low-precision X and dY, never rounded to bf16. A Rowwise bias is added to the reduced
+  output in the autocast dtype; torch's own tensor-parallel forward under autocast rounds that sum
+  differently (one bf16 ulp was seen), so there the two forwards are not bitwise equal.
 * Every other parameter is updated in its post-accumulate-grad hook, on its local shard. A gradient
   that DTensor leaves ``Partial`` (a replicated norm weight under SequenceParallel, whose gradient is a
   sum over the sequence shards) is first reduced to the parameter's placements (``local_grad``: one
@@ -89,8 +94,7 @@ Not supported yet (errors say so where they can): under FSDP2, the stochastic re
 given, here the local shard, so the bits would depend on the number of ranks; proofs/distributed.md
 §6), a 2-D mesh (HSDP, FSDP2 x tensor parallelism), parameters outside every ``fully_shard`` unit,
 and exact clipping with FSDP2's ``set_requires_gradient_sync(False)``; a fused tensor-parallel layer
-called twice in one step, autocast in tensor-parallel fused layers, transformers' Conv1D under tensor
-parallelism, 2-D meshes (TP x DP), and the stochastic regimes on any sharded parameter (refused
+called twice in one step, transformers' Conv1D under tensor parallelism, 2-D meshes (TP x DP), and the stochastic regimes on any sharded parameter (refused
 when the optimizer is built: the same local-index counters, proofs/distributed.md §6).
 """
 
@@ -141,23 +145,32 @@ class _ShardedFusedLinearFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, anchor, bias, w_local, param, layer, use):
-        out = F.linear(x, w_local, bias)
-        ctx.save_for_backward(x, w_local)
-        ctx.param, ctx.layer, ctx.use = param, layer, use
+        # under autocast as the unsharded fused layer (fused.py): output and dX in the autocast dtype,
+        # as F.linear computes them; dW in fp32 from the low-precision x and dy, never rounded
+        from forge_num.fused import _autocast_dtype
+
+        dt = _autocast_dtype(x.device.type)
+        xc, wc, bc = (x.to(dt), w_local.to(dt), bias.to(dt) if bias is not None else None) if dt else (x, w_local, bias)
+        with torch.autocast(x.device.type, enabled=False):
+            out = F.linear(xc, wc, bc)
+        ctx.save_for_backward(xc, w_local)
+        ctx.param, ctx.layer, ctx.use, ctx.dt, ctx.x_dtype = param, layer, use, dt, x.dtype
         ctx.has_bias = bias is not None
         return out
 
     @staticmethod
     def backward(ctx, dy):
         x, w = ctx.saved_tensors
-        layer, use = ctx.layer, ctx.use
+        layer, use, dt = ctx.layer, ctx.use, ctx.dt
         opt = layer.opt
         x2 = x.reshape(-1, x.shape[-1])
         dy2 = dy.reshape(-1, dy.shape[-1])
+        if dt is not None and dy2.dtype != dt:
+            dy2 = dy2.to(dt)
         dx = None
         if ctx.needs_input_grad[0]:  # with the pre-update weight shard
-            dx = torch.mm(dy2, w).view(*x.shape[:-1], -1)
-        db = dy2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+            dx = torch.mm(dy2, w.to(dt) if dt is not None else w).view(*x.shape[:-1], -1).to(ctx.x_dtype)
+        db = dy2.sum(0).to(torch.float32) if ctx.has_bias and ctx.needs_input_grad[2] else None
         if layer.materialize(use):
             raise NotImplementedError(
                 "forge_num: a tensor-parallel fused Linear was used twice in one step; not supported yet"
@@ -172,8 +185,6 @@ def sharded_linear_forward(module: nn.Module, input, layer):
     """The forward of a fused ``nn.Linear`` whose weight is a DTensor (called by fused.py)."""
     if layer.layout != "linear":
         raise NotImplementedError("forge_num: tensor parallelism for nn.Linear only (not Conv1D)")
-    if torch.is_autocast_enabled(input.device.type):
-        raise NotImplementedError("forge_num: tensor-parallel fused layers run in fp32 (no autocast) for now")
     weight, bias = module.weight, module.bias
     wp = _one_placement(weight)
     mesh = weight.device_mesh
@@ -197,8 +208,8 @@ def sharded_linear_forward(module: nn.Module, input, layer):
     w_local = weight.detach().to_local()
     out_local = _ShardedFusedLinearFn.apply(x_local, anchor, b_local, w_local, weight, layer, layer.new_use())
     out = DTensor.from_local(out_local, mesh, [out_place], run_check=False)
-    if b_after is not None:
-        out = out + b_after
+    if b_after is not None:  # autocast: added in the autocast dtype, as F.linear adds its bias
+        out = out + (b_after.to(out.dtype) if torch.is_autocast_enabled(input.device.type) else b_after)
     return out
 
 
