@@ -39,6 +39,7 @@ def compile_ptx(cfg: kernels.TileConfig, rule: rules.Rule, dtype: str, precision
            "accum_ptr": "*fp32", "acc_out_ptr": "*fp32", "norm_sq_ptr": "*fp64", "nonfinite_ptr": "*i32",
            "scale0_ptr": "*fp32", "scale1_ptr": "*fp32", "n_blocks": "i32", "M": "i32", "N": "i32", "K": "i32", "stride_xk": "i32", "stride_xn": "i32", "stride_dyk": "i32",
            "stride_dym": "i32", "h": tuple("fp32" for _ in rule.scalar_names), "grad_scale": "fp32", "seed": "u64",
+           "rand_stride": "i32", "rand_base": "i64",
            "slots_n": "i32"}
     const = {"stride_xn": 1, "stride_dym": 1, "GUARDED_UPDATE": guarded_update_jit(rule), "N_STATE": len(rule.state), "BF16_STORAGE": precision == "bf16-sr", "STATE_Q8": precision == "8bit",
              "UPDATE": True, "STORE_ACC": False, "HAS_ACCUM": False,

@@ -57,6 +57,7 @@ def emulate(
     store_acc: bool = False,
     arch: str = "sm_90",
     seed: int | None = None,
+    counter=None,
 ) -> LinearUpdateResult:
     """What the fused kernel writes for W [M, N], X [K, N], dY [K, M] and the rule's state.
 
@@ -65,7 +66,9 @@ def emulate(
     encodings, each state a (codes, scales) pair of emulator/quant8.py). ``x``/``dy`` as float32 select the fp32 "ieee" mainloop; as uint16 arrays of bf16 bit patterns,
     the bf16 tensor-core mainloop of ``arch``. The per-step scalars are ``h`` if given, else
     ``rule.scalars(hyper, step)``. ``weight=None`` runs the mainloop only (store_acc gives dW).
-    ``tile`` is (BM, BN, BK) of the kernel configuration being mirrored.
+    ``tile`` is (BM, BN, BK) of the kernel configuration being mirrored. ``counter``: the Philox
+    counters of the weight's elements (philox.CounterMap; default their flat indices; a shard of a
+    parameter passes its elements' indices in the whole parameter).
     """
     if precision not in ("fp32", "bf16-sr", "8bit"):
         raise ValueError(f"precision must be 'fp32', 'bf16-sr' or '8bit', got {precision!r}")
@@ -96,11 +99,12 @@ def emulate(
         weight, list(state), x, dy, accum, rule=rule_obj, h=tuple(h) if h is not None else (),
         grad_scale=grad_scale, update=weight is not None, store_acc=store_acc,
         BM=BM, BN=BN, BK=BK, mainloop=mainloop, arch=arch, seed=0 if seed is None else int(seed),
+        counter=counter,
     )
 
 
 def emulate_elementwise(param, grad, state=(), *, rule="adamw", hyper=None, step=1, h=None, grad_scale=1.0,
-                        seed=None):
+                        seed=None, counter=None):
     """What the element-wise kernel writes: (param, states, nonfinite count). param and state as
     float32 (fp32 regime) or uint16 bf16 encodings (bf16-sr, which needs seed)."""
     rule_obj = _rule(rule)
@@ -109,4 +113,4 @@ def emulate_elementwise(param, grad, state=(), *, rule="adamw", hyper=None, step
     if param.dtype == np.uint16 and seed is None:
         raise ValueError("the bf16-sr regime needs seed= (the Philox key: philox.derive_seed(...))")
     return elementwise_update_kernel(param, grad, list(state), rule=rule_obj, h=tuple(h), grad_scale=grad_scale,
-                                     seed=0 if seed is None else int(seed))
+                                     seed=0 if seed is None else int(seed), counter=counter)

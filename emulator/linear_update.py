@@ -23,7 +23,7 @@ import numpy as np
 from forge_num.rules import Rule
 
 from . import fp32
-from .philox import rounding_bits
+from .philox import CounterMap, rounding_bits
 from .quant8 import QBLOCK, dequantize, quantize_block_sr
 from .rounding import bf16_sr_bits, bf16_to_f32
 from .rules import bind_guarded
@@ -139,12 +139,15 @@ class LinearUpdateResult:
 
 def fused_linear_update_kernel(
     w, states, x, dy, accum, *, rule: Rule | None, h, grad_scale, update: bool, store_acc: bool,
-    BM: int, BN: int, BK: int, mainloop: str, arch: str = "sm_90", seed: int = 0,
+    BM: int, BN: int, BK: int, mainloop: str, arch: str = "sm_90", seed: int = 0, counter=None,
 ) -> LinearUpdateResult:
     """Run every program of the kernel's grid, in (pid_m, pid_n) order, on copies of the inputs.
 
     w and states as float32 (fp32 regime) or as uint16 bf16 encodings (bf16-sr regime)."""
     M, N = (w.shape if w is not None else (dy.shape[1], x.shape[1]))
+    counter = CounterMap.identity(N) if counter is None else CounterMap(*counter)  # Philox counters
+    if counter.cols != max(N, 1):
+        raise ValueError(f"a linear update's counter map has cols = N = {N}, got {counter}")
     w = None if w is None else w.copy()
     states = [s if isinstance(s, tuple) else s.copy() for s in states]
     acc_out = np.zeros((M, N), np.float32) if store_acc else None
@@ -172,7 +175,7 @@ def fused_linear_update_kernel(
             if store_acc:
                 _store_tile(acc_out, offs_m, offs_n, g)
             if update and q8:
-                offs = offs_m[:, None].astype(np.int64) * N + offs_n[None, :]
+                offs = counter.of_tile(offs_m, offs_n)  # the elements' Philox counters
                 blocks = offs_n[::QBLOCK] // QBLOCK  # block column of each QBLOCK of the tile
                 p, new_states, finite = update_in_place_q8(
                     _load_tile(w, offs_m, offs_n, zero),
@@ -183,7 +186,7 @@ def fused_linear_update_kernel(
                     _store_tile(c, offs_m, offs_n, nc)
                     _store_tile(sc, offs_m, blocks, nsc)
             elif update:
-                offs = offs_m[:, None].astype(np.int64) * N + offs_n[None, :]  # flat index: Philox counter
+                offs = counter.of_tile(offs_m, offs_n)  # Philox counters: flat indices in the parameter
                 p, new_states, finite = update_in_place(
                     _load_tile(w, offs_m, offs_n, zero), [_load_tile(t, offs_m, offs_n, zero) for t in states],
                     offs, g, guarded, h, grad_scale, seed, bf16)
@@ -198,11 +201,13 @@ def fused_linear_update_kernel(
     return LinearUpdateResult(w, states, acc_out, float(np.sum(partials)), nonfinite, partials)
 
 
-def elementwise_update_kernel(param, grad, states, *, rule: Rule, h, grad_scale, seed: int = 0):
+def elementwise_update_kernel(param, grad, states, *, rule: Rule, h, grad_scale, seed: int = 0, counter=None):
     """The element-wise kernel: the same guarded rule on flattened (param, grad, state); param and
-    states float32, or uint16 bf16 encodings (bf16-sr). ``grad`` float32."""
+    states float32, or uint16 bf16 encodings (bf16-sr). ``grad`` float32. ``counter``: a
+    philox.CounterMap (default: the flat index)."""
     bf16 = param.dtype == np.uint16
-    offs = np.arange(param.size, dtype=np.int64)
+    flat = np.arange(param.size, dtype=np.int64)
+    offs = flat if counter is None else CounterMap(*counter).of_flat(flat)
     p, new_states, finite = update_in_place(
         param.reshape(-1), [t.reshape(-1) for t in states], offs, grad.reshape(-1).astype(np.float32),
         bind_guarded(rule), h, grad_scale, seed, bf16)

@@ -71,6 +71,7 @@ n^2 / 2^65 for n keys). The seed may exceed 2^63; Triton passes such a Python in
 from __future__ import annotations
 
 import operator
+from typing import NamedTuple
 
 import numpy as np
 
@@ -86,6 +87,7 @@ __all__ = [
     "rounding_bits",
     "mix64",
     "derive_seed",
+    "CounterMap",
 ]
 
 PHILOX_ROUND_A = 0xD2511F53
@@ -202,3 +204,33 @@ def derive_seed(user_seed: int, step: int, param_id: int) -> int:
     for name, w in (("user_seed", user_seed), ("step", step), ("param_id", param_id)):
         h = mix64(((h ^ _u64(name, w)) + _GAMMA) & _M64)
     return h
+
+
+class CounterMap(NamedTuple):
+    """Which Philox counter each element of a stored tensor draws: the element at row r, column c of
+    the tensor seen as [rows, cols] (row-major) gets ``r * row_stride + c + base``.
+
+    A whole parameter is ``CounterMap(cols, cols, 0)`` (or ``identity(cols)``): the counter is the
+    element's flat index. A shard of a parameter [R, C] (any tensor, seen as [R, C] over its last
+    dimension) draws the counters of its elements in the whole parameter, so that the bits do not
+    depend on how it is sharded (proofs/distributed.md §6): rows [r0, r1) give
+    ``CounterMap(C, C, r0 * C)``; columns [c0, c1) give ``CounterMap(c1 - c0, C, c0)``.
+    """
+
+    cols: int
+    row_stride: int
+    base: int
+
+    @staticmethod
+    def identity(cols: int) -> "CounterMap":
+        return CounterMap(max(int(cols), 1), max(int(cols), 1), 0)
+
+    def of_flat(self, flat):
+        """The counters of flat (row-major) indices into the tensor seen as [rows, cols]."""
+        flat = np.asarray(flat, dtype=np.int64)
+        return (flat // self.cols) * self.row_stride + flat % self.cols + self.base
+
+    def of_tile(self, offs_m, offs_n):
+        """The counters of the tile rows offs_m x columns offs_n of a [rows, cols] tensor."""
+        return (np.asarray(offs_m, np.int64)[:, None] * self.row_stride
+                + np.asarray(offs_n, np.int64)[None, :] + self.base)

@@ -89,13 +89,14 @@ included); ``opt.backward(loss)`` runs both passes. Telemetry: ``opt.stats['grad
 non-finite count are global: the shards' sums are added across ranks (one all-gather of four numbers
 per step), replicated parameters counted once; ``clipping="previous"`` uses that global norm.
 
-Not supported yet (errors say so where they can): under FSDP2, the stochastic regimes (``bf16-sr``,
-``8bit``: their rounding stream is countered by the element's index in the tensor the backend is
-given, here the local shard, so the bits would depend on the number of ranks; proofs/distributed.md
-§6), a 2-D mesh (HSDP, FSDP2 x tensor parallelism), parameters outside every ``fully_shard`` unit,
+Stochastic rounding on sharded parameters (``bf16-sr``): each shard draws the Philox counters of its
+elements' indices in the whole parameter (``forge_num.optim.shard_counter``), so the rounding does not
+depend on the number of ranks (proofs/distributed.md §6).
+
+Not supported yet (errors say so where they can): the ``8bit`` regime on sharded parameters (its
+block-wise states are laid out for the whole parameter; proofs/distributed.md §6), a 2-D mesh (HSDP, FSDP2 x tensor parallelism), parameters outside every ``fully_shard`` unit,
 and exact clipping with FSDP2's ``set_requires_gradient_sync(False)``; a fused tensor-parallel layer
-called twice in one step, transformers' Conv1D under tensor parallelism, 2-D meshes (TP x DP), and the stochastic regimes on any sharded parameter (refused
-when the optimizer is built: the same local-index counters, proofs/distributed.md §6).
+called twice in one step, transformers' Conv1D under tensor parallelism, 2-D meshes (TP x DP).
 """
 
 from __future__ import annotations
@@ -289,12 +290,10 @@ def fully_sharded_params(model: nn.Module, optimizer) -> set:
             raise NotImplementedError(
                 "forge_num: FSDP2 on a 1-D device mesh only (not HSDP or FSDP x tensor parallel yet)"
             )
-    if optimizer.precision != "fp32":
+    if optimizer.precision == "8bit":
         raise NotImplementedError(
-            f"forge_num: FSDP2 with precision={optimizer.precision!r} is not supported yet: the rounding "
-            "stream would be countered by each element's index in its local shard, not in the whole "
-            "parameter, so the bits would depend on the number of ranks (and 8bit states are laid out "
-            "for the whole parameter); use precision='fp32' (proofs/distributed.md section 6)"
+            "forge_num: FSDP2 with precision='8bit' is not supported yet: the 8-bit states are laid out "
+            "for the whole parameter; use precision='bf16-sr' or 'fp32' (proofs/distributed.md section 6)"
         )
     opt_params = {p for g in optimizer.param_groups for p in g["params"]}
     outside = [

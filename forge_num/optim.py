@@ -125,6 +125,39 @@ def _is_sharded(p) -> bool:
     return _is_dtensor(p) and any(pl.is_shard() for pl in p.placements)
 
 
+def shard_counter(p) -> tuple[int, int, int] | None:
+    """The Philox counter map (cols, row_stride, base) of this rank's shard of a sharded DTensor
+    parameter: each local element draws the counter of its flat index in the whole parameter, so the
+    stochastic rounding does not depend on the number of ranks (proofs/distributed.md §6). The
+    parameter is seen as [rows, C] over its last dimension: a shard of leading dimensions (rows, as
+    Colwise and FSDP2 make) is (C, C, first element); a shard of the last dimension only (Rowwise)
+    is (local C, C, first column). None for an unsharded parameter."""
+    if not _is_sharded(p):
+        return None
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape = tuple(p.shape)
+    local, offset = compute_local_shape_and_global_offset(shape, p.device_mesh, p.placements)
+    sharded = [d for d in range(len(shape)) if local[d] != shape[d] or offset[d] != 0]
+    C = shape[-1] if shape else 1
+    if not sharded:  # this rank holds all of it
+        return None
+    if len(shape) >= 2 and sharded == [len(shape) - 1]:  # columns only
+        return (int(local[-1]) if local[-1] else 1), int(C), int(offset[-1])
+    d = sharded[0]
+    if len(sharded) == 1 and all(local[k] == shape[k] for k in range(d + 1, len(shape))):
+        inner = 1
+        for k in range(d + 1, len(shape)):
+            inner *= shape[k]
+        if len(shape) == 1:  # a 1-D shard: one row of the local elements
+            return max(int(local[0]), 1), max(int(local[0]), 1), int(offset[0])
+        return int(C), int(C), int(offset[d] * inner)
+    raise NotImplementedError(
+        f"forge_num: stochastic rounding on a parameter of shape {shape} sharded as {tuple(p.placements)} "
+        "(rows or the last dimension only)"
+    )
+
+
 class _Rec:
     """Book-keeping of one parameter updated in backward (registered by prepare())."""
 
@@ -232,16 +265,16 @@ class ForgeOptimizer(torch.optim.Optimizer):
         self._check_group(group)
         want = _WEIGHT_DTYPE[self.precision]
         for p in group["params"]:
-            if self.precision != "fp32" and _is_sharded(p):
-                # the rounding stream is countered by the element's index in the tensor updated, which
-                # for a shard is its local index: results would depend on the number of ranks and
-                # shards would share random bits (proofs/distributed.md, stochastic regimes)
+            if self.precision == "8bit" and _is_sharded(p):
+                # 8-bit states are laid out for the whole parameter, and a quantization block may
+                # straddle a shard boundary (proofs/distributed.md, stochastic regimes)
                 raise NotImplementedError(
-                    f"{type(self).__name__}(precision={self.precision!r}) on a sharded DTensor parameter "
-                    f"(placements {tuple(p.placements)}) is not supported yet: the stochastic rounding "
-                    "stream is not keyed by global element index; use precision='fp32' under tensor "
-                    "parallelism or FSDP2"
+                    f"{type(self).__name__}(precision='8bit') on a sharded DTensor parameter (placements "
+                    f"{tuple(p.placements)}) is not supported yet: its block-wise states are laid out for "
+                    "the whole parameter; use precision='bf16-sr' or 'fp32' under tensor parallelism or FSDP2"
                 )
+            if self.precision == "bf16-sr" and _is_sharded(p):
+                shard_counter(p)  # raises for a sharding whose counters are not supported
             if p.dtype != want:
                 hint = ("Keep the weights in fp32 (use torch.autocast for bf16 compute)." if want == torch.float32
                         else "Convert the model with model.to(torch.bfloat16).")
@@ -354,7 +387,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
         else:
             stats = backend.elementwise_update(
                 _local(p.detach()), grad.contiguous().float(), [_local(s) for s in states], rule, h,
-                grad_scale=self._scale(), seed=self._rounding_seed(p),
+                grad_scale=self._scale(), seed=self._rounding_seed(p), **self._counter_kw(p),
             )
         self._record(stats, name, p)
 
@@ -365,9 +398,17 @@ class ForgeOptimizer(torch.optim.Optimizer):
         states = self._q8(states) if self.precision == "8bit" else [_local(s) for s in states]
         stats = backend.fused_linear_update(
             _local(p.detach()), x, dy, states, rule, h, grad_scale=self._scale(),
-            accum=accum, seed=self._rounding_seed(p),
+            accum=accum, seed=self._rounding_seed(p), **self._counter_kw(p),
         )
         self._record(stats, name, p)
+
+    def _counter_kw(self, p) -> dict:
+        """``counter=`` for a sharded parameter in a stochastic regime (its elements' indices in the
+        whole parameter); nothing otherwise, so backends without the keyword keep working."""
+        if self.precision == "fp32":
+            return {}
+        counter = shard_counter(p)
+        return {} if counter is None else {"counter": counter}
 
     # ---------------------------------------------------------------------------------------
     # Entry points used by prepare(): the in-backward events

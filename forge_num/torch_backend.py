@@ -2,8 +2,9 @@
 
 Same four functions, same signatures, as ``forge_num.kernels`` (the Triton kernels, CUDA):
 
-    fused_linear_update(weight, x, dy, states, rule, h, *, grad_scale=1.0, accum=None) -> UpdateStats
-    elementwise_update(param, grad, states, rule, h, *, grad_scale=1.0) -> UpdateStats
+    fused_linear_update(weight, x, dy, states, rule, h, *, grad_scale=1.0, accum=None, seed=None,
+                        counter=None) -> UpdateStats
+    elementwise_update(param, grad, states, rule, h, *, grad_scale=1.0, seed=None, counter=None) -> UpdateStats
     weight_grad_norm_sq(x, dy, accum=None) -> 0-d float64 tensor
     accumulate_weight_grad(x, dy, accum) -> None
 
@@ -383,7 +384,15 @@ def weight_grad_blocks(x, dy, M, N, accum=None):
 
 
 @torch.no_grad()
-def fused_linear_update(weight, x, dy, states, rule, h, *, grad_scale=1.0, accum=None, seed=None) -> UpdateStats:
+def _counter_map(counter, cols):
+    """emulator.philox.CounterMap of ``counter`` (cols, row_stride, base); None: flat indices."""
+    from forge_num.emulator.philox import CounterMap
+
+    return CounterMap.identity(cols) if counter is None else CounterMap(*(int(v) for v in counter))
+
+
+def fused_linear_update(weight, x, dy, states, rule, h, *, grad_scale=1.0, accum=None, seed=None,
+                        counter=None) -> UpdateStats:
     """Apply ``rule`` (guarded) to ``weight`` [M, N] and ``states`` with dW = dyᵀ x, in row blocks, in place.
 
     ``x`` [K, N], ``dy`` [K, M] (fp32, bf16 or fp16; any strides); ``accum`` an optional fp32 [M, N]
@@ -399,8 +408,11 @@ def fused_linear_update(weight, x, dy, states, rule, h, *, grad_scale=1.0, accum
     _check_activations(x, dy, M, N)
     if x.device != weight.device:
         raise ValueError(f"x is on {x.device}, weight on {weight.device}")
+    cmap = _counter_map(counter, N)
+    if cmap.cols != max(N, 1):
+        raise ValueError(f"a linear weight's counter map has cols = N = {N}, got {counter!r}")
     if any(_is_q8(st) for st in states):
-        return _fused_linear_update_q8(weight, x, dy, list(states), rule, h, grad_scale, accum, seed)
+        return _fused_linear_update_q8(weight, x, dy, list(states), rule, h, grad_scale, accum, seed, cmap)
     states = _check_states(states, weight, "weight")
     if accum is not None:
         _check_param_like("accum", accum, "weight", weight)
@@ -410,7 +422,8 @@ def fused_linear_update(weight, x, dy, states, rule, h, *, grad_scale=1.0, accum
     norm_sq = torch.zeros((), dtype=_F64, device=weight.device)
     nonfinite = torch.zeros((), dtype=torch.int64, device=weight.device)
     for rows, g in weight_grad_blocks(x, dy, M, N, accum):
-        offsets = torch.arange(rows.start * N, rows.stop * N, dtype=torch.int64) if seed is not None else None
+        offsets = (torch.from_numpy(cmap.of_flat(np.arange(rows.start * N, rows.stop * N, dtype=np.int64)))
+                   if seed is not None else None)
         n2, bad = _apply(fn, weight[rows], g, [s[rows] for s in states], hs, scale, seed, offsets)
         norm_sq += n2
         nonfinite += bad
@@ -422,7 +435,7 @@ def _is_q8(state) -> bool:
     return hasattr(state, "codes") and hasattr(state, "scales")
 
 
-def _fused_linear_update_q8(weight, x, dy, states, rule, h, grad_scale, accum, seed) -> UpdateStats:
+def _fused_linear_update_q8(weight, x, dy, states, rule, h, grad_scale, accum, seed, cmap) -> UpdateStats:
     """The 8bit regime (bf16 weight; m, v as 8-bit codes with a scale per 128 elements of a row):
     whole rows at a time, through the emulator's twin of the kernel's epilogue
     (emulator.linear_update.update_in_place_q8, NumPy on the CPU), so the bits are the kernel's
@@ -458,7 +471,7 @@ def _fused_linear_update_q8(weight, x, dy, states, rule, h, grad_scale, accum, s
     nonfinite = torch.zeros((), dtype=torch.int64, device=weight.device)
     for rows, g in weight_grad_blocks(x, dy, M, N, accum):
         r0, r1 = rows.start, rows.stop
-        offs = np.arange(r0, r1, dtype=np.int64)[:, None] * N + np.arange(Np, dtype=np.int64)[None, :]
+        offs = cmap.of_tile(np.arange(r0, r1), np.arange(Np))  # Philox counters, padding included
         p_bits = pad(weight[rows].detach().cpu().view(torch.int16).numpy().view(np.uint16))
         q = [(pad(st.codes[rows].cpu().numpy()), st.scales[rows].cpu().numpy()) for st in states]
         g_np = pad(g.detach().cpu().numpy().astype(np.float32))
@@ -474,7 +487,7 @@ def _fused_linear_update_q8(weight, x, dy, states, rule, h, grad_scale, accum, s
 
 
 @torch.no_grad()
-def elementwise_update(param, grad, states, rule, h, *, grad_scale=1.0, seed=None) -> UpdateStats:
+def elementwise_update(param, grad, states, rule, h, *, grad_scale=1.0, seed=None, counter=None) -> UpdateStats:
     """Apply ``rule`` (guarded) to ``param`` and ``states`` with gradient ``grad``, in place.
 
     Contiguous, any shape; param and states fp32, or bf16 with ``seed`` (bf16-sr); grad fp32.
@@ -491,11 +504,15 @@ def elementwise_update(param, grad, states, rule, h, *, grad_scale=1.0, seed=Non
     hs = _scalars(h, param.device)
     scale = _grad_scale(grad_scale, param.device)
     p1, g1, s1 = param.view(-1), grad.view(-1), [s.view(-1) for s in states]
+    cmap = _counter_map(counter, p1.numel())
+    if p1.numel() % cmap.cols:
+        raise ValueError(f"counter cols = {cmap.cols} does not divide the parameter's {p1.numel()} elements")
     norm_sq = torch.zeros((), dtype=_F64, device=param.device)
     nonfinite = torch.zeros((), dtype=torch.int64, device=param.device)
     for i in range(0, max(p1.numel(), 1), BLOCK_ELEMS):
         sl = slice(i, i + BLOCK_ELEMS)
-        offsets = torch.arange(i, min(i + BLOCK_ELEMS, p1.numel()), dtype=torch.int64) if seed is not None else None
+        offsets = (torch.from_numpy(cmap.of_flat(np.arange(i, min(i + BLOCK_ELEMS, p1.numel()), dtype=np.int64)))
+                   if seed is not None else None)
         n2, bad = _apply(fn, p1[sl], g1[sl], [s[sl] for s in s1], hs, scale, seed, offsets)
         norm_sq += n2
         nonfinite += bad

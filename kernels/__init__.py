@@ -306,7 +306,7 @@ def _sm_count(device: torch.device) -> int:
 
 def _launch_linear(
     weight, states, x, dy, accum, acc_out, rule, h, grad_scale, *, update: bool, config: TileConfig | None,
-    n_state: int, seed: int = 0, bf16: bool = False, q8: bool = False,
+    n_state: int, seed: int = 0, bf16: bool = False, q8: bool = False, rand: tuple[int, int] | None = None,
 ) -> UpdateStats:
     M, N = (weight.shape if weight is not None else (dy.shape[1], x.shape[1]))
     K = x.shape[0]
@@ -342,7 +342,7 @@ def _launch_linear(
             norm_sq, nonfinite,
             scales[0], scales[1], triton.cdiv(N, QBLOCK),
             M, N, K, x.stride(0), x.stride(1), dy.stride(0), dy.stride(1),
-            h, grad_scale, int(seed), slots_n,
+            h, grad_scale, int(seed), *(rand or (max(N, 1), 0)), slots_n,
             GUARDED_UPDATE=guarded, N_STATE=n_state, BF16_STORAGE=bf16, STATE_Q8=q8,
             UPDATE=update, STORE_ACC=acc_out is not None, HAS_ACCUM=accum is not None,
             INPUT_PRECISION=precision,
@@ -389,12 +389,15 @@ def fused_linear_update(
     config: TileConfig | None = None,
     acc_out: torch.Tensor | None = None,
     seed: int | None = None,
+    counter: tuple[int, int, int] | None = None,
 ) -> UpdateStats:
     """Apply ``rule`` to ``weight`` (and ``states``) with the gradient dyᵀx, never stored.
 
     Regimes, by storage: float32 weight and states (fp32); bfloat16 weight and states (bf16-sr);
     bfloat16 weight and ``Q8State`` states (8bit). The last two round stochastically and need
-    ``seed`` (the Philox key of this parameter and step)."""
+    ``seed`` (the Philox key of this parameter and step); ``counter`` (cols, row_stride, base) maps
+    the weight's elements to their Philox counters (emulator.philox.CounterMap; cols must be N;
+    default: flat indices, a shard passes its elements' indices in the whole parameter)."""
     if weight.dim() != 2:
         raise ValueError(f"weight must be 2-D [out, in], got shape {tuple(weight.shape)}")
     bf16 = _check_regime("weight", weight, seed)
@@ -413,10 +416,31 @@ def fused_linear_update(
             _check_fp32_like(name, t, weight)
     _check_device(weight, x, dy, *(t for t in (accum, acc_out) if t is not None),
                   *(states if not q8 else ()))
+    rand_stride, rand_base = _linear_counter(counter, N)
     return _launch_linear(
         weight, states, x, dy, accum, acc_out, rule, h, grad_scale, update=True, config=config,
-        n_state=len(states), seed=seed or 0, bf16=bf16 and not q8, q8=q8,
+        n_state=len(states), seed=seed or 0, bf16=bf16 and not q8, q8=q8, rand=(rand_stride, rand_base),
     )
+
+
+def _counter(counter, cols: int) -> tuple[int, int, int]:
+    """(cols, row_stride, base) of a counter map, checked; None: the flat index (cols, cols, 0)."""
+    if counter is None:
+        return max(cols, 1), max(cols, 1), 0
+    try:
+        c, stride, base = (int(v) for v in counter)
+    except (TypeError, ValueError):
+        raise TypeError(f"counter must be (cols, row_stride, base) integers, got {counter!r}") from None
+    if c < 1 or stride < c or base < 0:
+        raise ValueError(f"counter needs cols >= 1, row_stride >= cols, base >= 0, got {counter!r}")
+    return c, stride, base
+
+
+def _linear_counter(counter, N: int) -> tuple[int, int]:
+    cols, stride, base = _counter(counter, N)
+    if cols != max(N, 1):
+        raise ValueError(f"a linear weight's counter map has cols = N = {N}, got {counter!r}")
+    return stride, base
 
 
 def linear_mainloop(
@@ -465,9 +489,11 @@ def elementwise_update(
     *,
     grad_scale: float = 1.0,
     seed: int | None = None,
+    counter: tuple[int, int, int] | None = None,
 ) -> UpdateStats:
     """Apply ``rule`` to ``param`` (any shape, contiguous; fp32, or bf16 with ``seed``: the bf16-sr
-    regime) with the materialized ``grad``."""
+    regime) with the materialized ``grad``. ``counter`` (cols, row_stride, base): the elements'
+    Philox counters, as in fused_linear_update (param seen as [numel / cols, cols])."""
     bf16 = _check_regime("param", param, seed)
     _check_fp32_like("param", param, param, param.dtype)
     if grad.shape != param.shape:
@@ -480,6 +506,9 @@ def elementwise_update(
     h, grad_scale = _check_scalars(rule, h, grad_scale)
     _check_device(param, grad, *states)
     numel = param.numel()
+    cols, stride, base = _counter(counter, numel)
+    if numel % cols:
+        raise ValueError(f"counter cols = {cols} does not divide the parameter's {numel} elements")
     n_prog = max(1, triton.cdiv(numel, ELEMENTWISE_BLOCK))
     norm_sq = torch.zeros(n_prog, dtype=torch.float64, device=param.device)
     nonfinite = torch.zeros(n_prog, dtype=torch.int32, device=param.device)
@@ -489,9 +518,9 @@ def elementwise_update(
             param, grad,
             s[0] if s[0] is not None else param,
             s[1] if s[1] is not None else param,
-            norm_sq, nonfinite, numel, h, grad_scale, int(seed or 0),
+            norm_sq, nonfinite, numel, h, grad_scale, int(seed or 0), cols, stride, base,
             GUARDED_UPDATE=guarded_update_jit(rule), N_STATE=len(states), BF16_STORAGE=bf16,
-            BLOCK=ELEMENTWISE_BLOCK,
+            BLOCK=ELEMENTWISE_BLOCK, RAND_REMAP=stride != cols,
             enable_fp_fusion=False,
         )
     return UpdateStats(norm_sq.sum(), nonfinite.sum(dtype=torch.int64))
@@ -509,6 +538,7 @@ def unfused_linear_update(
     accum: torch.Tensor | None = None,
     config: TileConfig | None = None,
     seed: int | None = None,
+    counter: tuple[int, int, int] | None = None,
 ) -> UpdateStats:
     """The comparator: the same mainloop storing dW, then the element-wise update of the same rule
     (8bit regime: the fused kernel with K = 0 starting from the stored dW, whose whole-block tiles
@@ -516,8 +546,8 @@ def unfused_linear_update(
     grad = linear_mainloop(x, dy, accum=accum, config=config)
     if any(_is_q8(st) for st in states):
         return fused_linear_update(weight, x[:0], dy[:0], states, rule, h, grad_scale=grad_scale, accum=grad,
-                                   seed=seed)
-    return elementwise_update(weight, grad, states, rule, h, grad_scale=grad_scale, seed=seed)
+                                   seed=seed, counter=counter)
+    return elementwise_update(weight, grad, states, rule, h, grad_scale=grad_scale, seed=seed, counter=counter)
 
 
 @triton.jit

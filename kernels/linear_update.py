@@ -91,8 +91,10 @@ def fused_linear_update_kernel(
     # sizes and strides (W, S0, S1, accum, acc_out are contiguous [M, N])
     M, N, K, stride_xk, stride_xn, stride_dyk, stride_dym,
     # the rule's per-step scalars (a tuple of fp32), the gradient scale (clipping coefficient) and
-    # the Philox key of this parameter and step (bf16 storage: stochastic rounding)
-    h, grad_scale, seed,
+    # the Philox key of this parameter and step (bf16 storage: stochastic rounding); element (r, c)
+    # draws counter r * rand_stride + c + rand_base (its flat index in the whole parameter; for a
+    # shard, in the unsharded parameter: emulator.philox.CounterMap)
+    h, grad_scale, seed, rand_stride, rand_base,
     # telemetry: tile (pid_m, pid_n) writes slot (pid_m*BM/16, pid_n*BN/16) of a [*, slots_n] grid
     slots_n,
     # compile-time
@@ -120,13 +122,13 @@ def fused_linear_update_kernel(
             linear_update_tile(
                 pid_m, pid_n, w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, accum_ptr, acc_out_ptr, norm_sq_ptr,
                 nonfinite_ptr, scale0_ptr, scale1_ptr, n_blocks, M, N, K, stride_xk, stride_xn, stride_dyk,
-                stride_dym, h, grad_scale, seed, slots_n, GUARDED_UPDATE, N_STATE, BF16_STORAGE, STATE_Q8,
+                stride_dym, h, grad_scale, seed, rand_stride, rand_base, slots_n, GUARDED_UPDATE, N_STATE, BF16_STORAGE, STATE_Q8,
                 UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT)
     else:
         linear_update_tile(
             tl.program_id(0), tl.program_id(1), w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, accum_ptr, acc_out_ptr,
             norm_sq_ptr, nonfinite_ptr, scale0_ptr, scale1_ptr, n_blocks, M, N, K, stride_xk, stride_xn,
-            stride_dyk, stride_dym, h, grad_scale, seed, slots_n, GUARDED_UPDATE, N_STATE, BF16_STORAGE,
+            stride_dyk, stride_dym, h, grad_scale, seed, rand_stride, rand_base, slots_n, GUARDED_UPDATE, N_STATE, BF16_STORAGE,
             STATE_Q8, UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT)
 
 
@@ -136,7 +138,7 @@ def linear_update_tile(
     w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, accum_ptr, acc_out_ptr, norm_sq_ptr, nonfinite_ptr,
     scale0_ptr, scale1_ptr, n_blocks,
     M, N, K, stride_xk, stride_xn, stride_dyk, stride_dym,
-    h, grad_scale, seed, slots_n,
+    h, grad_scale, seed, rand_stride, rand_base, slots_n,
     GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr,
     STATE_Q8: tl.constexpr,
     UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, HAS_ACCUM: tl.constexpr,
@@ -168,16 +170,16 @@ def linear_update_tile(
         if EPILOGUE_SPLIT == 1:
             norm_sq, nonfinite = update_rows_q8(
                 g, offs_m, offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr, scale1_ptr, n_blocks, h, grad_scale,
-                seed, GUARDED_UPDATE, N_STATE)
+                seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
         elif EPILOGUE_SPLIT == 2:
             g0, g1 = row_halves(g, BM, BN)
             R: tl.constexpr = BM // 2
             n0, f0 = update_rows_q8(
                 g0, pid_m * BM + tl.arange(0, R), offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr, scale1_ptr,
-                n_blocks, h, grad_scale, seed, GUARDED_UPDATE, N_STATE)
+                n_blocks, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
             n1, f1 = update_rows_q8(
                 g1, pid_m * BM + R + tl.arange(0, R), offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr,
-                scale1_ptr, n_blocks, h, grad_scale, seed, GUARDED_UPDATE, N_STATE)
+                scale1_ptr, n_blocks, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
             norm_sq = n0 + n1
             nonfinite = f0 + f1
         else:
@@ -188,16 +190,16 @@ def linear_update_tile(
             Rq: tl.constexpr = BM // 4
             n0, f0 = update_rows_q8(
                 g0, pid_m * BM + tl.arange(0, Rq), offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr, scale1_ptr,
-                n_blocks, h, grad_scale, seed, GUARDED_UPDATE, N_STATE)
+                n_blocks, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
             n1, f1 = update_rows_q8(
                 g1, pid_m * BM + Rq + tl.arange(0, Rq), offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr,
-                scale1_ptr, n_blocks, h, grad_scale, seed, GUARDED_UPDATE, N_STATE)
+                scale1_ptr, n_blocks, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
             n2, f2 = update_rows_q8(
                 g2, pid_m * BM + 2 * Rq + tl.arange(0, Rq), offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr,
-                scale1_ptr, n_blocks, h, grad_scale, seed, GUARDED_UPDATE, N_STATE)
+                scale1_ptr, n_blocks, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
             n3, f3 = update_rows_q8(
                 g3, pid_m * BM + 3 * Rq + tl.arange(0, Rq), offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr,
-                scale1_ptr, n_blocks, h, grad_scale, seed, GUARDED_UPDATE, N_STATE)
+                scale1_ptr, n_blocks, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
             norm_sq = (n0 + n1) + (n2 + n3)
             nonfinite = (f0 + f1) + (f2 + f3)
     # The epilogue runs on EPILOGUE_SPLIT column sub-tiles of [BM, BN / EPILOGUE_SPLIT], one after
@@ -206,16 +208,16 @@ def linear_update_tile(
     # split changes no bit of W or state; only the order of the telemetry sum.
     elif EPILOGUE_SPLIT == 1:
         norm_sq, nonfinite = update_subtile(
-            g, offs_m, offs_n, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed,
+            g, offs_m, offs_n, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride, rand_base,
             GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
     elif EPILOGUE_SPLIT == 2:
         g0, g1 = column_halves(g, BM, BN)
         n0, f0 = update_subtile(
             g0, offs_m, pid_n * BN + tl.arange(0, BN // 2), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h,
-            grad_scale, seed, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
+            grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
         n1, f1 = update_subtile(
             g1, offs_m, pid_n * BN + BN // 2 + tl.arange(0, BN // 2), M, N, w_ptr, s0_ptr, s1_ptr,
-            acc_out_ptr, h, grad_scale, seed, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
+            acc_out_ptr, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
         norm_sq = n0 + n1
         nonfinite = f0 + f1
     else:
@@ -226,16 +228,16 @@ def linear_update_tile(
         Q: tl.constexpr = BN // 4
         n0, f0 = update_subtile(
             g0, offs_m, pid_n * BN + tl.arange(0, Q), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h,
-            grad_scale, seed, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
+            grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
         n1, f1 = update_subtile(
             g1, offs_m, pid_n * BN + Q + tl.arange(0, Q), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h,
-            grad_scale, seed, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
+            grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
         n2, f2 = update_subtile(
             g2, offs_m, pid_n * BN + 2 * Q + tl.arange(0, Q), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h,
-            grad_scale, seed, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
+            grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
         n3, f3 = update_subtile(
             g3, offs_m, pid_n * BN + 3 * Q + tl.arange(0, Q), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h,
-            grad_scale, seed, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
+            grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
         norm_sq = (n0 + n1) + (n2 + n3)
         nonfinite = (f0 + f1) + (f2 + f3)
 
@@ -258,19 +260,19 @@ def row_halves(x, BM: tl.constexpr, BN: tl.constexpr):
 
 @triton.jit
 def update_rows_q8(
-    g, offs_m, offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h, grad_scale, seed,
+    g, offs_m, offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h, grad_scale, seed, rand_stride, rand_base,
     GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr,
 ):
     """The 8bit epilogue on a row sub-tile of whole blocks; (Σ g² in fp64, non-finite count) over it."""
     in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     finite = update_in_place_q8(w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, offs_m, offs_n, M, N,
-                                g, h, grad_scale, seed, GUARDED_UPDATE, N_STATE)
+                                g, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
     return tile_telemetry(g, in_tile, finite)
 
 
 @triton.jit
 def update_subtile(
-    g, offs_m, offs_n, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed,
+    g, offs_m, offs_n, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride, rand_base,
     GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr,
     UPDATE: tl.constexpr, STORE_ACC: tl.constexpr,
 ):
@@ -281,7 +283,8 @@ def update_subtile(
     if STORE_ACC:
         tl.store(acc_out_ptr + offs, g, mask=in_tile)
     if UPDATE:
-        finite = update_in_place(w_ptr, s0_ptr, s1_ptr, offs, in_tile, g, h, grad_scale, seed,
+        counters = offs_m[:, None].to(tl.int64) * rand_stride + offs_n[None, :] + rand_base
+        finite = update_in_place(w_ptr, s0_ptr, s1_ptr, offs, in_tile, g, h, grad_scale, seed, counters,
                                  GUARDED_UPDATE, N_STATE, BF16_STORAGE)
     else:
         finite = (g == g) & (tl.abs(g) < float("inf"))
@@ -307,15 +310,16 @@ def store_f32(ptr, offs, mask, x, rand16, BF16: tl.constexpr):
 
 
 @triton.jit
-def update_in_place(w_ptr, s0_ptr, s1_ptr, offs, mask, g, h, grad_scale, seed,
+def update_in_place(w_ptr, s0_ptr, s1_ptr, offs, mask, g, h, grad_scale, seed, counters,
                     GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr):
     """Load W (and its N_STATE state tensors) at offs, apply the guarded rule with gradient g in
     fp32 registers, store them back; return where g was finite. Shared by the fused epilogue and
     the element-wise kernel, so the two differ only in where g comes from.
 
     BF16_STORAGE ("bf16-sr" regime): W and state are stored as bf16, widened exactly on load and
-    stochastically rounded on store, with the random bits of element offs (its flat row-major
-    index in the parameter) under the key seed: slices r_p, r_m16, r_v16 of kernels/random.py."""
+    stochastically rounded on store, with the random bits of the elements' Philox counters
+    (``counters``: their flat row-major indices in the whole parameter) under the key seed: slices
+    r_p, r_m16, r_v16 of kernels/random.py."""
     p = load_f32(w_ptr, offs, mask, BF16_STORAGE)
     s0 = p  # placeholders for absent state slots (never stored)
     s1 = p
@@ -325,7 +329,7 @@ def update_in_place(w_ptr, s0_ptr, s1_ptr, offs, mask, g, h, grad_scale, seed,
         s1 = load_f32(s1_ptr, offs, mask, BF16_STORAGE)
     p, s0, s1, finite = GUARDED_UPDATE(p, g, s0, s1, h, grad_scale)
     if BF16_STORAGE:
-        r_p, r_s0, r_s1, _, _ = rounding_bits(seed, offs)
+        r_p, r_s0, r_s1, _, _ = rounding_bits(seed, counters)
     else:
         r_p = offs
         r_s0 = offs
@@ -340,7 +344,7 @@ def update_in_place(w_ptr, s0_ptr, s1_ptr, offs, mask, g, h, grad_scale, seed,
 
 @triton.jit
 def update_in_place_q8(w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, offs_m, offs_n, M, N,
-                       g, h, grad_scale, seed, GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr):
+                       g, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr):
     """update_in_place for the 8bit regime on a tile [R, BN] of whole quantization blocks: W is bf16
     (stochastic rounding, slice r_p); state 0 is signed E4M3 codes (m: slice r_m24), state 1 unsigned
     E5M3 codes (v >= 0: slice r_v24), each with an fp32 power-of-two scale per block of QBLOCK
@@ -365,7 +369,8 @@ def update_in_place_q8(w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, 
         s1 = dequantize(tl.load(c1_ptr + offs, mask=in_tile, other=0), tl.load(scale1_ptr + soffs, mask=smask, other=1.0),
                         False)
     p, s0, s1, finite = GUARDED_UPDATE(p, g, s0, s1, h, grad_scale)
-    r_p, _, _, r_m24, r_v24 = rounding_bits(seed, offs)
+    counters = offs_m[:, None].to(tl.int64) * rand_stride + offs_n[None, :] + rand_base  # Philox counters
+    r_p, _, _, r_m24, r_v24 = rounding_bits(seed, counters)
     store_f32(w_ptr, offs, in_tile, p, r_p, True)
     if N_STATE >= 1:
         codes0, scales0 = quantize_block_sr(s0, r_m24, True)
@@ -381,16 +386,23 @@ def update_in_place_q8(w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, 
 @triton.jit
 def elementwise_update_kernel(
     p_ptr, g_ptr, s0_ptr, s1_ptr, norm_sq_ptr, nonfinite_ptr,
-    numel, h, grad_scale, seed,
+    numel, h, grad_scale, seed, rand_cols, rand_stride, rand_base,
     GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr, BLOCK: tl.constexpr,
+    RAND_REMAP: tl.constexpr = False,
 ):
     """The same guarded rule on (param, grad, state) flattened: for every parameter that is not a
-    fused linear weight, and as the second half of the unfused comparator."""
+    fused linear weight, and as the second half of the unfused comparator. Element i draws Philox
+    counter i + rand_base, or with RAND_REMAP (a column shard of a parameter seen as [rows, cols])
+    (i // rand_cols) * rand_stride + i % rand_cols + rand_base (emulator.philox.CounterMap)."""
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     in_range = offs < numel
     g = tl.load(g_ptr + offs, mask=in_range, other=0.0).to(tl.float32)
-    finite = update_in_place(p_ptr, s0_ptr, s1_ptr, offs, in_range, g, h, grad_scale, seed,
+    if RAND_REMAP:
+        counters = (offs // rand_cols) * rand_stride + offs % rand_cols + rand_base
+    else:
+        counters = offs + rand_base
+    finite = update_in_place(p_ptr, s0_ptr, s1_ptr, offs, in_range, g, h, grad_scale, seed, counters,
                              GUARDED_UPDATE, N_STATE, BF16_STORAGE)
     g64 = g.to(tl.float64)
     tl.store(norm_sq_ptr + pid, tl.sum(tl.where(in_range, g64 * g64, 0.0), axis=0))

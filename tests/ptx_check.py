@@ -52,7 +52,8 @@ def check_elementwise(rule_name: str) -> dict:
     n_state = len(rule.state)
     sig = {"p_ptr": "*fp32", "g_ptr": "*fp32", "s0_ptr": "*fp32", "s1_ptr": "*fp32", "norm_sq_ptr": "*fp64",
            "nonfinite_ptr": "*i32", "numel": "i32", "h": tuple("fp32" for _ in rule.scalar_names),
-           "grad_scale": "fp32", "seed": "u64", "GUARDED_UPDATE": "constexpr", "N_STATE": "constexpr",
+           "grad_scale": "fp32", "seed": "u64", "rand_cols": "i32", "rand_stride": "i32", "rand_base": "i64",
+           "GUARDED_UPDATE": "constexpr", "N_STATE": "constexpr",
            "BF16_STORAGE": "constexpr", "BLOCK": "constexpr"}
     # BLOCK = 128 threads x 1 element: each op appears once per element in the PTX
     ptx = compile_ptx(elementwise_update_kernel, sig,
@@ -72,7 +73,7 @@ def check_fused(rule_name: str, dtype: str) -> dict:
            "accum_ptr": "*fp32", "acc_out_ptr": "*fp32", "norm_sq_ptr": "*fp64", "nonfinite_ptr": "*i32",
            "scale0_ptr": "*fp32", "scale1_ptr": "*fp32", "n_blocks": "i32", "M": "i32", "N": "i32", "K": "i32", "stride_xk": "i32", "stride_xn": "i32", "stride_dyk": "i32",
            "stride_dym": "i32", "h": tuple("fp32" for _ in rule.scalar_names), "grad_scale": "fp32",
-           "seed": "u64", "slots_n": "i32"}
+           "seed": "u64", "rand_stride": "i32", "rand_base": "i64", "slots_n": "i32"}
     const = {"GUARDED_UPDATE": guarded_update_jit(rule), "N_STATE": len(rule.state), "BF16_STORAGE": False, "STATE_Q8": False, "UPDATE": True,
              "STORE_ACC": False, "HAS_ACCUM": False, "INPUT_PRECISION": "ieee" if dtype == "fp32" else "tf32",
              "BM": 64, "BN": 64, "BK": 32 if dtype == "bf16" else 16, "EPILOGUE_SPLIT": 2}

@@ -37,7 +37,7 @@ What each test shows (fp32, bitwise, every parameter compared after a few steps)
 * ``test_tensor_parallel_clipping``: TP + SP, exact and previous: bitwise given the coefficients, the
   coefficient within Proposition 6's bound.
 * ``test_checkpoint_resume_fully_sharded``: as the TP checkpoint test, under FSDP2 (sharded optimizer
-  states); bf16-sr and parameters outside every ``fully_shard`` unit are refused.
+  states); 8bit and parameters outside every ``fully_shard`` unit are refused.
 * ``test_sharded_fused_update_equals_unsharded`` (one process, no collectives): for AdamW, Adam, SGD
   and Lion, Colwise and Rowwise shards over P = 2, 3 (uneven), 4 ranks, each shard's fused update
   from its local (X, dY) is the restriction of the unsharded fused update bit for bit, weights and
@@ -55,6 +55,7 @@ import socket
 import tempfile
 import time
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -837,11 +838,11 @@ def _fsdp_ckpt_worker(rank, world, outdir):
     train_dist(model, opt, local[2:], "forge")
     refused = []
     for what, make in [
-        ("bf16-sr", lambda m: fn.AdamW(m.parameters(), precision="bf16-sr")),
+        ("8bit", lambda m: fn.AdamW(m.parameters(), precision="8bit", seed=0)),
         ("root", lambda m: fn.AdamW(m.parameters())),
     ]:
         m = Tiny(seed=0)
-        if what == "bf16-sr":
+        if what == "8bit":
             fsdp_shard(m.to(torch.bfloat16))
         else:
             from torch.distributed.fsdp import fully_shard
@@ -857,12 +858,12 @@ def _fsdp_ckpt_worker(rank, world, outdir):
 
 def test_checkpoint_resume_fully_sharded():
     """FSDP2, 2 ranks: torch.distributed.checkpoint of sharded weights and sharded optimizer states,
-    resumed bitwise; what FSDP2 does not support (stochastic regimes, unsharded parameters) raises."""
+    resumed bitwise; what FSDP2 does not support (the 8bit regime, unsharded parameters) raises."""
     res = run_distributed("_fsdp_ckpt_worker")
     assert res["steps"] == (4, 4) and res["sharded"]
     _assert_bitwise(res["resumed"], res["first"], "FSDP2 checkpoint resume")
     assert len(res["refused"]) == 2
-    assert "bf16-sr" in res["refused"][0] and "fully_shard" in res["refused"][1]
+    assert "8bit" in res["refused"][0] and "fully_shard" in res["refused"][1]
 
 # --------------------------------------------------------------------------------------------
 # proofs/distributed.md Theorem 1 + Lemma 2, in one process, for every rule
@@ -915,24 +916,139 @@ def test_sharded_fused_update_equals_unsharded(name, style, P):
 
 
 def _lowbit_sharded_worker(rank, world, outdir):
-    """A sharded DTensor parameter in a stochastic-rounding regime is refused with a clear error."""
+    """Tensor parallelism in the stochastic regimes: 8bit is refused with a clear error; bf16-sr
+    trains, each shard drawing the Philox counters of its elements in the whole parameter."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    model = parallelize(Tiny(seed=0), init_device_mesh("cpu", (world,)), sp=False).to(torch.bfloat16)
+    from forge_num.optim import shard_counter
+
+    model = parallelize(Tiny(seed=0), init_device_mesh("cpu", (world,)), sp=True).to(torch.bfloat16)
     out = {}
-    for precision in ("bf16-sr", "8bit"):
-        try:
-            fn.AdamW(model.parameters(), precision=precision, seed=1)
-            out[precision] = None
-        except NotImplementedError as e:
-            out[precision] = str(e)
+    try:
+        fn.AdamW(model.parameters(), precision="8bit", seed=1)
+        out["8bit"] = None
+    except NotImplementedError as e:
+        out["8bit"] = str(e)
+    blk = model.layers[0]
+    out["counters"] = {"wq": shard_counter(blk.wq.weight), "wo": shard_counter(blk.wo.weight),
+                       "norm": shard_counter(blk.attn_norm.weight)}
+    out["local_shapes"] = {"wq": tuple(blk.wq.weight.to_local().shape), "wo": tuple(blk.wo.weight.to_local().shape)}
+    out["global_shapes"] = {"wq": tuple(blk.wq.weight.shape), "wo": tuple(blk.wo.weight.shape)}
+    before = full_params(model)
+    opt = fn.AdamW(model.parameters(), precision="bf16-sr", seed=1, **HYPER["adamw"])
+    fn.prepare(model, opt)
+    for ids in batches(2):
+        model(ids).backward()
+        opt.step()
+    after = full_params(model)
+    out["trained"] = all(torch.isfinite(after[k].float()).all() and not torch.equal(after[k], before[k])
+                         for k in after if "layers" in k)
     return out
 
 
-def test_stochastic_regimes_refuse_sharded_parameters():
+def _fsdp_bf16_sr_worker(rank, world, outdir):
+    """FSDP2 in the bf16-sr regime: dim-0 shards draw the counters of their rows in the parameter."""
+    from forge_num.optim import shard_counter
+
+    model = fsdp_shard(Tiny(seed=0).to(torch.bfloat16))
+    wq = model.layers[0].wq.weight
+    local, full = tuple(wq.to_local().shape), tuple(wq.shape)
+    before = full_params(model)
+    opt = fn.AdamW(model.parameters(), precision="bf16-sr", seed=3, **HYPER["adamw"])
+    fn.prepare(model, opt)
+    for ids in local_batches(2, rank, world):
+        model(ids).backward()
+        opt.step()
+    after = full_params(model)
+    counters = [None] * world
+    dist.all_gather_object(counters, shard_counter(wq))
+    return {"counters": counters, "local": local, "full": full,
+            "trained": all(torch.isfinite(after[k].float()).all() and not torch.equal(after[k], before[k])
+                           for k in after if "layers" in k)}
+
+
+def test_fully_sharded_bf16_sr():
+    res = run_distributed("_fsdp_bf16_sr_worker")
+    (rows, cols), (lrows, _) = res["full"], res["local"]
+    assert lrows < rows
+    # rank r holds rows [r * rows / 2, ...): its elements draw the counters from r * (rows / 2) * cols on
+    assert res["counters"] == [(cols, cols, r * lrows * cols) for r in range(len(res["counters"]))]
+    assert res["trained"]
+
+
+def test_sharded_parameters_in_the_stochastic_regimes():
     res = run_distributed("_lowbit_sharded_worker")
-    for precision, msg in res.items():
-        assert msg and "sharded DTensor" in msg and "global element index" in msg, (precision, msg)
+    msg = res["8bit"]
+    assert msg and "sharded DTensor" in msg and "8bit" in msg, msg
+    # rank 0's shards: wq rows [0, out/2) -> (C, C, 0); wo columns [0, in/2) -> (in/2, in, 0); the
+    # replicated norm weight is not sharded
+    (o, i), (lo, li) = res["global_shapes"]["wo"], res["local_shapes"]["wo"]
+    assert res["counters"]["wq"] == (res["global_shapes"]["wq"][1],) * 2 + (0,)
+    assert res["counters"]["wo"] == (li, i, 0) and lo == o
+    assert res["counters"]["norm"] is None
+    assert res["trained"]
+
+
+@pytest.mark.parametrize("backend", ["torch", "kernels"])
+@pytest.mark.parametrize("P", [2, 3])
+@pytest.mark.parametrize("style", ["colwise", "rowwise"])
+def test_sharded_bf16_sr_update_equals_unsharded(style, P, backend):
+    """bf16-sr: each shard's update with its counter map (its elements' indices in the whole
+    parameter) is the restriction of the unsharded update, bit for bit: fused (from the local X, dY)
+    and element-wise (from the gradient's slice); the emulator agrees (proofs/distributed.md §6)."""
+    from forge_num import kernels, rules
+    from forge_num.emulator import emulate, emulate_elementwise
+
+    be = _tb if backend == "torch" else kernels
+    rule = rules.ADAMW
+    h = rule.scalars(RULES["adamw"], 3)
+    g = torch.Generator().manual_seed(10 + P)
+    K, M, N = 24, 48, 40
+    x, dy = torch.randn(K, N, generator=g), torch.randn(K, M, generator=g) * 0.1
+    w = torch.randn(M, N, generator=g).bfloat16()
+    states = [torch.randn(M, N, generator=g).bfloat16(), torch.rand(M, N, generator=g).bfloat16()]
+    key = 0x1234_5678_9ABC
+    full_w, full_s = w.clone(), [s.clone() for s in states]
+    be.fused_linear_update(full_w, x, dy, full_s, rule, h, seed=key)
+    grad = dy.t() @ x
+    ew_w, ew_s = w.clone(), [s.clone() for s in states]
+    be.elementwise_update(ew_w, grad.contiguous(), ew_s, rule, h, seed=key)
+    bits = lambda t: t.view(torch.int16).numpy().view(np.uint16)  # noqa: E731
+    # the whole fused kernel's emulation holds where dW is the kernels' own (the torch backend's dW is
+    # MKL's, summed in another order); the element-wise emulation holds for both backends
+    whole = backend == "kernels"
+    if whole:
+        emu = emulate(bits(w), x.numpy(), dy.numpy(), [bits(s) for s in states], rule="adamw", h=h,
+                      precision="bf16-sr", seed=key, tile=(32, 32, 16))
+        assert np.array_equal(emu.weight, bits(full_w))
+    dim = 0 if style == "colwise" else 1
+    size = (M, N)[dim]
+    bounds = [size * r // P for r in range(P + 1)]
+    for r in range(P):
+        lo, hi = bounds[r], bounds[r + 1]
+        # copies: a row slice's .contiguous() would be a view, and the updates are in place
+        cut = ((lambda t: t[lo:hi].clone(memory_format=torch.contiguous_format)) if dim == 0
+               else (lambda t: t[:, lo:hi].clone(memory_format=torch.contiguous_format)))
+        counter = (N, N, lo * N) if dim == 0 else (hi - lo, N, lo)
+        w_r, s_r = cut(w), [cut(s) for s in states]
+        if dim == 0:  # Colwise: X whole, dY's local output features
+            x_r, dy_r = x, cut(dy.t()).t().contiguous()
+        else:  # Rowwise: X's local input features, dY whole
+            x_r, dy_r = cut(x), dy
+        be.fused_linear_update(w_r, x_r, dy_r, s_r, rule, h, seed=key, counter=counter)
+        assert np.array_equal(bits(w_r), bits(cut(full_w))), (style, P, r)
+        for a, b in zip(s_r, full_s):
+            assert np.array_equal(bits(a), bits(cut(b))), (style, P, r)
+        e_w, e_s = cut(w), [cut(s) for s in states]
+        be.elementwise_update(e_w, cut(grad), e_s, rule, h, seed=key, counter=counter)
+        assert np.array_equal(bits(e_w), bits(cut(ew_w))), (style, P, r, "elementwise")
+        if whole:
+            emu_r = emulate(bits(cut(w)), x_r.numpy(), dy_r.numpy(), [bits(cut(s)) for s in states],
+                            rule="adamw", h=h, precision="bf16-sr", seed=key, tile=(32, 32, 16), counter=counter)
+            assert np.array_equal(emu_r.weight, bits(w_r)), (style, P, r, "emulator")
+        emu_e = emulate_elementwise(bits(cut(w)), cut(grad).numpy(), [bits(cut(s)) for s in states],
+                                    rule="adamw", h=h, seed=key, counter=counter)
+        assert np.array_equal(emu_e[0], bits(e_w)), (style, P, r, "emulator elementwise")
 
 
 def _tp_autocast_worker(rank, world, outdir):
