@@ -129,3 +129,36 @@ def test_param_count_matches_transformers():
         with torch.device("meta"):
             model = LlamaForCausalLM(LlamaConfig(**cfg))
         assert sum(p.numel() for p in model.parameters()) == train_step.count_params(cfg)["total"], name
+
+
+def test_tp_train_tiny(tmp_path):
+    """bench/tp_train.py on 2 CPU ranks (gloo): a transformers Llama with its projections Colwise /
+    Rowwise, forge_num (autocast, fused shards) and torch AdamW from one init and batch: the same
+    first loss (the weights are equal before the first update), both trained."""
+    rows = {}
+    for method in ("forge", "torch_adamw"):
+        out = tmp_path / f"{method}.json"
+        _run("tp_train.py", "--spawn", "2", "--model", "tiny", "--method", method, "--batch", "2", "--seq", "16",
+             "--warmup", "1", "--steps", "1", "--out", str(out))
+        rows[method] = json.loads(out.read_text())["rows"][0]
+    for r in rows.values():
+        assert r["status"] == "ok" and r["ranks"] == 2, r
+        assert all(math.isfinite(x) for x in r["losses"]) and r["losses"][-1] < r["losses"][0]
+    assert rows["forge"]["losses"][0] == rows["torch_adamw"]["losses"][0]
+
+
+def test_tp_find_batch_search():
+    """The micro-batch search (doubling, then bisection) against a fake probe that fits up to 5."""
+    import argparse
+
+    from bench import tp_train
+
+    seen = []
+
+    def probe(args, method, batch):
+        seen.append(batch)
+        return {"status": "ok" if batch <= 5 else "oom", "batch": batch}
+
+    args = argparse.Namespace(methods="forge", seq=8, out=None, nproc=2)
+    rows = tp_train.find_batch(args, probe=probe)
+    assert rows[0]["largest_batch"] == 5 and seen == [1, 2, 4, 8, 6, 5]
