@@ -233,3 +233,65 @@ def run_q8_case(rule_name: str, hyper: dict, dtype: torch.dtype, M: int, N: int,
     # finite element). With 64 elements all staying put has probability ~2^-64.
     if M * N >= 64 and states:
         assert any(not np.array_equal(c, s.codes.numpy()) for (c, _), s in zip(res.states, states))
+
+
+def run_sharded_bf16_sr_case(backend: str, style: str, P: int, device) -> None:
+    """bf16-sr: each shard's update with its counter map (its elements' indices in the whole
+    parameter) is the restriction of the unsharded update, bit for bit: fused (from the local X, dY)
+    and element-wise (from the gradient's slice); the emulator agrees (proofs/distributed.md §6).
+    ``backend``: "torch" (forge_num.torch_backend) or "kernels" (Triton: the GPU or the interpreter)."""
+    from forge_num import torch_backend as _tb
+    from forge_num import kernels, rules
+    from forge_num.emulator import emulate, emulate_elementwise
+
+    be = _tb if backend == "torch" else kernels
+    rule = rules.ADAMW
+    h = rule.scalars(dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1), 3)
+    g = torch.Generator().manual_seed(10 + P)
+    K, M, N = 24, 48, 40
+    x, dy = torch.randn(K, N, generator=g), torch.randn(K, M, generator=g) * 0.1
+    w = torch.randn(M, N, generator=g).bfloat16()
+    states = [torch.randn(M, N, generator=g).bfloat16(), torch.rand(M, N, generator=g).bfloat16()]
+    x, dy, w, states = x.to(device), dy.to(device), w.to(device), [s.to(device) for s in states]
+    key = 0x1234_5678_9ABC
+    full_w, full_s = w.clone(), [s.clone() for s in states]
+    be.fused_linear_update(full_w, x, dy, full_s, rule, h, seed=key)
+    grad = dy.t() @ x
+    ew_w, ew_s = w.clone(), [s.clone() for s in states]
+    be.elementwise_update(ew_w, grad.contiguous(), ew_s, rule, h, seed=key)
+    bits = lambda t: t.view(torch.int16).cpu().numpy().view(np.uint16)  # noqa: E731
+    # the whole fused kernel's emulation holds where dW is the kernels' own (the torch backend's dW is
+    # MKL's, summed in another order); the element-wise emulation holds for both backends
+    whole = backend == "kernels"
+    if whole:
+        emu = emulate(bits(w), x.cpu().numpy(), dy.cpu().numpy(), [bits(s) for s in states], rule="adamw", h=h,
+                      precision="bf16-sr", seed=key, tile=(32, 32, 16))
+        assert np.array_equal(emu.weight, bits(full_w))
+    dim = 0 if style == "colwise" else 1
+    size = (M, N)[dim]
+    bounds = [size * r // P for r in range(P + 1)]
+    for r in range(P):
+        lo, hi = bounds[r], bounds[r + 1]
+        # copies: a row slice's .contiguous() would be a view, and the updates are in place
+        cut = ((lambda t: t[lo:hi].clone(memory_format=torch.contiguous_format)) if dim == 0
+               else (lambda t: t[:, lo:hi].clone(memory_format=torch.contiguous_format)))
+        counter = (N, N, lo * N) if dim == 0 else (hi - lo, N, lo)
+        w_r, s_r = cut(w), [cut(s) for s in states]
+        if dim == 0:  # Colwise: X whole, dY's local output features
+            x_r, dy_r = x, cut(dy.t()).t().contiguous()
+        else:  # Rowwise: X's local input features, dY whole
+            x_r, dy_r = cut(x), dy
+        be.fused_linear_update(w_r, x_r, dy_r, s_r, rule, h, seed=key, counter=counter)
+        assert np.array_equal(bits(w_r), bits(cut(full_w))), (style, P, r)
+        for a, b in zip(s_r, full_s):
+            assert np.array_equal(bits(a), bits(cut(b))), (style, P, r)
+        e_w, e_s = cut(w), [cut(s) for s in states]
+        be.elementwise_update(e_w, cut(grad), e_s, rule, h, seed=key, counter=counter)
+        assert np.array_equal(bits(e_w), bits(cut(ew_w))), (style, P, r, "elementwise")
+        if whole:
+            emu_r = emulate(bits(cut(w)), x_r.cpu().numpy(), dy_r.cpu().numpy(), [bits(cut(s)) for s in states],
+                            rule="adamw", h=h, precision="bf16-sr", seed=key, tile=(32, 32, 16), counter=counter)
+            assert np.array_equal(emu_r.weight, bits(w_r)), (style, P, r, "emulator")
+        emu_e = emulate_elementwise(bits(cut(w)), cut(grad).cpu().numpy(), [bits(cut(s)) for s in states],
+                                    rule="adamw", h=h, seed=key, counter=counter)
+        assert np.array_equal(emu_e[0], bits(e_w)), (style, P, r, "emulator elementwise")

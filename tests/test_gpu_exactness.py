@@ -154,3 +154,13 @@ def test_candidate_configs(regime, config, data):
                   with_accum=data.draw(st.booleans()), transpose_inputs=data.draw(st.booleans()),
                   bad_rows=data.draw(st.sampled_from([0, 0, 2])), precision=precision), CUDA)
 
+
+
+@pytest.mark.parametrize("P", [2, 3])
+@pytest.mark.parametrize("style", ["colwise", "rowwise"])
+def test_bf16_sr_shard_counter_maps(style, P):
+    """The Philox counter maps of sharded parameters in the Triton kernels on the GPU: a shard's
+    bf16-sr update is the restriction of the unsharded one, bit for bit (as on the CPU)."""
+    from tests.kernel_cases import run_sharded_bf16_sr_case
+
+    run_sharded_bf16_sr_case("kernels", style, P, CUDA)
