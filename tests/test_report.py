@@ -22,6 +22,7 @@ def test_bias_report(tmp_path):
     assert sr["min_p_bonferroni"] > 1e-3
     for r in data["quant8"].values():
         assert r["worst_error_over_bound"] < 1.0  # proofs/quant8.md: |dequant(Q(x)) - x| < step(x)
+        assert r["min_p_bonferroni"] > 1e-3 and r["elements_two_way"] > 0  # the exact binomial test
     fin = data["tiny_updates"]["final"]
     assert fin["rne"] == 1.0  # every 0.1-ulp update cancelled by round-to-nearest
     assert fin["sr"] > 1.0
@@ -47,3 +48,16 @@ def test_gpu_path_draws_the_emulators_roundings():
     a = report.sr_bias(vals, 300, 1, "gpu")
     b = report.sr_bias(vals, 300, 1, "emulator")
     assert np.array_equal(a["mean_err_ulp"], b["mean_err_ulp"]) and np.array_equal(a["p_value"], b["p_value"])
+
+
+def test_report_detects_a_biased_8bit_rounding(monkeypatch):
+    """The 8-bit test rejects a stochastic rounding biased by 1/16 of a grid step (so it can fail)."""
+    import numpy as np
+
+    from forge_num.emulator import quant8
+
+    real = quant8.quantize_block_sr
+    monkeypatch.setattr(quant8, "quantize_block_sr",
+                        lambda x, r, signed: real(x, np.minimum(np.asarray(r) + (1 << 20), (1 << 24) - 1), signed))
+    res = report.quant8_check(blocks=2, draws=2000, seed=3)
+    assert all(r["min_p_bonferroni"] < 1e-3 for r in res.values()), res
