@@ -145,9 +145,7 @@ def fused_linear_update_kernel(
 
     w and states as float32 (fp32 regime) or as uint16 bf16 encodings (bf16-sr regime)."""
     M, N = (w.shape if w is not None else (dy.shape[1], x.shape[1]))
-    counter = CounterMap.identity(N) if counter is None else CounterMap(*counter)  # Philox counters
-    if counter.cols != max(N, 1):
-        raise ValueError(f"a linear update's counter map has cols = N = {N}, got {counter}")
+    counter = CounterMap.of(counter, M * N, cols=N)  # the elements' Philox counters
     w = None if w is None else w.copy()
     states = [s if isinstance(s, tuple) else s.copy() for s in states]
     acc_out = np.zeros((M, N), np.float32) if store_acc else None
@@ -207,7 +205,7 @@ def elementwise_update_kernel(param, grad, states, *, rule: Rule, h, grad_scale,
     philox.CounterMap (default: the flat index)."""
     bf16 = param.dtype == np.uint16
     flat = np.arange(param.size, dtype=np.int64)
-    offs = flat if counter is None else CounterMap(*counter).of_flat(flat)
+    offs = CounterMap.of(counter, param.size).of_flat(flat)
     p, new_states, finite = update_in_place(
         param.reshape(-1), [t.reshape(-1) for t in states], offs, grad.reshape(-1).astype(np.float32),
         bind_guarded(rule), h, grad_scale, seed, bf16)

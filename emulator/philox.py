@@ -225,6 +225,24 @@ class CounterMap(NamedTuple):
     def identity(cols: int) -> "CounterMap":
         return CounterMap(max(int(cols), 1), max(int(cols), 1), 0)
 
+    @staticmethod
+    def of(counter, numel: int, cols: int | None = None) -> "CounterMap":
+        """``counter`` (cols, row_stride, base) checked for a tensor of ``numel`` elements (and, where
+        given, rows of ``cols`` elements: a linear weight's N); None: the flat index."""
+        if counter is None:
+            return CounterMap.identity(cols if cols is not None else numel)
+        try:
+            c, stride, base = (operator.index(v) for v in counter)
+        except TypeError:
+            raise TypeError(f"counter must be (cols, row_stride, base) integers, got {counter!r}") from None
+        if c < 1 or stride < c or base < 0:
+            raise ValueError(f"counter needs cols >= 1, row_stride >= cols, base >= 0, got {counter!r}")
+        if cols is not None and c != max(cols, 1):
+            raise ValueError(f"a linear weight's counter map has cols = N = {cols}, got {counter!r}")
+        if numel % c:
+            raise ValueError(f"counter cols = {c} does not divide the tensor's {numel} elements")
+        return CounterMap(c, stride, base)
+
     def of_flat(self, flat):
         """The counters of flat (row-major) indices into the tensor seen as [rows, cols]."""
         flat = np.asarray(flat, dtype=np.int64)

@@ -90,7 +90,7 @@ non-finite count are global: the shards' sums are added across ranks (one all-ga
 per step), replicated parameters counted once; ``clipping="previous"`` uses that global norm.
 
 Stochastic rounding on sharded parameters (``bf16-sr``): each shard draws the Philox counters of its
-elements' indices in the whole parameter (``forge_num.optim.shard_counter``), so the rounding does not
+elements' indices in the whole parameter (``shard_counter``), so the rounding does not
 depend on the number of ranks (proofs/distributed.md §6).
 
 Not supported yet (errors say so where they can): the ``8bit`` regime on sharded parameters (its
@@ -101,6 +101,8 @@ called twice in one step, transformers' Conv1D under tensor parallelism, 2-D mes
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -109,6 +111,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 __all__ = [
     "sharded_linear_forward",
+    "shard_counter",
     "local_grad",
     "prepare_data_parallel",
     "fully_sharded_params",
@@ -148,10 +151,9 @@ class _ShardedFusedLinearFn(torch.autograd.Function):
     def forward(ctx, x, anchor, bias, w_local, param, layer, use):
         # under autocast as the unsharded fused layer (fused.py): output and dX in the autocast dtype,
         # as F.linear computes them; dW in fp32 from the low-precision x and dy, never rounded
-        from forge_num.fused import _autocast_dtype
+        from forge_num.fused import _autocast_operands
 
-        dt = _autocast_dtype(x.device.type)
-        xc, wc, bc = (x.to(dt), w_local.to(dt), bias.to(dt) if bias is not None else None) if dt else (x, w_local, bias)
+        dt, xc, wc, bc = _autocast_operands(x, w_local, bias)
         with torch.autocast(x.device.type, enabled=False):
             out = F.linear(xc, wc, bc)
         ctx.save_for_backward(xc, w_local)
@@ -212,6 +214,33 @@ def sharded_linear_forward(module: nn.Module, input, layer):
     if b_after is not None:  # autocast: added in the autocast dtype, as F.linear adds its bias
         out = out + (b_after.to(out.dtype) if torch.is_autocast_enabled(input.device.type) else b_after)
     return out
+
+
+def shard_counter(p) -> tuple[int, int, int] | None:
+    """The Philox counter map (cols, row_stride, base) of this rank's shard of a sharded DTensor
+    parameter: each local element draws the counter of its flat index in the whole parameter, so the
+    stochastic rounding does not depend on the number of ranks (proofs/distributed.md §6). The
+    parameter is seen as [rows, C] over its last dimension: a shard of the first dimension (rows, as
+    Colwise and FSDP2 make) is (C, C, first element); a shard of the last dimension only (Rowwise)
+    is (local C, C, first column); other shardings are refused. None for an unsharded parameter."""
+    if not (isinstance(p, DTensor) and any(pl.is_shard() for pl in p.placements)):
+        return None
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape = tuple(p.shape)
+    local, offset = compute_local_shape_and_global_offset(shape, p.device_mesh, p.placements)
+    sharded = [d for d in range(len(shape)) if local[d] != shape[d] or offset[d] != 0]
+    if not sharded:  # this rank holds all of it
+        return None
+    if sharded == [0]:  # leading rows: a contiguous range of the parameter's flat indices
+        cols = int(shape[-1]) if len(shape) > 1 else max(int(local[0]), 1)
+        return cols, cols, int(offset[0]) * math.prod(shape[1:])
+    if len(shape) >= 2 and sharded == [len(shape) - 1]:  # the last dimension only
+        return max(int(local[-1]), 1), int(shape[-1]), int(offset[-1])
+    raise NotImplementedError(
+        f"forge_num: stochastic rounding on a parameter of shape {shape} sharded as {tuple(p.placements)} "
+        "(rows or the last dimension only)"
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -102,6 +102,15 @@ def _autocast_dtype(device_type: str):
     return None
 
 
+def _autocast_operands(x, weight, bias):
+    """(dt, x, weight, bias) as the layer computes with them: cast to the autocast dtype dt where
+    autocast is on (as F.linear would), unchanged with dt None otherwise."""
+    dt = _autocast_dtype(x.device.type)
+    if dt is None:
+        return None, x, weight, bias
+    return dt, x.to(dt), weight.to(dt), bias.to(dt) if bias is not None else None
+
+
 def _plain_forward(layout, x, weight, bias):
     if layout == "linear":
         return F.linear(x, weight, bias)
@@ -112,13 +121,7 @@ def _plain_forward(layout, x, weight, bias):
 class _FusedLinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, layer, use):
-        dt = _autocast_dtype(x.device.type)
-        if dt is not None:
-            xc = x.to(dt)
-            wc = weight.to(dt)
-            bc = bias.to(dt) if bias is not None else None
-        else:
-            xc, wc, bc = x, weight, bias
+        dt, xc, wc, bc = _autocast_operands(x, weight, bias)
         with torch.autocast(x.device.type, enabled=False):
             out = _plain_forward(layer.layout, xc, wc, bc)
         ctx.save_for_backward(xc, weight)

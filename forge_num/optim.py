@@ -125,38 +125,6 @@ def _is_sharded(p) -> bool:
     return _is_dtensor(p) and any(pl.is_shard() for pl in p.placements)
 
 
-def shard_counter(p) -> tuple[int, int, int] | None:
-    """The Philox counter map (cols, row_stride, base) of this rank's shard of a sharded DTensor
-    parameter: each local element draws the counter of its flat index in the whole parameter, so the
-    stochastic rounding does not depend on the number of ranks (proofs/distributed.md §6). The
-    parameter is seen as [rows, C] over its last dimension: a shard of leading dimensions (rows, as
-    Colwise and FSDP2 make) is (C, C, first element); a shard of the last dimension only (Rowwise)
-    is (local C, C, first column). None for an unsharded parameter."""
-    if not _is_sharded(p):
-        return None
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    shape = tuple(p.shape)
-    local, offset = compute_local_shape_and_global_offset(shape, p.device_mesh, p.placements)
-    sharded = [d for d in range(len(shape)) if local[d] != shape[d] or offset[d] != 0]
-    C = shape[-1] if shape else 1
-    if not sharded:  # this rank holds all of it
-        return None
-    if len(shape) >= 2 and sharded == [len(shape) - 1]:  # columns only
-        return (int(local[-1]) if local[-1] else 1), int(C), int(offset[-1])
-    d = sharded[0]
-    if len(sharded) == 1 and all(local[k] == shape[k] for k in range(d + 1, len(shape))):
-        inner = 1
-        for k in range(d + 1, len(shape)):
-            inner *= shape[k]
-        if len(shape) == 1:  # a 1-D shard: one row of the local elements
-            return max(int(local[0]), 1), max(int(local[0]), 1), int(offset[0])
-        return int(C), int(C), int(offset[d] * inner)
-    raise NotImplementedError(
-        f"forge_num: stochastic rounding on a parameter of shape {shape} sharded as {tuple(p.placements)} "
-        "(rows or the last dimension only)"
-    )
-
 
 class _Rec:
     """Book-keeping of one parameter updated in backward (registered by prepare())."""
@@ -274,6 +242,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
                     "the whole parameter; use precision='bf16-sr' or 'fp32' under tensor parallelism or FSDP2"
                 )
             if self.precision == "bf16-sr" and _is_sharded(p):
+                from forge_num.distributed import shard_counter
+
                 shard_counter(p)  # raises for a sharding whose counters are not supported
             if p.dtype != want:
                 hint = ("Keep the weights in fp32 (use torch.autocast for bf16 compute)." if want == torch.float32
@@ -405,8 +375,10 @@ class ForgeOptimizer(torch.optim.Optimizer):
     def _counter_kw(self, p) -> dict:
         """``counter=`` for a sharded parameter in a stochastic regime (its elements' indices in the
         whole parameter); nothing otherwise, so backends without the keyword keep working."""
-        if self.precision == "fp32":
+        if self.precision == "fp32" or not _is_sharded(p):
             return {}
+        from forge_num.distributed import shard_counter
+
         counter = shard_counter(p)
         return {} if counter is None else {"counter": counter}
 

@@ -65,6 +65,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from forge_num.emulator.philox import CounterMap
 from forge_num.rules import Rule
 
 __all__ = [
@@ -384,13 +385,6 @@ def weight_grad_blocks(x, dy, M, N, accum=None):
 
 
 @torch.no_grad()
-def _counter_map(counter, cols):
-    """emulator.philox.CounterMap of ``counter`` (cols, row_stride, base); None: flat indices."""
-    from forge_num.emulator.philox import CounterMap
-
-    return CounterMap.identity(cols) if counter is None else CounterMap(*(int(v) for v in counter))
-
-
 def fused_linear_update(weight, x, dy, states, rule, h, *, grad_scale=1.0, accum=None, seed=None,
                         counter=None) -> UpdateStats:
     """Apply ``rule`` (guarded) to ``weight`` [M, N] and ``states`` with dW = dyᵀ x, in row blocks, in place.
@@ -408,9 +402,7 @@ def fused_linear_update(weight, x, dy, states, rule, h, *, grad_scale=1.0, accum
     _check_activations(x, dy, M, N)
     if x.device != weight.device:
         raise ValueError(f"x is on {x.device}, weight on {weight.device}")
-    cmap = _counter_map(counter, N)
-    if cmap.cols != max(N, 1):
-        raise ValueError(f"a linear weight's counter map has cols = N = {N}, got {counter!r}")
+    cmap = CounterMap.of(counter, M * N, cols=N)
     if any(_is_q8(st) for st in states):
         return _fused_linear_update_q8(weight, x, dy, list(states), rule, h, grad_scale, accum, seed, cmap)
     states = _check_states(states, weight, "weight")
@@ -504,9 +496,7 @@ def elementwise_update(param, grad, states, rule, h, *, grad_scale=1.0, seed=Non
     hs = _scalars(h, param.device)
     scale = _grad_scale(grad_scale, param.device)
     p1, g1, s1 = param.view(-1), grad.view(-1), [s.view(-1) for s in states]
-    cmap = _counter_map(counter, p1.numel())
-    if p1.numel() % cmap.cols:
-        raise ValueError(f"counter cols = {cmap.cols} does not divide the parameter's {p1.numel()} elements")
+    cmap = CounterMap.of(counter, p1.numel())
     norm_sq = torch.zeros((), dtype=_F64, device=param.device)
     nonfinite = torch.zeros((), dtype=torch.int64, device=param.device)
     for i in range(0, max(p1.numel(), 1), BLOCK_ELEMS):

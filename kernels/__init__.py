@@ -38,6 +38,7 @@ from typing import NamedTuple, Sequence
 import torch
 import triton
 
+from forge_num.emulator.philox import CounterMap
 from forge_num.rules import Rule
 
 from .linear_update import elementwise_update_kernel, fused_linear_update_kernel
@@ -416,31 +417,17 @@ def fused_linear_update(
             _check_fp32_like(name, t, weight)
     _check_device(weight, x, dy, *(t for t in (accum, acc_out) if t is not None),
                   *(states if not q8 else ()))
-    rand_stride, rand_base = _linear_counter(counter, N)
+    rand_stride, rand_base = _linear_counter(counter, M, N)
     return _launch_linear(
         weight, states, x, dy, accum, acc_out, rule, h, grad_scale, update=True, config=config,
         n_state=len(states), seed=seed or 0, bf16=bf16 and not q8, q8=q8, rand=(rand_stride, rand_base),
     )
 
 
-def _counter(counter, cols: int) -> tuple[int, int, int]:
-    """(cols, row_stride, base) of a counter map, checked; None: the flat index (cols, cols, 0)."""
-    if counter is None:
-        return max(cols, 1), max(cols, 1), 0
-    try:
-        c, stride, base = (int(v) for v in counter)
-    except (TypeError, ValueError):
-        raise TypeError(f"counter must be (cols, row_stride, base) integers, got {counter!r}") from None
-    if c < 1 or stride < c or base < 0:
-        raise ValueError(f"counter needs cols >= 1, row_stride >= cols, base >= 0, got {counter!r}")
-    return c, stride, base
-
-
-def _linear_counter(counter, N: int) -> tuple[int, int]:
-    cols, stride, base = _counter(counter, N)
-    if cols != max(N, 1):
-        raise ValueError(f"a linear weight's counter map has cols = N = {N}, got {counter!r}")
-    return stride, base
+def _linear_counter(counter, M: int, N: int) -> tuple[int, int]:
+    """(row_stride, base) of a linear weight's counter map (emulator.philox.CounterMap.of checks it)."""
+    c = CounterMap.of(counter, M * N, cols=N)
+    return c.row_stride, c.base
 
 
 def linear_mainloop(
@@ -506,9 +493,7 @@ def elementwise_update(
     h, grad_scale = _check_scalars(rule, h, grad_scale)
     _check_device(param, grad, *states)
     numel = param.numel()
-    cols, stride, base = _counter(counter, numel)
-    if numel % cols:
-        raise ValueError(f"counter cols = {cols} does not divide the parameter's {numel} elements")
+    cols, stride, base = CounterMap.of(counter, numel)
     n_prog = max(1, triton.cdiv(numel, ELEMENTWISE_BLOCK))
     norm_sq = torch.zeros(n_prog, dtype=torch.float64, device=param.device)
     nonfinite = torch.zeros(n_prog, dtype=torch.int32, device=param.device)

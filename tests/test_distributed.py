@@ -224,20 +224,28 @@ def reduce_partial_grads(model) -> None:
             p.grad = p.grad.redistribute(p.device_mesh, p.placements)
 
 
+def finish_step(model, opt, impl, clip=None):
+    """The end of a training step: torch.optim on reduced gradients (``clip``: clip_grad_norm_), or
+    forge_num's bookkeeping step after a backward that consumed and freed every gradient."""
+    if impl == "torch":
+        reduce_partial_grads(model)
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        with ExactSqrt():
+            opt.step()
+    else:
+        for name, p in model.named_parameters():  # every gradient was consumed and freed
+            assert p.grad is None, name
+        opt.step()
+
+
 def train(model, opt, data, impl):
     losses = []
     for ids in data:
         loss = model(ids)
         loss.backward()
         losses.append(loss.item())
-        if impl == "torch":
-            reduce_partial_grads(model)
-            with ExactSqrt():
-                opt.step()
-        else:
-            for name, p in model.named_parameters():  # every gradient was consumed and freed
-                assert p.grad is None, name
-            opt.step()
+        finish_step(model, opt, impl)
         opt.zero_grad(set_to_none=True)
     return losses
 
@@ -474,16 +482,8 @@ def train_dist(model, opt, local, impl, micro=1, clip=None, opt_backward=False):
         for ids in local[i : i + micro]:
             loss = model(ids) / micro
             opt.backward(loss) if opt_backward else loss.backward()
-        if impl == "torch":
-            reduce_partial_grads(model)
-            if clip is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-            with ExactSqrt():
-                opt.step()
-        else:
-            for name, p in model.named_parameters():  # every gradient was consumed and freed
-                assert p.grad is None, name
-            opt.step()
+        finish_step(model, opt, impl, clip)
+        if impl != "torch":
             coefs.append(opt.stats["clip_coef"])
             norms.append(opt.stats["grad_norm"])
         opt.zero_grad(set_to_none=True)
@@ -938,7 +938,7 @@ def _lowbit_sharded_worker(rank, world, outdir):
     trains, each shard drawing the Philox counters of its elements in the whole parameter."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from forge_num.optim import shard_counter
+    from forge_num.distributed import shard_counter
 
     model = parallelize(Tiny(seed=0), init_device_mesh("cpu", (world,)), sp=True).to(torch.bfloat16)
     out = {}
@@ -966,7 +966,7 @@ def _lowbit_sharded_worker(rank, world, outdir):
 
 def _fsdp_bf16_sr_worker(rank, world, outdir):
     """FSDP2 in the bf16-sr regime: dim-0 shards draw the counters of their rows in the parameter."""
-    from forge_num.optim import shard_counter
+    from forge_num.distributed import shard_counter
 
     model = fsdp_shard(Tiny(seed=0).to(torch.bfloat16))
     wq = model.layers[0].wq.weight
