@@ -117,6 +117,7 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32") -
             "config": str(configs[0]),
             "per_config_ms": {k: t * 1e3 for k, t in per_config.items()},
             "best_config": min(per_config, key=per_config.get),
+            "best_label": {str(c): c.label for c in (*configs, *candidates)}[min(per_config, key=per_config.get)],
             "candidates": [str(c) for c in candidates],
             "best_config_speedup_vs_unfused": t_unfused / min(per_config.values()), **parts}
 
@@ -130,6 +131,10 @@ MAINLOOP_TILES = (
     kernels.TileConfig(128, 256, 64, num_warps=8, num_stages=3),
     kernels.TileConfig(256, 128, 64, num_warps=8, num_stages=3),
     kernels.TileConfig(128, 128, 128, num_warps=8, num_stages=3),
+    kernels.TileConfig(64, 128, 64, num_warps=4, num_stages=4, tma=True),
+    kernels.TileConfig(128, 128, 64, num_warps=8, num_stages=4, tma=True),
+    kernels.TileConfig(128, 256, 64, num_warps=8, num_stages=3, tma=True),
+    kernels.TileConfig(128, 256, 64, num_warps=8, num_stages=4, tma=True),
 )
 
 
@@ -152,6 +157,7 @@ def bench_mainloop(M: int, N: int, K: int) -> dict:
         except Exception as e:  # a tile that does not compile (shared memory): reported, not fatal
             row["triton_ms"][str(cfg)] = f"{type(e).__name__}: {str(e)[:120]}"
     row["tflops"] = {k: flops / v * 1e-9 for k, v in row["triton_ms"].items() if isinstance(v, float)}
+    row["labels"] = {str(c): c.label for c in MAINLOOP_TILES}
     row["cublas_tflops"] = flops / row["cublas_bf16_out_ms"] * 1e-9
     return row
 
@@ -173,8 +179,8 @@ def main(argv=None) -> int:
                 rows.append(r)
                 best = max(r["tflops"], key=r["tflops"].get) if r["tflops"] else None
                 print(f"mainloop {M:>6}x{N:<6} K={K:<6} cuBLAS {r['cublas_tflops']:6.0f} TFLOP/s  "
-                      + "  ".join(f"{k.split('(')[1].split(', num_stages')[0]}: {v:5.0f}" for k, v in r["tflops"].items())
-                      + (f"  best {best.split('(')[1][:40]}" if best else ""), flush=True)
+                      + "  ".join(f"{r['labels'][k]}: {v:4.0f}" for k, v in r["tflops"].items())
+                      + (f"  best {r['labels'][best]}" if best else ""), flush=True)
                 if args.out:
                     with open(args.out, "w") as f:
                         json.dump({"meta": {"command": "python bench/kernels.py " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -196,7 +202,7 @@ def main(argv=None) -> int:
         r = rows[-1]
         print(f"{precision:<7} {M:>6}x{N:<6} K={K:<6} forge {r['forge_ms']:8.3f} ms  unfused {r['unfused_ms']:8.3f} ms  "
               f"floor {r['floor_ms']:7.3f} ms  speedup {r['speedup_vs_unfused']:5.2f}x  "
-              f"forge/floor {r['forge_over_floor']:5.2f}  best cfg {r['best_config_speedup_vs_unfused']:5.2f}x"
+              f"forge/floor {r['forge_over_floor']:5.2f}  best {r['best_config_speedup_vs_unfused']:5.2f}x ({r['best_label']})"
               + (f"  [dW triton {r['triton_dw_ms']:.3f} cublas {r['cublas_dw_ms']:.3f}; update forge "
                  f"{r['forge_update_only_ms']:.3f} torch {r['torch_update_only_ms']:.3f}]" if "triton_dw_ms" in r else ""),
               flush=True)

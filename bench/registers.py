@@ -37,6 +37,9 @@ def compile_ptx(cfg: kernels.TileConfig, rule: rules.Rule, dtype: str, precision
     w_ty, s_ty = STORAGE[precision]
     sig = {"w_ptr": w_ty, "s0_ptr": s_ty, "s1_ptr": s_ty, "x_ptr": f"*{dtype}", "dy_ptr": f"*{dtype}",
            "accum_ptr": "*fp32", "acc_out_ptr": "*fp32", "norm_sq_ptr": "*fp64", "nonfinite_ptr": "*i32",
+           # TMA configurations get the descriptors a launch with unit inner strides makes
+           "x_desc": f"tensordesc<{dtype}[{cfg.BK}, {cfg.BN}]>" if cfg.tma else "constexpr",
+           "dy_desc": f"tensordesc<{dtype}[{cfg.BK}, {cfg.BM}]>" if cfg.tma else "constexpr",
            "scale0_ptr": "*fp32", "scale1_ptr": "*fp32", "n_blocks": "i32", "M": "i32", "N": "i32", "K": "i32", "stride_xk": "i32", "stride_xn": "i32", "stride_dyk": "i32",
            "stride_dym": "i32", "h": tuple("fp32" for _ in rule.scalar_names), "grad_scale": "fp32", "seed": "u64",
            "rand_stride": "i32", "rand_base": "i64",
@@ -45,7 +48,9 @@ def compile_ptx(cfg: kernels.TileConfig, rule: rules.Rule, dtype: str, precision
              "UPDATE": True, "STORE_ACC": False, "HAS_ACCUM": False,
              "INPUT_PRECISION": "ieee" if dtype == "fp32" else "tf32",
              "BM": cfg.BM, "BN": cfg.BN, "BK": cfg.BK, "EPILOGUE_SPLIT": cfg.epilogue_split,
-             "PERSISTENT": bool(cfg.persistent), "GROUP_M": 8}
+             "PERSISTENT": bool(cfg.persistent), "GROUP_M": 8, "USE_TMA": cfg.tma}
+    if not cfg.tma:
+        const.update(x_desc=None, dy_desc=None)
     for k in const:
         sig[k] = "constexpr"
     names = list(sig)
@@ -79,10 +84,13 @@ def main(argv=None) -> int:
     ap.add_argument("--rule", default="adamw")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="mainloop operands")
     ap.add_argument("--precision", default="fp32", choices=sorted(STORAGE), help="weight/state storage")
+    ap.add_argument("--candidates", action="store_true", help="the benchmark's candidates instead of the launcher's lists")
     args = ap.parse_args(argv)
     rule = rules.get_rule(args.rule)
     torch_dtype = kernels.torch.bfloat16 if args.dtype == "bf16" else kernels.torch.float32
     cfgs = kernels.Q8_CONFIGS[torch_dtype] if args.precision == "8bit" else kernels.configs_for(torch_dtype)
+    if args.candidates:
+        cfgs = kernels.CANDIDATE_Q8_CONFIGS if args.precision == "8bit" else kernels.CANDIDATE_CONFIGS
     for cfg in cfgs:
         u = resource_usage(compile_ptx(cfg, rule, args.dtype, args.precision))
         print(f"{cfg}: {u['registers']} registers, spill stores {u['spill_stores']} B, loads {u['spill_loads']} B")

@@ -92,14 +92,21 @@ class TileConfig:
     num_stages: int = 3
     epilogue_split: int = 1  # the epilogue runs on this many column sub-tiles (8bit regime: row sub-tiles)
     persistent: int = 0  # 0: one program per tile; n > 0: n programs per SM, each looping over tiles
+    tma: bool = False  # load the operand tiles through TMA descriptors where the operands allow it
+
+    @property
+    def label(self) -> str:
+        """Short name for tables: 64x128x64 w4 s4 e4 [p2] [tma]."""
+        return (f"{self.BM}x{self.BN}x{self.BK} w{self.num_warps} s{self.num_stages} e{self.epilogue_split}"
+                + (f" p{self.persistent}" if self.persistent else "") + (" tma" if self.tma else ""))
 
     def __post_init__(self):
         for name in ("BM", "BN", "BK"):
             v = getattr(self, name)
             if v < 16 or v & (v - 1):
                 raise ValueError(f"TileConfig.{name} must be a power of two >= 16, got {v}")
-        if self.epilogue_split not in (1, 2, 4) or self.BN // self.epilogue_split < 8:
-            raise ValueError(f"TileConfig.epilogue_split must be 1, 2 or 4 with BN/split >= 8, got {self}")
+        if self.epilogue_split not in (1, 2, 4, 8) or self.BN // self.epilogue_split < 8:
+            raise ValueError(f"TileConfig.epilogue_split must be 1, 2, 4 or 8 with BN/split >= 8, got {self}")
         if not (isinstance(self.persistent, int) and 0 <= self.persistent <= 8):
             raise ValueError(f"TileConfig.persistent must be an int in [0, 8] (programs per SM), got {self}")
 
@@ -148,6 +155,9 @@ CANDIDATE_CONFIGS = (
     TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4),
     TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, persistent=2),
     TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, persistent=1),
+    TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, tma=True),
+    TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, tma=True),
+    TileConfig(128, 256, 64, num_warps=8, num_stages=3, epilogue_split=8, tma=True),
 )
 CANDIDATE_Q8_CONFIGS = (
     TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=2),
@@ -305,6 +315,23 @@ def _sm_count(device: torch.device) -> int:
     return _sm_count_cached(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def _tma_descriptors(x: torch.Tensor, dy: torch.Tensor, config: TileConfig):
+    """(x_desc, dy_desc) for a TMA mainloop, or (None, None) where it cannot run: the config does not
+    ask for it, no tokens, or operands the copy engine cannot address (inner stride not 1, a row
+    pitch or base address not a multiple of 16 bytes). Either way the kernel reads the same values:
+    the pointer mainloop is the fallback, with the same bits (tests/test_gpu_exactness.py)."""
+    if not config.tma or x.shape[0] == 0:
+        return None, None
+    for t in (x, dy):
+        if t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
+            return None, None
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    K = x.shape[0]
+    return (TensorDescriptor(x, [K, x.shape[1]], [x.stride(0), 1], [config.BK, config.BN]),
+            TensorDescriptor(dy, [K, dy.shape[1]], [dy.stride(0), 1], [config.BK, config.BM]))
+
+
 def _launch_linear(
     weight, states, x, dy, accum, acc_out, rule, h, grad_scale, *, update: bool, config: TileConfig | None,
     n_state: int, seed: int = 0, bf16: bool = False, q8: bool = False, rand: tuple[int, int] | None = None,
@@ -318,8 +345,9 @@ def _launch_linear(
             config = INTERPRETER_Q8_CONFIG if _interpreting() else Q8_CONFIGS[x.dtype][0]
         else:
             config = INTERPRETER_CONFIG if _interpreting() else default_config(M, N, K, x.dtype, bf16)
-    if q8 and config.BN % QBLOCK:
-        raise ValueError(f"the 8bit regime needs BN a multiple of {QBLOCK} (its epilogue splits rows), got {config}")
+    if q8 and (config.BN % QBLOCK or config.epilogue_split > 4 or config.BM % config.epilogue_split):
+        raise ValueError(f"the 8bit regime needs BN a multiple of {QBLOCK} and its epilogue split into 1, 2 or 4 "
+                         f"row sub-tiles, got {config}")
     norm_sq, nonfinite, slots_n = _telemetry_buffers(M, N, device)
     dummy = norm_sq  # any tensor: pointers of absent operands are never dereferenced
     if q8:
@@ -333,6 +361,7 @@ def _launch_linear(
     if config.persistent:  # a 1-D grid of at most `persistent` programs per SM, looping over the tiles
         grid = (min(grid[0] * grid[1], config.persistent * _sm_count(device)),)
     if M and N:
+        x_desc, dy_desc = _tma_descriptors(x, dy, config)
         fused_linear_update_kernel[grid](
             weight if weight is not None else dummy,
             s[0] if s[0] is not None else dummy,
@@ -341,6 +370,7 @@ def _launch_linear(
             accum if accum is not None else dummy,
             acc_out if acc_out is not None else dummy,
             norm_sq, nonfinite,
+            x_desc, dy_desc,
             scales[0], scales[1], triton.cdiv(N, QBLOCK),
             M, N, K, x.stride(0), x.stride(1), dy.stride(0), dy.stride(1),
             h, grad_scale, int(seed), *(rand or (max(N, 1), 0)), slots_n,
@@ -348,7 +378,7 @@ def _launch_linear(
             UPDATE=update, STORE_ACC=acc_out is not None, HAS_ACCUM=accum is not None,
             INPUT_PRECISION=precision,
             BM=config.BM, BN=config.BN, BK=config.BK, EPILOGUE_SPLIT=config.epilogue_split,
-            PERSISTENT=bool(config.persistent),
+            PERSISTENT=bool(config.persistent), USE_TMA=x_desc is not None,
             num_warps=config.num_warps, num_stages=config.num_stages,
             enable_fp_fusion=False,
         )

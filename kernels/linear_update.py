@@ -45,12 +45,25 @@ from .rounding import bf16_sr_bits, bf16_to_f32
 
 @triton.jit
 def weight_grad_tile(
-    acc, x_ptr, dy_ptr, K, M, N,
+    acc, x_ptr, dy_ptr, x_desc, dy_desc, K, M, N,
     stride_xk, stride_xn, stride_dyk, stride_dym,
-    offs_m, offs_n,
+    offs_m, offs_n, m0, n0,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
-    """acc[BM, BN] += dY[:, offs_m]ᵀ X[:, offs_n] over the whole K, in K blocks of BK, in order."""
+    """acc[BM, BN] += dY[:, offs_m]ᵀ X[:, offs_n] over the whole K, in K blocks of BK, in order.
+
+    Two ways to bring the operand tiles in, with the same values in the same order (so the same
+    bits): USE_TMA, the Hopper tensor-memory accelerator through the descriptors x_desc [K, N] and
+    dy_desc [K, M] (block [BK, BN] and [BK, BM] at rows k0, columns n0 or m0), which fills the rows
+    and columns past the tensor's edge with zeros in hardware; otherwise masked pointer loads with
+    other=0 (cp.async on sm_90)."""
+    if USE_TMA:
+        for k0 in range(0, K, BK):
+            dy = dy_desc.load([k0, m0])
+            x = x_desc.load([k0, n0])
+            acc = tl.dot(tl.trans(dy), x, acc, input_precision=INPUT_PRECISION)
+        return acc
     offs_k = tl.arange(0, BK)
     in_m = offs_m < M
     in_n = offs_n < N
@@ -86,6 +99,8 @@ def tile_telemetry(g, in_tile, finite):
 def fused_linear_update_kernel(
     # tensors
     w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, accum_ptr, acc_out_ptr, norm_sq_ptr, nonfinite_ptr,
+    # USE_TMA: TMA descriptors of x [K, N] (block [BK, BN]) and dy [K, M] (block [BK, BM]); else None
+    x_desc, dy_desc,
     # 8bit regime: fp32 block scales of the states, [M, n_blocks] with n_blocks = cdiv(N, QBLOCK)
     scale0_ptr, scale1_ptr, n_blocks,
     # sizes and strides (W, S0, S1, accum, acc_out are contiguous [M, N])
@@ -103,7 +118,7 @@ def fused_linear_update_kernel(
     UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, HAS_ACCUM: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
-    PERSISTENT: tl.constexpr = False, GROUP_M: tl.constexpr = 8,
+    PERSISTENT: tl.constexpr = False, GROUP_M: tl.constexpr = 8, USE_TMA: tl.constexpr = False,
 ):
     """One program per tile (grid [cdiv(M, BM), cdiv(N, BN)]), or PERSISTENT: a 1-D grid of fewer
     programs, each walking tiles pid, pid + P, pid + 2P, ... in grouped order (GROUP_M tile rows
@@ -120,22 +135,23 @@ def fused_linear_update_kernel(
             pid_m = first_m + (tile % (GROUP_M * tiles_n)) % rows
             pid_n = (tile % (GROUP_M * tiles_n)) // rows
             linear_update_tile(
-                pid_m, pid_n, w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, accum_ptr, acc_out_ptr, norm_sq_ptr,
-                nonfinite_ptr, scale0_ptr, scale1_ptr, n_blocks, M, N, K, stride_xk, stride_xn, stride_dyk,
+                pid_m, pid_n, w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, x_desc, dy_desc, accum_ptr, acc_out_ptr,
+                norm_sq_ptr, nonfinite_ptr, scale0_ptr, scale1_ptr, n_blocks, M, N, K, stride_xk, stride_xn, stride_dyk,
                 stride_dym, h, grad_scale, seed, rand_stride, rand_base, slots_n, GUARDED_UPDATE, N_STATE, BF16_STORAGE, STATE_Q8,
-                UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT)
+                UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA)
     else:
         linear_update_tile(
-            tl.program_id(0), tl.program_id(1), w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, accum_ptr, acc_out_ptr,
+            tl.program_id(0), tl.program_id(1), w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, x_desc, dy_desc, accum_ptr,
+            acc_out_ptr,
             norm_sq_ptr, nonfinite_ptr, scale0_ptr, scale1_ptr, n_blocks, M, N, K, stride_xk, stride_xn,
             stride_dyk, stride_dym, h, grad_scale, seed, rand_stride, rand_base, slots_n, GUARDED_UPDATE, N_STATE, BF16_STORAGE,
-            STATE_Q8, UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT)
+            STATE_Q8, UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA)
 
 
 @triton.jit
 def linear_update_tile(
     pid_m, pid_n,
-    w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, accum_ptr, acc_out_ptr, norm_sq_ptr, nonfinite_ptr,
+    w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, x_desc, dy_desc, accum_ptr, acc_out_ptr, norm_sq_ptr, nonfinite_ptr,
     scale0_ptr, scale1_ptr, n_blocks,
     M, N, K, stride_xk, stride_xn, stride_dyk, stride_dym,
     h, grad_scale, seed, rand_stride, rand_base, slots_n,
@@ -143,7 +159,7 @@ def linear_update_tile(
     STATE_Q8: tl.constexpr,
     UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, HAS_ACCUM: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """The tile (pid_m, pid_n): mainloop, epilogue, telemetry slot (the module docstring's pseudocode)."""
     offs_m = pid_m * BM + tl.arange(0, BM)
@@ -156,8 +172,8 @@ def linear_update_tile(
     else:
         acc = tl.zeros((BM, BN), dtype=tl.float32)
     g = weight_grad_tile(
-        acc, x_ptr, dy_ptr, K, M, N, stride_xk, stride_xn, stride_dyk, stride_dym,
-        offs_m, offs_n, BM, BN, BK, INPUT_PRECISION,
+        acc, x_ptr, dy_ptr, x_desc, dy_desc, K, M, N, stride_xk, stride_xn, stride_dyk, stride_dym,
+        offs_m, offs_n, pid_m * BM, pid_n * BN, BM, BN, BK, INPUT_PRECISION, USE_TMA,
     )
 
     if STATE_Q8:
@@ -167,79 +183,17 @@ def linear_update_tile(
         # (a block's scale comes from its own row), so the split changes no bit of W, codes or scales.
         if STORE_ACC:
             tl.store(acc_out_ptr + offs, g, mask=in_tile)
-        if EPILOGUE_SPLIT == 1:
-            norm_sq, nonfinite = update_rows_q8(
-                g, offs_m, offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr, scale1_ptr, n_blocks, h, grad_scale,
-                seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
-        elif EPILOGUE_SPLIT == 2:
-            g0, g1 = row_halves(g, BM, BN)
-            R: tl.constexpr = BM // 2
-            n0, f0 = update_rows_q8(
-                g0, pid_m * BM + tl.arange(0, R), offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr, scale1_ptr,
-                n_blocks, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
-            n1, f1 = update_rows_q8(
-                g1, pid_m * BM + R + tl.arange(0, R), offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr,
-                scale1_ptr, n_blocks, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
-            norm_sq = n0 + n1
-            nonfinite = f0 + f1
-        else:
-            tl.static_assert(EPILOGUE_SPLIT == 4, "EPILOGUE_SPLIT must be 1, 2 or 4")
-            gt, gb = row_halves(g, BM, BN)
-            g0, g1 = row_halves(gt, BM // 2, BN)
-            g2, g3 = row_halves(gb, BM // 2, BN)
-            Rq: tl.constexpr = BM // 4
-            n0, f0 = update_rows_q8(
-                g0, pid_m * BM + tl.arange(0, Rq), offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr, scale1_ptr,
-                n_blocks, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
-            n1, f1 = update_rows_q8(
-                g1, pid_m * BM + Rq + tl.arange(0, Rq), offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr,
-                scale1_ptr, n_blocks, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
-            n2, f2 = update_rows_q8(
-                g2, pid_m * BM + 2 * Rq + tl.arange(0, Rq), offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr,
-                scale1_ptr, n_blocks, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
-            n3, f3 = update_rows_q8(
-                g3, pid_m * BM + 3 * Rq + tl.arange(0, Rq), offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr,
-                scale1_ptr, n_blocks, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
-            norm_sq = (n0 + n1) + (n2 + n3)
-            nonfinite = (f0 + f1) + (f2 + f3)
-    # The epilogue runs on EPILOGUE_SPLIT column sub-tiles of [BM, BN / EPILOGUE_SPLIT], one after
-    # the other: W, S0 and S1 of a whole tile next to the accumulator do not fit in registers
-    # (ptxas spills kilobytes per thread at 128x128), a quarter of them does. Element-wise, so the
-    # split changes no bit of W or state; only the order of the telemetry sum.
-    elif EPILOGUE_SPLIT == 1:
-        norm_sq, nonfinite = update_subtile(
-            g, offs_m, offs_n, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride, rand_base,
-            GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
-    elif EPILOGUE_SPLIT == 2:
-        g0, g1 = column_halves(g, BM, BN)
-        n0, f0 = update_subtile(
-            g0, offs_m, pid_n * BN + tl.arange(0, BN // 2), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h,
-            grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
-        n1, f1 = update_subtile(
-            g1, offs_m, pid_n * BN + BN // 2 + tl.arange(0, BN // 2), M, N, w_ptr, s0_ptr, s1_ptr,
-            acc_out_ptr, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
-        norm_sq = n0 + n1
-        nonfinite = f0 + f1
+        norm_sq, nonfinite = update_rows_q8_split(
+            g, pid_m * BM, offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr, scale1_ptr, n_blocks, h, grad_scale,
+            seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE, EPILOGUE_SPLIT)
     else:
-        tl.static_assert(EPILOGUE_SPLIT == 4, "EPILOGUE_SPLIT must be 1, 2 or 4")
-        gl, gr = column_halves(g, BM, BN)
-        g0, g1 = column_halves(gl, BM, BN // 2)
-        g2, g3 = column_halves(gr, BM, BN // 2)
-        Q: tl.constexpr = BN // 4
-        n0, f0 = update_subtile(
-            g0, offs_m, pid_n * BN + tl.arange(0, Q), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h,
-            grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
-        n1, f1 = update_subtile(
-            g1, offs_m, pid_n * BN + Q + tl.arange(0, Q), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h,
-            grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
-        n2, f2 = update_subtile(
-            g2, offs_m, pid_n * BN + 2 * Q + tl.arange(0, Q), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h,
-            grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
-        n3, f3 = update_subtile(
-            g3, offs_m, pid_n * BN + 3 * Q + tl.arange(0, Q), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h,
-            grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
-        norm_sq = (n0 + n1) + (n2 + n3)
-        nonfinite = (f0 + f1) + (f2 + f3)
+        # The epilogue runs on EPILOGUE_SPLIT column sub-tiles of [BM, BN / EPILOGUE_SPLIT], one after
+        # the other: W, S0 and S1 of a whole tile next to the accumulator do not fit in registers
+        # (ptxas spills kilobytes per thread at 128x128), a quarter of them does. Element-wise, so the
+        # split changes no bit of W or state; only the order of the telemetry sum.
+        norm_sq, nonfinite = update_columns_split(
+            g, offs_m, pid_n * BN, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride,
+            rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC, EPILOGUE_SPLIT)
 
     slot = (pid_m * (BM // 16)) * slots_n + pid_n * (BN // 16)  # 16 = kernels.TELEMETRY_GRANULE
     tl.store(norm_sq_ptr + slot, norm_sq)
@@ -256,6 +210,124 @@ def column_halves(x, BM: tl.constexpr, BN: tl.constexpr):
 def row_halves(x, BM: tl.constexpr, BN: tl.constexpr):
     """x[:BM/2, :], x[BM/2:, :] of a [BM, BN] tile (reshape to [2, BM/2, BN], move the 2 last, split)."""
     return tl.split(tl.permute(tl.reshape(x, (2, BM // 2, BN)), (1, 2, 0)))
+
+
+# The split epilogues. Triton functions cannot recurse, so each split level is its own function:
+# level SPLIT halves its sub-tile and hands each half to level SPLIT / 2, down to level 1, which
+# runs the update. The telemetry partials add up pairwise in the same tree: ((n0 + n1) + (n2 + n3)).
+@triton.jit
+def update_columns_split(
+    g, offs_m, n0, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride, rand_base,
+    GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr,
+    UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, SPLIT: tl.constexpr,
+):
+    """The epilogue on the columns [n0, n0 + W) of the tile g [BM, W], in SPLIT column sub-tiles."""
+    if SPLIT == 1:
+        return update_subtile(
+            g, offs_m, n0 + tl.arange(0, g.shape[1]), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed,
+            rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
+    else:
+        tl.static_assert(SPLIT == 2 or SPLIT == 4 or SPLIT == 8, "EPILOGUE_SPLIT must be 1, 2, 4 or 8")
+        W: tl.constexpr = g.shape[1]
+        gl, gr = column_halves(g, g.shape[0], W)
+        a_sq, a_bad = update_columns_half(
+            gl, offs_m, n0, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride, rand_base,
+            GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC, SPLIT // 2)
+        b_sq, b_bad = update_columns_half(
+            gr, offs_m, n0 + W // 2, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride,
+            rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC, SPLIT // 2)
+        return a_sq + b_sq, a_bad + b_bad
+
+
+@triton.jit
+def update_columns_half(
+    g, offs_m, n0, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride, rand_base,
+    GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr,
+    UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, SPLIT: tl.constexpr,
+):
+    """update_columns_split one level down (SPLIT in 1, 2, 4)."""
+    if SPLIT == 1:
+        return update_subtile(
+            g, offs_m, n0 + tl.arange(0, g.shape[1]), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed,
+            rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
+    else:
+        W: tl.constexpr = g.shape[1]
+        gl, gr = column_halves(g, g.shape[0], W)
+        a_sq, a_bad = update_columns_quarter(
+            gl, offs_m, n0, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride, rand_base,
+            GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC, SPLIT // 2)
+        b_sq, b_bad = update_columns_quarter(
+            gr, offs_m, n0 + W // 2, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride,
+            rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC, SPLIT // 2)
+        return a_sq + b_sq, a_bad + b_bad
+
+
+@triton.jit
+def update_columns_quarter(
+    g, offs_m, n0, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride, rand_base,
+    GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr,
+    UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, SPLIT: tl.constexpr,
+):
+    """update_columns_split two levels down (SPLIT in 1, 2)."""
+    if SPLIT == 1:
+        return update_subtile(
+            g, offs_m, n0 + tl.arange(0, g.shape[1]), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed,
+            rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
+    else:
+        W: tl.constexpr = g.shape[1]
+        gl, gr = column_halves(g, g.shape[0], W)
+        a_sq, a_bad = update_subtile(
+            gl, offs_m, n0 + tl.arange(0, W // 2), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed,
+            rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
+        b_sq, b_bad = update_subtile(
+            gr, offs_m, n0 + W // 2 + tl.arange(0, W // 2), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale,
+            seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
+        return a_sq + b_sq, a_bad + b_bad
+
+
+@triton.jit
+def update_rows_q8_split(
+    g, m0, offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h, grad_scale, seed, rand_stride,
+    rand_base, GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, SPLIT: tl.constexpr,
+):
+    """The 8bit epilogue on the rows [m0, m0 + R) of the tile g [R, BN], in SPLIT row sub-tiles."""
+    if SPLIT == 1:
+        return update_rows_q8(
+            g, m0 + tl.arange(0, g.shape[0]), offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks,
+            h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
+    else:
+        tl.static_assert(SPLIT == 2 or SPLIT == 4, "the 8bit EPILOGUE_SPLIT must be 1, 2 or 4")
+        R: tl.constexpr = g.shape[0]
+        gt, gb = row_halves(g, R, g.shape[1])
+        a_sq, a_bad = update_rows_q8_half(
+            gt, m0, offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h, grad_scale, seed,
+            rand_stride, rand_base, GUARDED_UPDATE, N_STATE, SPLIT // 2)
+        b_sq, b_bad = update_rows_q8_half(
+            gb, m0 + R // 2, offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h, grad_scale,
+            seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE, SPLIT // 2)
+        return a_sq + b_sq, a_bad + b_bad
+
+
+@triton.jit
+def update_rows_q8_half(
+    g, m0, offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h, grad_scale, seed, rand_stride,
+    rand_base, GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, SPLIT: tl.constexpr,
+):
+    """update_rows_q8_split one level down (SPLIT in 1, 2)."""
+    if SPLIT == 1:
+        return update_rows_q8(
+            g, m0 + tl.arange(0, g.shape[0]), offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks,
+            h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
+    else:
+        R: tl.constexpr = g.shape[0]
+        gt, gb = row_halves(g, R, g.shape[1])
+        a_sq, a_bad = update_rows_q8(
+            gt, m0 + tl.arange(0, R // 2), offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h,
+            grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
+        b_sq, b_bad = update_rows_q8(
+            gb, m0 + R // 2 + tl.arange(0, R // 2), offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr,
+            n_blocks, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
+        return a_sq + b_sq, a_bad + b_bad
 
 
 @triton.jit

@@ -145,13 +145,18 @@ def test_candidate_configs(regime, config, data):
     hyper = data.draw(HYPER[rule])
     # up to 2-3 tiles a side, so that persistent programs walk several tiles and groups
     M, N, K = data.draw(st.integers(1, 260)), data.draw(st.integers(1, 260)), data.draw(st.integers(0, 140))
+    transpose = data.draw(st.booleans())
+    if config.tma and data.draw(st.integers(0, 3)):
+        # mostly operands the copy engine can address (rows of a multiple of 8 bf16), so that the
+        # TMA mainloop runs; otherwise the pointer fallback
+        M, N, transpose = 8 * data.draw(st.integers(1, 33)), 8 * data.draw(st.integers(1, 33)), False
     step, seed = data.draw(st.integers(1, 50)), data.draw(st.integers(0, 2**20))
     if regime == "8bit":
         run_q8_case(rule, hyper, torch.bfloat16, M=M, N=N, K=K, seed=seed, device=CUDA, config=config, step=step)
         return
     precision = data.draw(st.sampled_from(["fp32", "bf16-sr"]))
     run_case(Case(rule=rule, M=M, N=N, K=K, dtype=torch.bfloat16, hyper=hyper, step=step, seed=seed, config=config,
-                  with_accum=data.draw(st.booleans()), transpose_inputs=data.draw(st.booleans()),
+                  with_accum=data.draw(st.booleans()), transpose_inputs=transpose,
                   bad_rows=data.draw(st.sampled_from([0, 0, 2])), precision=precision), CUDA)
 
 

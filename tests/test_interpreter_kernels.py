@@ -199,6 +199,38 @@ def test_8bit_row_split_epilogue(split, dtype):
     run_q8_case("adamw", HYPERS["adamw"], dtype, 45, 200, 9, seed=6, device=CPU, config=cfg)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16-sr"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["ieee", "bf16"])
+def test_tma_mainloop_computes_the_same_bits(precision, dtype, monkeypatch):
+    """TileConfig.tma: the operand tiles come through TMA descriptors (zero fill past the edges in
+    place of masked loads; K = 40 is not a multiple of BK, M and N not of the tile): fused == unfused
+    == emulator. Checks that the descriptor path is the one that ran (rows of 72 and 136 elements:
+    a TMA row pitch must be a multiple of 16 bytes)."""
+    used = []
+    make = kernels._tma_descriptors
+    monkeypatch.setattr(kernels, "_tma_descriptors", lambda x, dy, c: used.append(make(x, dy, c)) or used[-1])
+    cfg = kernels.TileConfig(32, 32, 16, num_warps=4, num_stages=1, epilogue_split=2, tma=True)
+    run_case(Case("adamw", 72, 136, 40, dtype, ADAMW, step=2, seed=9, config=cfg, with_accum=True,
+                  precision=precision, bad_rows=2), CPU)
+    assert used and all(d[0] is not None for d in used)
+
+
+def test_tma_falls_back_for_operands_it_cannot_address():
+    """Transposed operands (inner stride not 1) take the pointer mainloop, with the same bits."""
+    cfg = kernels.TileConfig(32, 32, 16, num_warps=4, num_stages=1, epilogue_split=2, tma=True)
+    x = torch.zeros(40, 130, dtype=torch.bfloat16).t().contiguous().t()
+    assert kernels._tma_descriptors(x, torch.zeros(40, 70, dtype=torch.bfloat16), cfg) == (None, None)
+    run_case(Case("adamw", 70, 130, 40, torch.bfloat16, ADAMW, step=2, seed=9, config=cfg,
+                  transpose_inputs=True), CPU)
+
+
+def test_eight_way_split_epilogue():
+    """EPILOGUE_SPLIT = 8 (column sub-tiles of 16 in a 32x128 tile): the same bits as the emulator."""
+    cfg = kernels.TileConfig(32, 128, 16, num_warps=4, num_stages=1, epilogue_split=8)
+    run_case(Case("adamw", 45, 200, 20, torch.bfloat16, ADAMW, step=2, seed=4, config=cfg, with_accum=True,
+                  bad_rows=2, precision="bf16-sr"), CPU)
+
+
 @pytest.mark.parametrize("config", kernels.CANDIDATE_CONFIGS, ids=str)
 def test_candidate_configs(config):
     """The benchmark's candidate tiles (kernels.CANDIDATE_CONFIGS) compute the emulator's bits."""
