@@ -73,8 +73,10 @@ def weight_grad_tile(
     # of the loop's PTX instructions beside 4 wgmma per block at 64x128x64).
     dy_ptrs = dy_ptr + offs_k[:, None].to(tl.int64) * stride_dyk + offs_m[None, :].to(tl.int64) * stride_dym
     x_ptrs = x_ptr + offs_k[:, None].to(tl.int64) * stride_xk + offs_n[None, :].to(tl.int64) * stride_xn
-    dy_step = stride_dyk.to(tl.int64) * BK
-    x_step = stride_xk.to(tl.int64) * BK
+    # tl.cast, not .to: a stride equal to 1 arrives as a Python int (Triton specializes it), e.g. dY of
+    # a layer with one output feature
+    dy_step = tl.cast(stride_dyk, tl.int64) * BK
+    x_step = tl.cast(stride_xk, tl.int64) * BK
     for k0 in range(0, K, BK):
         in_k = offs_k < K - k0
         dy = tl.load(dy_ptrs, mask=in_k[:, None] & in_m[None, :], other=0.0)

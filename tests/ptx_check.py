@@ -71,12 +71,18 @@ def check_fused(rule_name: str, dtype: str) -> dict:
     rule = rules.get_rule(rule_name)
     sig = {"w_ptr": "*fp32", "s0_ptr": "*fp32", "s1_ptr": "*fp32", "x_ptr": f"*{dtype}", "dy_ptr": f"*{dtype}",
            "accum_ptr": "*fp32", "acc_out_ptr": "*fp32", "norm_sq_ptr": "*fp64", "nonfinite_ptr": "*i32",
+           "x_desc": "constexpr", "dy_desc": "constexpr",
            "scale0_ptr": "*fp32", "scale1_ptr": "*fp32", "n_blocks": "i32", "M": "i32", "N": "i32", "K": "i32", "stride_xk": "i32", "stride_xn": "i32", "stride_dyk": "i32",
            "stride_dym": "i32", "h": tuple("fp32" for _ in rule.scalar_names), "grad_scale": "fp32",
            "seed": "u64", "rand_stride": "i32", "rand_base": "i64", "slots_n": "i32"}
     const = {"GUARDED_UPDATE": guarded_update_jit(rule), "N_STATE": len(rule.state), "BF16_STORAGE": False, "STATE_Q8": False, "UPDATE": True,
              "STORE_ACC": False, "HAS_ACCUM": False, "INPUT_PRECISION": "ieee" if dtype == "fp32" else "tf32",
-             "BM": 64, "BN": 64, "BK": 32 if dtype == "bf16" else 16, "EPILOGUE_SPLIT": 2}
+             "BM": 64, "BN": 64, "BK": 32 if dtype == "bf16" else 16, "EPILOGUE_SPLIT": 2,
+             "x_desc": None, "dy_desc": None, "USE_TMA": False}
+    if rule_name == "lion":
+        # strides equal to 1 are specialized into Python ints at launch (a layer with one input or
+        # output feature): the kernel must compile with them too
+        const.update(stride_xk=1, stride_dyk=1)
     for k in const:
         sig[k] = "constexpr"
     ptx = compile_ptx(fused_linear_update_kernel, sig, const, {"num_stages": 2})
