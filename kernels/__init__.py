@@ -129,6 +129,12 @@ BF16_CONFIGS = (
     TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4),
     TileConfig(64, 64, 64, num_warps=4, num_stages=4, epilogue_split=2),
     TileConfig(64, 128, 32, num_warps=8, num_stages=4, epilogue_split=4),
+    # TMA mainloops (promoted from the candidates after the H200 run of 2026-12-03; see
+    # default_config). 128x256 spills 500 B per thread in the epilogue (tests/test_ptx.py states
+    # it): with TMA the mainloop runs at 600-680 TFLOP/s, and the spill costs less than it gains.
+    TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, tma=True),
+    TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, tma=True),
+    TileConfig(128, 256, 64, num_warps=8, num_stages=3, epilogue_split=8, tma=True),
 )
 INTERPRETER_CONFIG = TileConfig(32, 32, 16, num_warps=4, num_stages=1, epilogue_split=2)
 # 8bit regime: the epilogue needs whole quantization blocks, so BN is a multiple of QBLOCK, and an
@@ -155,9 +161,6 @@ CANDIDATE_CONFIGS = (
     TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4),
     TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, persistent=2),
     TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, persistent=1),
-    TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, tma=True),
-    TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, tma=True),
-    TileConfig(128, 256, 64, num_warps=8, num_stages=3, epilogue_split=8, tma=True),
 )
 CANDIDATE_Q8_CONFIGS = (
     TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=2),
@@ -315,16 +318,20 @@ def _sm_count(device: torch.device) -> int:
     return _sm_count_cached(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def _tma_addressable(x: torch.Tensor, dy: torch.Tensor) -> bool:
+    """Whether the copy engine can load tiles of x [K, N] and dy [K, M]: some tokens, unit inner
+    stride, row pitch and base address multiples of 16 bytes (cuTensorMapEncodeTiled's rules)."""
+    return x.shape[0] > 0 and all(t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0
+                                  and t.data_ptr() % 16 == 0 for t in (x, dy))
+
+
 def _tma_descriptors(x: torch.Tensor, dy: torch.Tensor, config: TileConfig):
     """(x_desc, dy_desc) for a TMA mainloop, or (None, None) where it cannot run: the config does not
     ask for it, no tokens, or operands the copy engine cannot address (inner stride not 1, a row
     pitch or base address not a multiple of 16 bytes). Either way the kernel reads the same values:
     the pointer mainloop is the fallback, with the same bits (tests/test_gpu_exactness.py)."""
-    if not config.tma or x.shape[0] == 0:
+    if not config.tma or not _tma_addressable(x, dy):
         return None, None
-    for t in (x, dy):
-        if t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
-            return None, None
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     K = x.shape[0]
@@ -344,7 +351,8 @@ def _launch_linear(
         if q8:
             config = INTERPRETER_Q8_CONFIG if _interpreting() else Q8_CONFIGS[x.dtype][0]
         else:
-            config = INTERPRETER_CONFIG if _interpreting() else default_config(M, N, K, x.dtype, bf16)
+            config = (INTERPRETER_CONFIG if _interpreting()
+                      else default_config(M, N, K, x.dtype, bf16, tma_ok=_tma_addressable(x, dy)))
     if q8 and (config.BN % QBLOCK or config.epilogue_split > 4 or config.BM % config.epilogue_split):
         raise ValueError(f"the 8bit regime needs BN a multiple of {QBLOCK} and its epilogue split into 1, 2 or 4 "
                          f"row sub-tiles, got {config}")
@@ -385,26 +393,49 @@ def _launch_linear(
     return UpdateStats(norm_sq.sum(), nonfinite.sum(dtype=torch.int64))
 
 
-# The default bf16 tiles, by storage regime, as measured on the H200 (bench/results/2026-12-02-h200-s2,
-# kernels_fp32.json and kernels_lowbit.json: every configuration of BF16_CONFIGS timed at each shape
-# and K). fp32 weight and state: 64x128x64 with 4 warps was the fastest at all 20 (shape, K) points
-# of the five Llama shapes and K = 256..16384, 1.10-1.61x faster than 128x64x64 with 8 warps, the
-# previous default (which holds one CTA per multiprocessor at 255 registers; the 4-warp tiles two).
+# The default bf16 tiles, by storage regime, as measured on the H200.
+# fp32 weight and state (bench/results/2026-12-03-h200-s4/kernels.json: every configuration of
+# BF16_CONFIGS and CANDIDATE_CONFIGS timed at each shape and K):
+#   K < LARGE_K: 64x128x64, 4 warps, TMA loads. Fastest or within 1% of the fastest at every K <= 4096
+#     of the three shapes timed; two 4-warp CTAs per multiprocessor overlap one's epilogue with the
+#     other's mainloop. (Session 2: the pointer 64x128 was the fastest of the then-verified tiles at
+#     all 20 points; TMA takes 0-4% off it.)
+#   K >= LARGE_K: the mainloop dominates and bigger tiles win: 128x256 (TMA; 8 warps) where the grid
+#     holds at least LARGE_TILE_GRID tiles of it (14336x4096 and 8192x8192 at K = 16384: 1.09x and
+#     1.04x faster than 128x128 TMA, 1.30x and 1.35x faster than 64x128 TMA), else 128x128 TMA
+#     (4096x4096 at K = 16384, 512 tiles of 128x256 = 3.9 waves on 132 SMs: 1.05x faster than
+#     128x256, 1.19x than 64x128).
+#   Operands TMA cannot address (see _tma_descriptors) take the pointer 64x128 tile: the big tiles'
+#   pointer mainloops spill (128x256: 3.1 KB).
 # bf16-sr: 64x64x64 was the fastest at K <= 4096 (its epilogue, Philox and the roundings, is heavier).
-# Both keep BK = 64, so the unfused comparator's mainloop (fp32 regime default) walks K in the same
-# blocks as the fused kernel in either regime.
+# All keep BK = 64, so the unfused comparator's mainloop (fp32 regime default) walks K in the same
+# blocks as the fused kernel in either regime, and a checkpoint resumes with the same bits whatever
+# tile a step's K selects.
+LARGE_K = 8192
+LARGE_TILE_GRID = 1024
 DEFAULT_BF16_CONFIG = {False: TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4),
                        True: TileConfig(64, 64, 64, num_warps=4, num_stages=4, epilogue_split=2)}
-assert all(c in BF16_CONFIGS for c in DEFAULT_BF16_CONFIG.values())
+DEFAULT_TMA_CONFIGS = {"small_k": TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, tma=True),
+                       "large_k": TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, tma=True),
+                       "large_k_grid": TileConfig(128, 256, 64, num_warps=8, num_stages=3, epilogue_split=8, tma=True)}
+assert all(c in BF16_CONFIGS for c in (*DEFAULT_BF16_CONFIG.values(), *DEFAULT_TMA_CONFIGS.values()))
+assert len({c.BK for c in (*DEFAULT_BF16_CONFIG.values(), *DEFAULT_TMA_CONFIGS.values())}) == 1
 
 
-def default_config(M: int, N: int, K: int, dtype: torch.dtype, bf16_storage: bool = False) -> TileConfig:
-    """The tile shape for a problem: a measured default per mainloop mode and storage regime (one
-    per regime so far: the H200 measurements found no shape or K where another verified
-    configuration won in the fp32 regime)."""
+def default_config(M: int, N: int, K: int, dtype: torch.dtype, bf16_storage: bool = False,
+                   tma_ok: bool = True) -> TileConfig:
+    """The tile shape for a problem: a measured default per mainloop mode, storage regime and, for
+    fp32 storage with bf16 operands, K and grid size (the table above). ``tma_ok``: whether the
+    operands can be loaded through TMA descriptors (_tma_addressable)."""
     if dtype == torch.float32:
         return IEEE_CONFIGS[0]
-    return DEFAULT_BF16_CONFIG[bool(bf16_storage)]
+    if bf16_storage or not tma_ok:
+        return DEFAULT_BF16_CONFIG[bool(bf16_storage)]
+    if K < LARGE_K:
+        return DEFAULT_TMA_CONFIGS["small_k"]
+    if triton.cdiv(M, 128) * triton.cdiv(N, 256) >= LARGE_TILE_GRID:
+        return DEFAULT_TMA_CONFIGS["large_k_grid"]
+    return DEFAULT_TMA_CONFIGS["large_k"]
 
 
 def fused_linear_update(

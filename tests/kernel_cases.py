@@ -142,7 +142,7 @@ def run_case(case: Case, device) -> dict:
     whole = case.dtype == torch.float32 or _has_tensor_core_model()
     if whole:
         to_np = (lambda t: t.cpu().numpy()) if case.dtype == torch.float32 else bf16_bits
-        tile = (config.BM, config.BN, config.BK) if config else _used_tile(x, case.precision == "bf16-sr")
+        tile = (config.BM, config.BN, config.BK) if config else _used_tile(x, dy, case.precision == "bf16-sr")
         res = emulate(
             stored(w0), to_np(x), to_np(dy), [stored(s) for s in s_init], rule=rule, h=h,
             grad_scale=case.grad_scale, accum=None if accum is None else accum.cpu().numpy(),
@@ -175,9 +175,11 @@ def _has_tensor_core_model() -> bool:
         return False
 
 
-def _used_tile(x, bf16_storage=False):
+def _used_tile(x, dy, bf16_storage=False):
+    """(BM, BN, BK) of the tile the launcher picks for these operands (config=None)."""
     cfg = (kernels.INTERPRETER_CONFIG if kernels._interpreting()
-           else kernels.default_config(0, 0, 0, x.dtype, bf16_storage))
+           else kernels.default_config(dy.shape[1], x.shape[1], x.shape[0], x.dtype, bf16_storage,
+                                       tma_ok=kernels._tma_addressable(x, dy)))
     return (cfg.BM, cfg.BN, cfg.BK)
 
 

@@ -52,24 +52,35 @@ def _record(key, whole):
             f.write(json.dumps({"case": key, "whole_kernel_emulated": bool(whole)}) + "\n")
 
 
+def _draw_dims(data, config, hi: int) -> tuple[int, int, bool]:
+    """(M, N, transpose_inputs). A TMA configuration gets, 3 times in 4, contiguous operands with
+    rows of a multiple of 8 bf16 over up to 2-3 of its tiles a side, so that its descriptor loads
+    (and their zero fill past the edges) run; otherwise sizes that take the pointer fallback."""
+    if config.tma and data.draw(st.integers(0, 3)):
+        return 8 * data.draw(st.integers(1, 40)), 8 * data.draw(st.integers(1, 66)), False
+    return data.draw(st.integers(1, hi)), data.draw(st.integers(1, hi)), data.draw(st.booleans())
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["ieee", "bf16"])
 @pytest.mark.parametrize("rule", sorted(rules.RULES))
 @given(data=st.data())
 def test_fused_unfused_emulator(rule, dtype, data):
     hyper = data.draw(HYPER[rule])
+    config = data.draw(st.sampled_from(kernels.configs_for(dtype)))
+    M, N, transpose = _draw_dims(data, config, 96)
     case = Case(
         rule=rule,
-        M=data.draw(st.integers(1, 96)),
-        N=data.draw(st.integers(1, 96)),
+        M=M,
+        N=N,
         K=data.draw(st.one_of(st.integers(0, 3), st.integers(4, 100))),
         dtype=dtype,
         hyper=hyper,
         step=data.draw(st.integers(1, 50)),
         seed=data.draw(st.integers(0, 2**31)),
-        config=data.draw(st.sampled_from(kernels.configs_for(dtype))),
+        config=config,
         grad_scale=data.draw(st.sampled_from([1.0, 0.5, 0.0078125, 0.7])),
         with_accum=data.draw(st.booleans()),
-        transpose_inputs=data.draw(st.booleans()),
+        transpose_inputs=transpose,
         bad_rows=data.draw(st.sampled_from([0, 0, 0, 2])),
     )
     res = run_case(case, CUDA)
@@ -103,11 +114,13 @@ def test_bf16_mainloop_within_proved_bound():
 def test_bf16_sr_regime(rule, dtype, data):
     """bf16 weight and state, stochastic rounding from the Philox stream: fused == unfused ==
     emulator bit for bit (issue 4: at least 200 cases per rule and mode with HYPOTHESIS_PROFILE=gpu)."""
+    config = data.draw(st.sampled_from(kernels.configs_for(dtype)))
+    M, N, _ = _draw_dims(data, config, 96)
     case = Case(
-        rule=rule, M=data.draw(st.integers(1, 96)), N=data.draw(st.integers(1, 96)),
+        rule=rule, M=M, N=N,
         K=data.draw(st.integers(0, 80)), dtype=dtype, hyper=data.draw(HYPER[rule]),
         step=data.draw(st.integers(1, 50)), seed=data.draw(st.integers(0, 2**31)),
-        config=data.draw(st.sampled_from(kernels.configs_for(dtype))),
+        config=config,
         with_accum=data.draw(st.booleans()), bad_rows=data.draw(st.sampled_from([0, 0, 2])),
         precision="bf16-sr",
     )
@@ -144,12 +157,8 @@ def test_candidate_configs(regime, config, data):
     rule = data.draw(st.sampled_from(sorted(rules.RULES)))
     hyper = data.draw(HYPER[rule])
     # up to 2-3 tiles a side, so that persistent programs walk several tiles and groups
-    M, N, K = data.draw(st.integers(1, 260)), data.draw(st.integers(1, 260)), data.draw(st.integers(0, 140))
-    transpose = data.draw(st.booleans())
-    if config.tma and data.draw(st.integers(0, 3)):
-        # mostly operands the copy engine can address (rows of a multiple of 8 bf16), so that the
-        # TMA mainloop runs; otherwise the pointer fallback
-        M, N, transpose = 8 * data.draw(st.integers(1, 33)), 8 * data.draw(st.integers(1, 33)), False
+    M, N, transpose = _draw_dims(data, config, 260)
+    K = data.draw(st.integers(0, 140))
     step, seed = data.draw(st.integers(1, 50)), data.draw(st.integers(0, 2**20))
     if regime == "8bit":
         run_q8_case(rule, hyper, torch.bfloat16, M=M, N=N, K=K, seed=seed, device=CUDA, config=config, step=step)

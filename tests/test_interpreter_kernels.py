@@ -47,8 +47,31 @@ def test_every_ieee_config(config):
 @pytest.mark.parametrize("config", kernels.BF16_CONFIGS, ids=str)
 def test_every_bf16_config(config):
     """Tiling, masking and the split epilogue of every bf16 configuration; the interpreter's dot is
-    the tensor-core model (forge_num.interpreter), so this checks logic, not the hardware."""
-    run_case(Case("adamw", 70, 130, 40, torch.bfloat16, ADAMW, step=2, seed=8, config=config, with_accum=True), CPU)
+    the tensor-core model (forge_num.interpreter), so this checks logic, not the hardware. A TMA
+    configuration gets rows the copy engine can address (multiples of 8 bf16), not multiples of its
+    tile, so that its descriptor loads and their zero fill run."""
+    M, N = (136, 264) if config.tma else (70, 130)
+    run_case(Case("adamw", M, N, 40, torch.bfloat16, ADAMW, step=2, seed=8, config=config, with_accum=True), CPU)
+
+
+def test_default_tile_by_k_grid_and_operands():
+    """default_config's table (kernels/__init__.py, measured on the H200): the TMA 64x128 below
+    LARGE_K tokens; above it 128x256 on grids of at least LARGE_TILE_GRID such tiles, else 128x128;
+    the pointer tile for operands TMA cannot address, bf16 storage, and the fp32 (ieee) mainloop."""
+    bf16, tma = torch.bfloat16, kernels.DEFAULT_TMA_CONFIGS
+    assert kernels.default_config(4096, 4096, kernels.LARGE_K - 1, bf16) == tma["small_k"]
+    assert kernels.default_config(4096, 4096, kernels.LARGE_K, bf16) == tma["large_k"]
+    assert kernels.default_config(14336, 4096, 16384, bf16) == tma["large_k_grid"]
+    assert kernels.default_config(4096, 14336, 16384, bf16) == tma["large_k_grid"]
+    assert kernels.default_config(8192, 8192, 16384, bf16) == tma["large_k_grid"]
+    assert kernels.default_config(8192, 8192, 16384, bf16, tma_ok=False) == kernels.DEFAULT_BF16_CONFIG[False]
+    assert kernels.default_config(8192, 8192, 256, bf16, bf16_storage=True) == kernels.DEFAULT_BF16_CONFIG[True]
+    assert kernels.default_config(8192, 8192, 16384, torch.float32) == kernels.IEEE_CONFIGS[0]
+    ok = lambda *shapes: kernels._tma_addressable(*(torch.zeros(s, dtype=bf16) for s in shapes))  # noqa: E731
+    assert ok((40, 136), (40, 72))
+    assert not ok((40, 130), (40, 72))  # a row of 260 bytes
+    assert not ok((0, 136), (0, 72))  # no tokens
+    assert not kernels._tma_addressable(torch.zeros(136, 40, dtype=bf16).t(), torch.zeros(40, 72, dtype=bf16))
 
 
 def test_accumulation_scaling_and_strided_inputs():

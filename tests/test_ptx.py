@@ -47,7 +47,19 @@ def test_fused_kernels_have_no_approximate_ops(report):
             assert r["wgmma"] == 0 and r["fma_total"] >= 64 * 64 * 16 // 128, r
 
 
+# Spills accepted, per configuration (bytes of spill stores and spill loads per thread, ptxas
+# sm_90a, AdamW, fp32 storage), each because the configuration was timed faster with them than every
+# spill-free one where default_config picks it (bench/NOTES.md, v3): 128x256 with TMA at K >= 8192.
+# A spill that grows past its allowance fails: then the timing that justified it no longer holds.
+SPILL_ALLOWANCE = {("128x256x64 w8 s3 e8 tma", "bf16", "fp32"): (500, 612)}  # (stores, loads), as measured
+
+
 def test_no_configuration_spills_registers(report):
     """Local-memory spills made the first kernel 3.5x slower than the unfused step (bench/NOTES.md)."""
+    seen = set()
     for r in report["resources"]:
-        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
+        key = (r["label"], r["dtype"], r["precision"])
+        stores, loads = SPILL_ALLOWANCE.get(key, (0, 0))
+        seen.add(key)
+        assert r["spill_stores"] <= stores and r["spill_loads"] <= loads, r
+    assert set(SPILL_ALLOWANCE) <= seen, "an allowance for a configuration the launcher no longer has"
