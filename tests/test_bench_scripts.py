@@ -120,6 +120,17 @@ def test_search_max_against_brute_force(upper):
             assert len(probes) <= 4 * max(1, math.ceil(math.log2(upper + 1))) + 2
 
 
+@pytest.mark.parametrize("resolution", [2, 4])
+def test_search_max_with_a_resolution_brackets_the_answer(resolution):
+    """With a resolution r the search returns an n that fits and is at most r - 1 below the answer."""
+    upper = 64
+    for answer in range(upper + 1):
+        for start in (1, 9, 40, upper):
+            got, probes = capacity.search_max(lambda n, a=answer: n <= a, start, upper, resolution)
+            assert got <= answer < got + resolution, (answer, start, resolution, probes)
+            assert len(probes) <= 4 * math.ceil(math.log2(upper + 1)) + 2, probes
+
+
 def test_param_count_matches_transformers():
     torch = pytest.importorskip("torch")
     from transformers import LlamaConfig, LlamaForCausalLM
