@@ -162,11 +162,11 @@ CANDIDATE_CONFIGS = (
     TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, persistent=2),
     TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, persistent=1),
     # persistent grids with TMA loads (the grouped tile order's L2 reuse: the persistent pointer
-    # 64x128 was 1.18x faster than the plain one at 14336x4096, K = 16384). ptxas, AdamW: 40, 36 and
-    # 588 B of spill stores (128x256: 812 B of loads).
+    # 64x128 was 1.18x faster than the plain one at 14336x4096, K = 16384). ptxas, AdamW: 40 and 36 B
+    # of spill stores. (A persistent 128x256 TMA tile with 3 stages needs 278,552 B of shared
+    # memory, over the H200's 232,448: OutOfResources on the GPU, 2026-12-03.)
     TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, persistent=2, tma=True),
     TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, persistent=1, tma=True),
-    TileConfig(128, 256, 64, num_warps=8, num_stages=3, epilogue_split=8, persistent=1, tma=True),
 )
 CANDIDATE_Q8_CONFIGS = (
     TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=2),
