@@ -129,12 +129,11 @@ BF16_CONFIGS = (
     TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4),
     TileConfig(64, 64, 64, num_warps=4, num_stages=4, epilogue_split=2),
     TileConfig(64, 128, 32, num_warps=8, num_stages=4, epilogue_split=4),
-    # TMA mainloops (promoted from the candidates after the H200 run of 2026-12-03; see
-    # default_config). 128x256 spills 500 B per thread in the epilogue (tests/test_ptx.py states
-    # it): with TMA the mainloop runs at 600-680 TFLOP/s, and the spill costs less than it gains.
+    # TMA mainloops, promoted from the candidates after the H200 runs of 2026-12-03 (default_config).
+    # The persistent 128x128 spills 36 B per thread (tests/test_ptx.py states it): it was the fastest
+    # tile at K >= 4096 all the same.
     TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, tma=True),
-    TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, tma=True),
-    TileConfig(128, 256, 64, num_warps=8, num_stages=3, epilogue_split=8, tma=True),
+    TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, persistent=1, tma=True),
 )
 INTERPRETER_CONFIG = TileConfig(32, 32, 16, num_warps=4, num_stages=1, epilogue_split=2)
 # 8bit regime: the epilogue needs whole quantization blocks, so BN is a multiple of QBLOCK, and an
@@ -161,12 +160,14 @@ CANDIDATE_CONFIGS = (
     TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4),
     TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, persistent=2),
     TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, persistent=1),
-    # persistent grids with TMA loads (the grouped tile order's L2 reuse: the persistent pointer
-    # 64x128 was 1.18x faster than the plain one at 14336x4096, K = 16384). ptxas, AdamW: 40 and 36 B
-    # of spill stores. (A persistent 128x256 TMA tile with 3 stages needs 278,552 B of shared
-    # memory, over the H200's 232,448: OutOfResources on the GPU, 2026-12-03.)
+    # TMA loads: plain 128x128 and 128x256 (ptxas, AdamW: no spill, and 500 B; at K >= 4096 both
+    # slower than the persistent 128x128 on every shape timed but one tie), and the persistent
+    # 64x128 (40 B of spills; 1.03-1.08x faster than the plain TMA 64x128 at K = 1024 on the three
+    # largest shapes, slower on the others). A persistent 128x256 TMA tile with 3 stages needs
+    # 278,552 B of shared memory, over the H200's 232,448 (OutOfResources, 2026-12-03).
+    TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, tma=True),
+    TileConfig(128, 256, 64, num_warps=8, num_stages=3, epilogue_split=8, tma=True),
     TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, persistent=2, tma=True),
-    TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, persistent=1, tma=True),
 )
 CANDIDATE_Q8_CONFIGS = (
     TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=2),
@@ -400,30 +401,28 @@ def _launch_linear(
 
 
 # The default bf16 tiles, by storage regime, as measured on the H200.
-# fp32 weight and state (bench/results/2026-12-03-h200-s4/kernels.json: every configuration of
-# BF16_CONFIGS and CANDIDATE_CONFIGS timed at each shape and K):
-#   K < LARGE_K: 64x128x64, 4 warps, TMA loads. Fastest or within 1% of the fastest at every K <= 4096
-#     of the three shapes timed; two 4-warp CTAs per multiprocessor overlap one's epilogue with the
-#     other's mainloop. (Session 2: the pointer 64x128 was the fastest of the then-verified tiles at
-#     all 20 points; TMA takes 0-4% off it.)
-#   K >= LARGE_K: the mainloop dominates and bigger tiles win: 128x256 (TMA; 8 warps) where the grid
-#     holds at least LARGE_TILE_GRID tiles of it (14336x4096 and 8192x8192 at K = 16384: 1.09x and
-#     1.04x faster than 128x128 TMA, 1.30x and 1.35x faster than 64x128 TMA), else 128x128 TMA
-#     (4096x4096 at K = 16384, 512 tiles of 128x256 = 3.9 waves on 132 SMs: 1.05x faster than
-#     128x256, 1.19x than 64x128).
-#   Operands TMA cannot address (see _tma_descriptors) take the pointer 64x128 tile: the big tiles'
-#   pointer mainloops spill (128x256: 3.1 KB).
+# fp32 weight and state (bench/results/2026-12-03-h200-s4/kernels_fp32.json: every configuration of
+# BF16_CONFIGS and CANDIDATE_CONFIGS timed at 5 Llama shapes x K = 256, 1024, 4096, 8192, 16384):
+#   K < LARGE_K: 64x128x64, 4 warps, TMA loads: the fastest or within 3% of it at 7 of the 10
+#     points (up to 7% behind the persistent 64x128 at K = 1024 on the largest shapes, which is
+#     slower at K = 256). Two 4-warp CTAs per multiprocessor overlap one's epilogue with the
+#     other's mainloop.
+#   K >= LARGE_K: the mainloop dominates: 128x128, 8 warps, TMA, a persistent grid of one program
+#     per SM walking the tiles in grouped order (L2 reuse of the operand panels). The fastest at 14
+#     of the 15 points (0.86-0.95x the unfused step; 1.00-1.22x faster than the TMA 64x128, 1.0-1.4x
+#     than the TMA 128x256) and 1% behind the plain TMA 128x128 at the 15th.
+#   Operands TMA cannot address (see _tma_addressable) take the pointer 64x128 tile, the fastest
+#   of the pointer tiles in session 2.
 # bf16-sr: 64x64x64 was the fastest at K <= 4096 (its epilogue, Philox and the roundings, is heavier).
 # All keep BK = 64, so the unfused comparator's mainloop (fp32 regime default) walks K in the same
 # blocks as the fused kernel in either regime, and a checkpoint resumes with the same bits whatever
 # tile a step's K selects.
-LARGE_K = 8192
-LARGE_TILE_GRID = 1024
+LARGE_K = 4096
 DEFAULT_BF16_CONFIG = {False: TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4),
                        True: TileConfig(64, 64, 64, num_warps=4, num_stages=4, epilogue_split=2)}
 DEFAULT_TMA_CONFIGS = {"small_k": TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, tma=True),
-                       "large_k": TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, tma=True),
-                       "large_k_grid": TileConfig(128, 256, 64, num_warps=8, num_stages=3, epilogue_split=8, tma=True)}
+                       "large_k": TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4,
+                                             persistent=1, tma=True)}
 assert all(c in BF16_CONFIGS for c in (*DEFAULT_BF16_CONFIG.values(), *DEFAULT_TMA_CONFIGS.values()))
 assert len({c.BK for c in (*DEFAULT_BF16_CONFIG.values(), *DEFAULT_TMA_CONFIGS.values())}) == 1
 
@@ -431,17 +430,13 @@ assert len({c.BK for c in (*DEFAULT_BF16_CONFIG.values(), *DEFAULT_TMA_CONFIGS.v
 def default_config(M: int, N: int, K: int, dtype: torch.dtype, bf16_storage: bool = False,
                    tma_ok: bool = True) -> TileConfig:
     """The tile shape for a problem: a measured default per mainloop mode, storage regime and, for
-    fp32 storage with bf16 operands, K and grid size (the table above). ``tma_ok``: whether the
-    operands can be loaded through TMA descriptors (_tma_addressable)."""
+    fp32 storage with bf16 operands, the number of tokens K (the table above). ``tma_ok``: whether
+    the operands can be loaded through TMA descriptors (_tma_addressable)."""
     if dtype == torch.float32:
         return IEEE_CONFIGS[0]
     if bf16_storage or not tma_ok:
         return DEFAULT_BF16_CONFIG[bool(bf16_storage)]
-    if K < LARGE_K:
-        return DEFAULT_TMA_CONFIGS["small_k"]
-    if triton.cdiv(M, 128) * triton.cdiv(N, 256) >= LARGE_TILE_GRID:
-        return DEFAULT_TMA_CONFIGS["large_k_grid"]
-    return DEFAULT_TMA_CONFIGS["large_k"]
+    return DEFAULT_TMA_CONFIGS["small_k" if K < LARGE_K else "large_k"]
 
 
 def fused_linear_update(

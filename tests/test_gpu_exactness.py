@@ -178,3 +178,22 @@ def test_bf16_sr_shard_counter_maps(style, P):
     from tests.kernel_cases import run_sharded_bf16_sr_case
 
     run_sharded_bf16_sr_case("kernels", style, P, CUDA)
+
+
+PERSISTENT = [c for c in (*kernels.BF16_CONFIGS, *kernels.CANDIDATE_CONFIGS) if c.persistent]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-sr"])
+@pytest.mark.parametrize("config", PERSISTENT, ids=str)
+def test_persistent_programs_loop_over_tiles(config, precision):
+    """On the H200 a persistent grid has config.persistent x 132 programs, more than the tiles of
+    the hypothesis cases, so there each program runs one tile. With the multiprocessor count taken
+    as 1, each program walks several tiles in grouped order (edge tiles too; the TMA descriptors
+    reused from tile to tile), and fused == unfused == emulator bit for bit."""
+    from unittest import mock
+
+    adamw = {"lr": 1e-2, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
+    with mock.patch.object(kernels, "_sm_count", lambda device: 1):
+        for M, N, transpose in ((8 * 37, 8 * 41, False), (300, 330, True)):  # TMA, then the pointer fallback
+            run_case(Case("adamw", M, N, 150, torch.bfloat16, adamw, step=3, seed=M + N, config=config,
+                          with_accum=True, bad_rows=2, transpose_inputs=transpose, precision=precision), CUDA)

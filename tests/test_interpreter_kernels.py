@@ -54,16 +54,15 @@ def test_every_bf16_config(config):
     run_case(Case("adamw", M, N, 40, torch.bfloat16, ADAMW, step=2, seed=8, config=config, with_accum=True), CPU)
 
 
-def test_default_tile_by_k_grid_and_operands():
+def test_default_tile_by_k_and_operands():
     """default_config's table (kernels/__init__.py, measured on the H200): the TMA 64x128 below
-    LARGE_K tokens; above it 128x256 on grids of at least LARGE_TILE_GRID such tiles, else 128x128;
-    the pointer tile for operands TMA cannot address, bf16 storage, and the fp32 (ieee) mainloop."""
+    LARGE_K tokens, the persistent TMA 128x128 from LARGE_K on; the pointer tile for operands TMA
+    cannot address, bf16 storage, and the fp32 (ieee) mainloop."""
     bf16, tma = torch.bfloat16, kernels.DEFAULT_TMA_CONFIGS
     assert kernels.default_config(4096, 4096, kernels.LARGE_K - 1, bf16) == tma["small_k"]
     assert kernels.default_config(4096, 4096, kernels.LARGE_K, bf16) == tma["large_k"]
-    assert kernels.default_config(14336, 4096, 16384, bf16) == tma["large_k_grid"]
-    assert kernels.default_config(4096, 14336, 16384, bf16) == tma["large_k_grid"]
-    assert kernels.default_config(8192, 8192, 16384, bf16) == tma["large_k_grid"]
+    assert kernels.default_config(28672, 8192, 16384, bf16) == tma["large_k"]
+    assert tma["large_k"].persistent and tma["large_k"].tma
     assert kernels.default_config(8192, 8192, 16384, bf16, tma_ok=False) == kernels.DEFAULT_BF16_CONFIG[False]
     assert kernels.default_config(8192, 8192, 256, bf16, bf16_storage=True) == kernels.DEFAULT_BF16_CONFIG[True]
     assert kernels.default_config(8192, 8192, 16384, torch.float32) == kernels.IEEE_CONFIGS[0]
