@@ -74,7 +74,7 @@ for part in "$@"; do
 done
 
 echo "== summary $(date -u +%H:%M:%S)"
-[ -f "$R/kernels.log" ] && grep -E "^(fp32|bf16|8bit)|ceilings" "$R/kernels.log" "$R/kernels_lowbit.log" 2>/dev/null | cut -c1-230
+{ [ -f "$R/kernels.log" ] || [ -f "$R/kernels_lowbit.log" ]; } && grep -E "^(fp32|bf16|8bit)|ceilings" "$R/kernels.log" "$R/kernels_lowbit.log" 2>/dev/null | cut -c1-230
 if [ -f "$R/exactness.log" ]; then
   grep -E "^(FAILED|ERROR)" "$R/exactness.log" | cut -c1-200 | head -30
   tail -3 "$R/exactness.log"
