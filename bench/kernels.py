@@ -33,7 +33,8 @@ import triton
 
 from forge_num import kernels, rules
 
-LLAMA8B = "4096x4096,14336x4096,4096x14336"
+# issue 5: the Llama-8B projections (4096x4096, 14336x4096, 4096x14336) and two of Llama-70B's
+LLAMA_SHAPES = "4096x4096,14336x4096,4096x14336,8192x8192,28672x8192"
 HYPER = {"lr": 1e-4, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
 
 
@@ -164,8 +165,8 @@ def bench_mainloop(M: int, N: int, K: int) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default=LLAMA8B)
-    ap.add_argument("--tokens", default="256,1024,4096,16384")
+    ap.add_argument("--shapes", default=LLAMA_SHAPES)
+    ap.add_argument("--tokens", default="256,512,1024,2048,4096,8192,16384")  # issue 5: every K
     ap.add_argument("--precision", default="fp32", help="comma-separated: fp32, bf16-sr, 8bit")
     ap.add_argument("--out", default=None)
     ap.add_argument("--mainloop", action="store_true", help="time the dW mainloop alone per tile (MAINLOOP_TILES)")
