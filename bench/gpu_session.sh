@@ -39,7 +39,7 @@ run_bias() {
     >"$R/bias.log" 2>&1; echo "bias exit: $?" >>"$R/bias.log"
 }
 run_kernels() {
-  [ "${T_KERNELS:-200}" -gt 0 ] && timeout "${T_KERNELS:-200}" python3 bench/kernels.py ${KERNEL_ARGS:---precision fp32 --shapes 4096x4096,14336x4096,4096x14336,8192x8192,28672x8192} \
+  [ "${T_KERNELS:-200}" -gt 0 ] && timeout "${T_KERNELS:-200}" python3 bench/kernels.py ${KERNEL_ARGS:---precision fp32} \
     --out "$R/kernels.json" 2>&1 | tee "$R/kernels.log" | tail -3
   [ "${T_KERNELS_LOWBIT:-90}" -gt 0 ] && timeout "${T_KERNELS_LOWBIT:-90}" python3 bench/kernels.py ${KERNEL_ARGS_LOWBIT:---precision bf16-sr,8bit --shapes 4096x4096,14336x4096} \
     --out "$R/kernels_lowbit.json" 2>&1 | tee "$R/kernels_lowbit.log" | tail -3

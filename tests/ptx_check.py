@@ -99,7 +99,7 @@ def main() -> int:
     out = {"elementwise": [check_elementwise(r) for r in sorted(rules.RULES)],
            "fused": [check_fused(r, d) for r in ("adamw", "lion") for d in ("fp32", "bf16")],
            # AdamW holds the most state: registers and spills of every configuration the launcher may use
-           "resources": [dict(config=str(c), label=c.label, dtype=d, precision=prec, **resource_usage(compile_tuned(c, rules.ADAMW, d, prec)))
+           "resources": [dict(config=str(c), dtype=d, precision=prec, **resource_usage(compile_tuned(c, rules.ADAMW, d, prec)))
                          for prec, d, cfgs in (("fp32", "bf16", kernels.BF16_CONFIGS), ("fp32", "fp32", kernels.IEEE_CONFIGS),
                                                ("8bit", "bf16", kernels.Q8_CONFIGS[kernels.torch.bfloat16]),
                                                ("8bit", "fp32", kernels.Q8_CONFIGS[kernels.torch.float32]))

@@ -47,19 +47,7 @@ def test_fused_kernels_have_no_approximate_ops(report):
             assert r["wgmma"] == 0 and r["fma_total"] >= 64 * 64 * 16 // 128, r
 
 
-# Spills accepted, per configuration the launcher may use: (label, operand dtype, regime) ->
-# (bytes of spill stores, of spill loads) per thread (ptxas sm_90a, AdamW), each only where the
-# configuration was timed faster with them than every spill-free one (bench/NOTES.md). None today;
-# a candidate promoted with a spill states it here, and a spill that grows past it fails.
-SPILL_ALLOWANCE: dict[tuple[str, str, str], tuple[int, int]] = {}
-
-
 def test_no_configuration_spills_registers(report):
     """Local-memory spills made the first kernel 3.5x slower than the unfused step (bench/NOTES.md)."""
-    seen = set()
     for r in report["resources"]:
-        key = (r["label"], r["dtype"], r["precision"])
-        stores, loads = SPILL_ALLOWANCE.get(key, (0, 0))
-        seen.add(key)
-        assert r["spill_stores"] <= stores and r["spill_loads"] <= loads, r
-    assert set(SPILL_ALLOWANCE) <= seen, "an allowance for a configuration the launcher no longer has"
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
