@@ -59,6 +59,34 @@ Q8_CANDIDATES = kernels.CANDIDATE_Q8_CONFIGS
 STATE_BYTES = {"fp32": 2 * (4 + 4 + 4), "bf16-sr": 2 * (2 + 2 + 2), "8bit": 2 * (2 + 1 + 1 + 8 / kernels.QBLOCK)}
 
 
+class LaunchRecorder:
+    """Stands in for kernels.fused_linear_update_kernel and keeps the compiled kernel of the last
+    launch (Triton's launch returns it), so each row can say how many registers, spills and bytes of
+    shared memory a tile compiled to on this GPU: what decides how many programs share an SM."""
+
+    def __init__(self, fn):
+        self.fn, self.last = fn, None
+
+    def __getitem__(self, grid):
+        launch = self.fn[grid]
+
+        def run(*args, **kwargs):
+            self.last = launch(*args, **kwargs)
+            return self.last
+        return run
+
+    def resources(self) -> dict:
+        k = self.last
+        try:
+            return {"n_regs": int(k.n_regs), "n_spills": int(k.n_spills), "shared": int(k.metadata.shared),
+                    "num_warps": int(k.metadata.num_warps)}
+        except Exception as e:  # diagnostics only: never fail a timing row for them
+            return {"error": f"{type(e).__name__}: {str(e)[:80]}"}
+
+
+RECORDER = LaunchRecorder(kernels.fused_linear_update_kernel)  # installed by main(), not on import
+
+
 def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32") -> dict:
     torch.manual_seed(0)
     x = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
@@ -87,12 +115,18 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32") -
         opt.step()
         p.grad = None
 
-    per_config = {}
+    per_config, compiled, failed = {}, {}, {}
     configs = kernels.Q8_CONFIGS[torch.bfloat16] if precision == "8bit" else kernels.configs_for(torch.bfloat16)
     candidates = Q8_CANDIDATES if precision == "8bit" else CANDIDATES
+    default = (kernels.Q8_CONFIGS[torch.bfloat16][0] if precision == "8bit"
+               else kernels.default_config(M, N, K, torch.bfloat16, precision == "bf16-sr"))
     for cfg in (*configs, *candidates):
-        per_config[str(cfg)] = triton.testing.do_bench(lambda: forge(cfg), warmup=10, rep=100,
-                                                       return_mode="median") * 1e-3
+        try:
+            per_config[str(cfg)] = triton.testing.do_bench(lambda: forge(cfg), warmup=10, rep=100,
+                                                           return_mode="median") * 1e-3
+            compiled[str(cfg)] = RECORDER.resources()
+        except Exception as e:  # a tile that does not compile here (shared memory): reported, not fatal
+            failed[str(cfg)] = f"{type(e).__name__}: {str(e)[:160]}"
     t_forge = triton.testing.do_bench(forge, warmup=25, rep=200, return_mode="median") * 1e-3
     t_unfused = triton.testing.do_bench(unfused, warmup=25, rep=200, return_mode="median") * 1e-3
     parts = {}
@@ -115,8 +149,9 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32") -
     floor = max(flops / ceilings["bf16_flops"], min_bytes / ceilings["copy_bytes_per_s"])
     return {"precision": precision, "M": M, "N": N, "K": K, "forge_ms": t_forge * 1e3, "unfused_ms": t_unfused * 1e3,
             "floor_ms": floor * 1e3, "speedup_vs_unfused": t_unfused / t_forge, "forge_over_floor": t_forge / floor,
-            "config": str(configs[0]),
+            "config": str(default), "default_label": default.label,
             "per_config_ms": {k: t * 1e3 for k, t in per_config.items()},
+            "compiled": compiled, "failed": failed,
             "best_config": min(per_config, key=per_config.get),
             "best_label": {str(c): c.label for c in (*configs, *candidates)}[min(per_config, key=per_config.get)],
             "candidates": [str(c) for c in candidates],
@@ -188,6 +223,7 @@ def main(argv=None) -> int:
                                             "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
                                             "triton": triton.__version__}, "rows": rows}, f, indent=1)
         return 0
+    kernels.fused_linear_update_kernel = RECORDER  # the launcher looks the kernel up in its module
     ceilings = measure_ceilings()
     rows = []
     shapes = [tuple(int(s) for s in shape.split("x")) for shape in args.shapes.split(",")]
@@ -203,7 +239,7 @@ def main(argv=None) -> int:
         r = rows[-1]
         print(f"{precision:<7} {M:>6}x{N:<6} K={K:<6} forge {r['forge_ms']:8.3f} ms  unfused {r['unfused_ms']:8.3f} ms  "
               f"floor {r['floor_ms']:7.3f} ms  speedup {r['speedup_vs_unfused']:5.2f}x  "
-              f"forge/floor {r['forge_over_floor']:5.2f}  best {r['best_config_speedup_vs_unfused']:5.2f}x ({r['best_label']})"
+              f"forge/floor {r['forge_over_floor']:5.2f}  ({r['default_label']})  best {r['best_config_speedup_vs_unfused']:5.2f}x ({r['best_label']})"
               + (f"  [dW triton {r['triton_dw_ms']:.3f} cublas {r['cublas_dw_ms']:.3f}; update forge "
                  f"{r['forge_update_only_ms']:.3f} torch {r['torch_update_only_ms']:.3f}]" if "triton_dw_ms" in r else ""),
               flush=True)

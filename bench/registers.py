@@ -56,7 +56,8 @@ def compile_ptx(cfg: kernels.TileConfig, rule: rules.Rule, dtype: str, precision
     names = list(sig)
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in DIV16}
     src = ASTSource(fn=fused_linear_update_kernel, signature=sig, constexprs=const, attrs=attrs)
-    options = {"enable_fp_fusion": False, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    options = {"enable_fp_fusion": False, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
+               "maxnreg": cfg.max_registers or None}
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
 
 

@@ -93,12 +93,17 @@ class TileConfig:
     epilogue_split: int = 1  # the epilogue runs on this many column sub-tiles (8bit regime: row sub-tiles)
     persistent: int = 0  # 0: one program per tile; n > 0: n programs per SM, each looping over tiles
     tma: bool = False  # load the operand tiles through TMA descriptors where the operands allow it
+    # ptxas register cap per thread (0: ptxas chooses). A cap lets more programs share a
+    # multiprocessor's 65,536 registers, so one program's epilogue overlaps another's mainloop:
+    # 128 registers x 256 threads = two 8-warp programs per SM (ptxas then spills what does not fit).
+    max_registers: int = 0
 
     @property
     def label(self) -> str:
-        """Short name for tables: 64x128x64 w4 s4 e4 [p2] [tma]."""
+        """Short name for tables: 64x128x64 w4 s4 e4 [p2] [tma] [r128]."""
         return (f"{self.BM}x{self.BN}x{self.BK} w{self.num_warps} s{self.num_stages} e{self.epilogue_split}"
-                + (f" p{self.persistent}" if self.persistent else "") + (" tma" if self.tma else ""))
+                + (f" p{self.persistent}" if self.persistent else "") + (" tma" if self.tma else "")
+                + (f" r{self.max_registers}" if self.max_registers else ""))
 
     def __post_init__(self):
         for name in ("BM", "BN", "BK"):
@@ -109,6 +114,8 @@ class TileConfig:
             raise ValueError(f"TileConfig.epilogue_split must be 1, 2, 4 or 8 with BN/split >= 8, got {self}")
         if not (isinstance(self.persistent, int) and 0 <= self.persistent <= 8):
             raise ValueError(f"TileConfig.persistent must be an int in [0, 8] (programs per SM), got {self}")
+        if not (isinstance(self.max_registers, int) and (self.max_registers == 0 or 32 <= self.max_registers <= 255)):
+            raise ValueError(f"TileConfig.max_registers must be 0 (no cap) or an int in [32, 255], got {self}")
 
 
 # Tile shapes the launcher may use, per mainloop mode. Every one of them is a test case
@@ -149,25 +156,36 @@ INTERPRETER_Q8_CONFIG = TileConfig(16, 128, 16, num_warps=4, num_stages=1)
 # Candidates: configurations the launcher never picks. bench/kernels.py times them beside the ones
 # above and tests/test_gpu_exactness.py::test_candidate_configs checks their bits on the GPU; one is
 # promoted into the lists above once it is measured faster and verified.
-#   bf16, fp32 or bf16-sr storage: 128x128 tiles with a 4-way split epilogue (ptxas, AdamW: 255
-#   registers, a 12-byte spill), and persistent grids (236-340 B of spills).
+#   bf16, fp32 or bf16-sr storage (ptxas, sm_90a, AdamW, `python bench/registers.py --candidates`,
+#   spills in bytes per thread as fp32 / bf16-sr regime):
+#   * pointer 128x128, 4-way split (12 B / -): the pointer mainloop's big tile, for operands TMA
+#     cannot address. The pointer 128x128 with 3 stages and the persistent pointer grids were
+#     slower than their TMA twins at every point of the 2026-12-03 sweep and were dropped.
+#   * persistent TMA 128x128 (36 B / 348 B): the fastest tile at 14 of the 15 points with
+#     K >= 4096 of that sweep, 1.0-1.24x faster than the plain TMA 128x128 (the default there).
+#     Its bits passed 40 GPU cases with one tile per program (132 programs cover every test shape);
+#     test_persistent_programs_loop_over_tiles, where each program walks several tiles, must pass
+#     before it is promoted. With an 8-way split epilogue: 206 / 236 registers and no spill.
+#   * two or three programs per SM through a register cap (TileConfig.max_registers): 8-warp
+#     128x128 tiles at 128 registers (356 B / 560 B; 96 KB of shared memory each, so two fit in the
+#     H200's 227 KB), plain and persistent (468 B / 536 B); 4-warp 64x128 at 168 (0 / 12 B; three
+#     per SM in 3 x 72 KB). Today one 8-warp 128x128 program holds an SM (206-255 registers), so
+#     its epilogue leaves the tensor cores idle; with two, one program's epilogue runs beside the
+#     other's mainloop. The spills are in the epilogue, which is memory-bound anyway.
+#   * 128x256 TMA, 8-way split (500 B / 788 B): nowhere the fastest alone in fp32, the fastest
+#     bf16-sr tile at K = 16384 (0.60x against 0.44x for the 64x64 default).
+#   * persistent TMA 64x128 (40 B): 1.03-1.08x faster than the plain TMA 64x128 at K = 1024 on the
+#     three largest shapes, slower on the others. A persistent 128x256 TMA tile with 3 stages needs
+#     278,552 B of shared memory, over the H200's 232,448 (OutOfResources, 2026-12-03).
 #   8bit: taller tiles with the epilogue split into row sub-tiles of whole quantization blocks
 #   (64x128 with 8 warps and two row halves: no spill; 128x128 with four quarters: 204 B).
 CANDIDATE_CONFIGS = (
-    TileConfig(128, 128, 64, num_warps=8, num_stages=3, epilogue_split=4),
     TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4),
-    TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, persistent=2),
-    TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, persistent=1),
-    # TMA loads. The persistent 128x128 (ptxas, AdamW: 36 B of spills) was the fastest tile at
-    # 14 of the 15 points with K >= 4096 of the 2026-12-03 sweep, 1.0-1.24x faster than the plain
-    # TMA 128x128 (the default there): its bits passed 40 GPU cases, each program running one tile
-    # (132 programs); test_gpu_exactness.py::test_persistent_programs_loop_over_tiles, where each
-    # program walks several tiles on the GPU, has not run yet, and must pass before it is promoted.
-    # 128x256 (500 B of spills): slower than the persistent 128x128 at every point but one tie.
-    # The persistent 64x128 (40 B): 1.03-1.08x faster than the plain TMA 64x128 at K = 1024 on the
-    # three largest shapes, slower on the others. A persistent 128x256 TMA tile with 3 stages needs
-    # 278,552 B of shared memory, over the H200's 232,448 (OutOfResources, 2026-12-03).
     TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, persistent=1, tma=True),
+    TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=8, persistent=1, tma=True),
+    TileConfig(128, 128, 64, num_warps=8, num_stages=3, epilogue_split=8, tma=True, max_registers=128),
+    TileConfig(128, 128, 64, num_warps=8, num_stages=3, epilogue_split=8, persistent=2, tma=True, max_registers=128),
+    TileConfig(64, 128, 64, num_warps=4, num_stages=3, epilogue_split=8, tma=True, max_registers=168),
     TileConfig(128, 256, 64, num_warps=8, num_stages=3, epilogue_split=8, tma=True),
     TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, persistent=2, tma=True),
 )
@@ -396,7 +414,7 @@ def _launch_linear(
             INPUT_PRECISION=precision,
             BM=config.BM, BN=config.BN, BK=config.BK, EPILOGUE_SPLIT=config.epilogue_split,
             PERSISTENT=bool(config.persistent), USE_TMA=x_desc is not None,
-            num_warps=config.num_warps, num_stages=config.num_stages,
+            num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers or None,
             enable_fp_fusion=False,
         )
     return UpdateStats(norm_sq.sum(), nonfinite.sum(dtype=torch.int64))

@@ -54,6 +54,18 @@ def test_every_bf16_config(config):
     run_case(Case("adamw", M, N, 40, torch.bfloat16, ADAMW, step=2, seed=8, config=config, with_accum=True), CPU)
 
 
+def test_tile_config_rejects_what_cannot_compile():
+    """A TileConfig names what is wrong with it before any compilation: sizes, split, persistence,
+    register cap (ptxas accepts a cap from 32 to 255 registers per thread)."""
+    T = kernels.TileConfig
+    assert T(128, 128, 64, num_warps=8, max_registers=128).label == "128x128x64 w8 s3 e1 r128"
+    for bad, field in (({"BM": 48}, "BM"), ({"epilogue_split": 3}, "epilogue_split"),
+                       ({"persistent": 9}, "persistent"), ({"max_registers": 16}, "max_registers"),
+                       ({"max_registers": 256}, "max_registers"), ({"max_registers": 128.0}, "max_registers")):
+        with pytest.raises(ValueError, match=f"TileConfig.{field}"):
+            T(**{"BM": 64, "BN": 64, "BK": 64, **bad})
+
+
 def test_default_tile_by_k_and_operands():
     """default_config's table (kernels/__init__.py, measured on the H200): the TMA 64x128 below
     LARGE_K tokens, the TMA 128x128 from LARGE_K on; the pointer tile for operands TMA cannot
