@@ -139,6 +139,11 @@ BF16_CONFIGS = (
     # TMA mainloops, promoted from the candidates after the H200 runs of 2026-12-03 (default_config).
     TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, tma=True),
     TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, tma=True),
+    # promoted after H200 session 5 (2026-12-03, bench/results/2026-12-03-h200-s5/): the persistent
+    # TMA 128x128 (fp32 storage, K >= LARGE_K) and the register-capped TMA 128x128, two programs
+    # per SM (bf16 storage, K >= BF16_SR_LARGE_K); default_config says why.
+    TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, persistent=1, tma=True),
+    TileConfig(128, 128, 64, num_warps=8, num_stages=3, epilogue_split=8, tma=True, max_registers=128),
 )
 INTERPRETER_CONFIG = TileConfig(32, 32, 16, num_warps=4, num_stages=1, epilogue_split=2)
 # 8bit regime: the epilogue needs whole quantization blocks, so BN is a multiple of QBLOCK, and an
@@ -161,17 +166,15 @@ INTERPRETER_Q8_CONFIG = TileConfig(16, 128, 16, num_warps=4, num_stages=1)
 #   * pointer 128x128, 4-way split (12 B / -): the pointer mainloop's big tile, for operands TMA
 #     cannot address. The pointer 128x128 with 3 stages and the persistent pointer grids were
 #     slower than their TMA twins at every point of the 2026-12-03 sweep and were dropped.
-#   * persistent TMA 128x128 (36 B / 348 B): the fastest tile at 14 of the 15 points with
-#     K >= 4096 of that sweep, 1.0-1.24x faster than the plain TMA 128x128 (the default there).
-#     Its bits passed 40 GPU cases with one tile per program (132 programs cover every test shape);
-#     test_persistent_programs_loop_over_tiles, where each program walks several tiles, must pass
-#     before it is promoted. With an 8-way split epilogue: 206 / 236 registers and no spill.
-#   * two or three programs per SM through a register cap (TileConfig.max_registers): 8-warp
-#     128x128 tiles at 128 registers (356 B / 560 B; 96 KB of shared memory each, so two fit in the
-#     H200's 227 KB), plain and persistent (468 B / 536 B); 4-warp 64x128 at 168 (0 / 12 B; three
-#     per SM in 3 x 72 KB). Today one 8-warp 128x128 program holds an SM (206-255 registers), so
-#     its epilogue leaves the tensor cores idle; with two, one program's epilogue runs beside the
-#     other's mainloop. The spills are in the epilogue, which is memory-bound anyway.
+#   * persistent TMA 128x128 with an 8-way split epilogue (206 / 236 registers, no spill): the
+#     4-way one (36 B / 348 B) was promoted; this one was 0.78-0.89x the unfused step at K = 4096
+#     against its 0.85-0.97x, equal or up to 4% faster at K = 16384 (session 5).
+#   * two or three programs per SM through a register cap (TileConfig.max_registers): the
+#     persistent 8-warp 128x128 at 128 registers (468 B / 536 B); 4-warp 64x128 at 168 (0 / 12 B;
+#     three per SM in 3 x 72 KB). The plain capped 128x128 was promoted for bf16 storage. In the
+#     fp32 regime the caps lost everywhere in session 5 (128x128 r128: 0.71-0.92x against the
+#     persistent tile's 0.86-0.97x at K >= 4096; 64x128 r168: 0.77-1.00x against 1.02-1.16x at
+#     K <= 1024): a second program per SM did not pay for the spills and the shorter pipeline there.
 #   * 128x256 TMA, 8-way split (500 B / 788 B): nowhere the fastest alone in fp32, the fastest
 #     bf16-sr tile at K = 16384 (0.60x against 0.44x for the 64x64 default).
 #   * persistent TMA 64x128 (40 B): 1.03-1.08x faster than the plain TMA 64x128 at K = 1024 on the
@@ -181,9 +184,7 @@ INTERPRETER_Q8_CONFIG = TileConfig(16, 128, 16, num_warps=4, num_stages=1)
 #   (64x128 with 8 warps and two row halves: no spill; 128x128 with four quarters: 204 B).
 CANDIDATE_CONFIGS = (
     TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4),
-    TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, persistent=1, tma=True),
     TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=8, persistent=1, tma=True),
-    TileConfig(128, 128, 64, num_warps=8, num_stages=3, epilogue_split=8, tma=True, max_registers=128),
     TileConfig(128, 128, 64, num_warps=8, num_stages=3, epilogue_split=8, persistent=2, tma=True, max_registers=128),
     TileConfig(64, 128, 64, num_warps=4, num_stages=3, epilogue_split=8, tma=True, max_registers=168),
     TileConfig(128, 256, 64, num_warps=8, num_stages=3, epilogue_split=8, tma=True),
@@ -421,39 +422,58 @@ def _launch_linear(
 
 
 # The default bf16 tiles, by storage regime, as measured on the H200.
-# fp32 weight and state (bench/results/2026-12-03-h200-s4/kernels_fp32.json: every configuration of
-# BF16_CONFIGS and CANDIDATE_CONFIGS timed at 5 Llama shapes x K = 256, 1024, 4096, 8192, 16384):
-#   K < LARGE_K: 64x128x64, 4 warps, TMA loads: among the verified tiles the fastest or within 2%
-#     of it at 14 of the 15 points; the 15th (4096x4096, K = 256: 0.70x against the pointer tile's
-#     0.91x) was not seen in the run before, where the two took 0.217 and 0.219 ms. Two 4-warp CTAs
-#     per multiprocessor overlap one's epilogue with the other's mainloop.
-#   K >= LARGE_K: the mainloop dominates: 128x128, 8 warps, TMA, 1.04-1.39x faster than the TMA
-#     64x128 at K = 8192 and 16384 on all five shapes (0.71-0.92x the unfused step). The persistent
-#     variant is faster still (see CANDIDATE_CONFIGS) and waits for one more GPU test.
+# fp32 weight and state (bench/results/2026-12-03-h200-s4/kernels_fp32.json and
+# bench/results/2026-12-03-h200-s5/kernels_fp32.json: every configuration of BF16_CONFIGS and
+# CANDIDATE_CONFIGS timed at 5 Llama shapes x K = 256, 1024, 4096, 16384, side by side):
+#   K < LARGE_K: 64x128x64, 4 warps, TMA loads: the fastest verified tile or within 2% of it at
+#     K = 256 and 1024 on the four larger shapes (1.02-1.16x the unfused step); at 4096x4096 the
+#     pointer twin is equal (0.90-0.93x). Two 4-warp CTAs per multiprocessor overlap one's epilogue
+#     with the other's mainloop.
+#   K >= LARGE_K: the mainloop dominates: the persistent TMA 128x128 (one 8-warp program per SM
+#     walking tiles in grouped order, so GROUP_M tile rows share X in L2): 0.85-0.97x at K = 4096
+#     (the TMA 64x128: 0.73-0.92x) and 0.86-0.92x at K = 16384 (the plain TMA 128x128: 0.71-0.89x).
+#     It spills 36 B per thread (tests/test_ptx.py states the exception); its spill-free 8-way
+#     twin was slower at K = 4096. Its programs walking several tiles passed on the GPU
+#     (test_persistent_programs_loop_over_tiles, session 5).
 #   Operands TMA cannot address (see _tma_addressable) take the pointer 64x128 tile, the fastest
 #   of the pointer tiles in session 2.
-# bf16-sr: 64x64x64 was the fastest at K <= 4096 (its epilogue, Philox and the roundings, is heavier).
+# bf16 weight and state (bf16-sr; bench/results/2026-12-03-h200-s5/kernels_lowbit.json): the
+# epilogue (Philox4x32-10 per element, three stochastic roundings) is heavier than the mainloop
+#   K < BF16_SR_LARGE_K: 64x64x64, 4 warps: the fastest at K = 256 and 2048 (0.31-0.46x).
+#   K >= BF16_SR_LARGE_K: the TMA 128x128 capped at 128 registers, so two 8-warp programs share
+#     an SM and one's epilogue runs beside the other's mainloop: 0.73-0.74x at K = 16384 against
+#     0.45-0.46x for the 64x64 (the uncapped TMA 128x128: 0.59x). It spills 356 B (fp32) / 560 B
+#     (bf16-sr) in the epilogue (tests/test_ptx.py states the exception).
 # All keep BK = 64, so the unfused comparator's mainloop (fp32 regime default) walks K in the same
 # blocks as the fused kernel in either regime, and a checkpoint resumes with the same bits whatever
 # tile a step's K selects.
-LARGE_K = 8192
+LARGE_K = 4096
+BF16_SR_LARGE_K = 8192
 DEFAULT_BF16_CONFIG = {False: TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4),
                        True: TileConfig(64, 64, 64, num_warps=4, num_stages=4, epilogue_split=2)}
-DEFAULT_TMA_CONFIGS = {"small_k": TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, tma=True),
-                       "large_k": TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, tma=True)}
+DEFAULT_TMA_CONFIGS = {
+    "small_k": TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, tma=True),
+    "large_k": TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, persistent=1, tma=True),
+    "bf16_sr_large_k": TileConfig(128, 128, 64, num_warps=8, num_stages=3, epilogue_split=8, tma=True,
+                                  max_registers=128),
+}
 assert all(c in BF16_CONFIGS for c in (*DEFAULT_BF16_CONFIG.values(), *DEFAULT_TMA_CONFIGS.values()))
 assert len({c.BK for c in (*DEFAULT_BF16_CONFIG.values(), *DEFAULT_TMA_CONFIGS.values())}) == 1
 
 
 def default_config(M: int, N: int, K: int, dtype: torch.dtype, bf16_storage: bool = False,
                    tma_ok: bool = True) -> TileConfig:
-    """The tile shape for a problem: a measured default per mainloop mode, storage regime and, for
-    fp32 storage with bf16 operands, the number of tokens K (the table above). ``tma_ok``: whether
-    the operands can be loaded through TMA descriptors (_tma_addressable)."""
+    """The tile shape for a problem: a measured default per mainloop mode, storage regime and
+    number of tokens K (the table above). ``tma_ok``: whether the operands can be loaded through
+    TMA descriptors (_tma_addressable)."""
     if dtype == torch.float32:
         return IEEE_CONFIGS[0]
-    if bf16_storage or not tma_ok:
-        return DEFAULT_BF16_CONFIG[bool(bf16_storage)]
+    if bf16_storage:
+        if tma_ok and K >= BF16_SR_LARGE_K:
+            return DEFAULT_TMA_CONFIGS["bf16_sr_large_k"]
+        return DEFAULT_BF16_CONFIG[True]
+    if not tma_ok:
+        return DEFAULT_BF16_CONFIG[False]
     return DEFAULT_TMA_CONFIGS["small_k" if K < LARGE_K else "large_k"]
 
 

@@ -101,9 +101,14 @@ def main() -> int:
            # AdamW holds the most state: registers and spills of every configuration the launcher may use
            "resources": [dict(config=str(c), dtype=d, precision=prec, **resource_usage(compile_tuned(c, rules.ADAMW, d, prec)))
                          for prec, d, cfgs in (("fp32", "bf16", kernels.BF16_CONFIGS), ("fp32", "fp32", kernels.IEEE_CONFIGS),
+                                               ("bf16-sr", "bf16", (kernels.DEFAULT_BF16_CONFIG[True],
+                                                                    kernels.DEFAULT_TMA_CONFIGS["bf16_sr_large_k"])),
                                                ("8bit", "bf16", kernels.Q8_CONFIGS[kernels.torch.bfloat16]),
                                                ("8bit", "fp32", kernels.Q8_CONFIGS[kernels.torch.float32]))
-                         for c in cfgs]}
+                         for c in cfgs],
+           "labels": {str(c): c.label for c in (*kernels.BF16_CONFIGS, *kernels.IEEE_CONFIGS,
+                                                *kernels.Q8_CONFIGS[kernels.torch.bfloat16],
+                                                *kernels.Q8_CONFIGS[kernels.torch.float32])}}
     json.dump(out, sys.stdout)
     return 0
 

@@ -67,16 +67,23 @@ def test_tile_config_rejects_what_cannot_compile():
 
 
 def test_default_tile_by_k_and_operands():
-    """default_config's table (kernels/__init__.py, measured on the H200): the TMA 64x128 below
-    LARGE_K tokens, the TMA 128x128 from LARGE_K on; the pointer tile for operands TMA cannot
-    address, bf16 storage, and the fp32 (ieee) mainloop."""
+    """default_config's table (kernels/__init__.py, measured on the H200): fp32 storage, the TMA
+    64x128 below LARGE_K tokens and the persistent TMA 128x128 from LARGE_K on; bf16 storage, the
+    64x64 below BF16_SR_LARGE_K and the register-capped TMA 128x128 from there; the pointer tiles
+    for operands TMA cannot address; the FMA tile for the fp32 (ieee) mainloop."""
     bf16, tma = torch.bfloat16, kernels.DEFAULT_TMA_CONFIGS
     assert kernels.default_config(4096, 4096, kernels.LARGE_K - 1, bf16) == tma["small_k"]
     assert kernels.default_config(4096, 4096, kernels.LARGE_K, bf16) == tma["large_k"]
     assert kernels.default_config(28672, 8192, 16384, bf16) == tma["large_k"]
-    assert tma["large_k"].tma and not tma["large_k"].persistent  # see CANDIDATE_CONFIGS
+    assert tma["large_k"].tma and tma["large_k"].persistent == 1
     assert kernels.default_config(8192, 8192, 16384, bf16, tma_ok=False) == kernels.DEFAULT_BF16_CONFIG[False]
     assert kernels.default_config(8192, 8192, 256, bf16, bf16_storage=True) == kernels.DEFAULT_BF16_CONFIG[True]
+    sr_large = kernels.BF16_SR_LARGE_K
+    assert kernels.default_config(8192, 8192, sr_large - 1, bf16, bf16_storage=True) == kernels.DEFAULT_BF16_CONFIG[True]
+    assert kernels.default_config(8192, 8192, sr_large, bf16, bf16_storage=True) == tma["bf16_sr_large_k"]
+    assert tma["bf16_sr_large_k"].max_registers == 128
+    assert (kernels.default_config(8192, 8192, sr_large, bf16, bf16_storage=True, tma_ok=False)
+            == kernels.DEFAULT_BF16_CONFIG[True])
     assert kernels.default_config(8192, 8192, 16384, torch.float32) == kernels.IEEE_CONFIGS[0]
     ok = lambda *shapes: kernels._tma_addressable(*(torch.zeros(s, dtype=bf16) for s in shapes))  # noqa: E731
     assert ok((40, 136), (40, 72))

@@ -47,7 +47,28 @@ def test_fused_kernels_have_no_approximate_ops(report):
             assert r["wgmma"] == 0 and r["fma_total"] >= 64 * 64 * 16 // 128, r
 
 
+# Spills a configuration may have, by (label, storage regime), each with the measurement that
+# makes it worth them. Every entry must name a configuration the report compiles, so the table
+# cannot outlive its reason. Bytes of spill stores per thread, ptxas of Triton 3.6 for sm_90a.
+SPILL_EXCEPTIONS = {
+    # the fp32 default from LARGE_K tokens: 0.85-0.97x the unfused step at K = 4096 against its
+    # spill-free 8-way-split twin's 0.78-0.89x (bench/results/2026-12-03-h200-s5/kernels_fp32.json)
+    ("128x128x64 w8 s4 e4 p1 tma", "fp32"): 36,
+    # the bf16-sr default from BF16_SR_LARGE_K tokens: a 128-register cap so that two 8-warp
+    # programs share an SM; 0.73-0.74x at K = 16384 against 0.59x uncapped and spill-free
+    # (kernels_lowbit.json there). The fp32 row is the same tile compiled for fp32 storage.
+    ("128x128x64 w8 s3 e8 tma r128", "fp32"): 356,
+    ("128x128x64 w8 s3 e8 tma r128", "bf16-sr"): 560,
+}
+
+
 def test_no_configuration_spills_registers(report):
-    """Local-memory spills made the first kernel 3.5x slower than the unfused step (bench/NOTES.md)."""
+    """Local-memory spills made the first kernel 3.5x slower than the unfused step (bench/NOTES.md):
+    none, except the measured exceptions above, each within its stated bytes."""
+    seen = set()
     for r in report["resources"]:
-        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
+        key = (report["labels"][r["config"]], r["precision"])
+        allowed = SPILL_EXCEPTIONS.get(key, 0)
+        seen.add(key)
+        assert r["spill_stores"] <= allowed and (allowed or r["spill_loads"] == 0), (key, r)
+    assert set(SPILL_EXCEPTIONS) <= seen, f"exceptions for configurations no longer compiled: {set(SPILL_EXCEPTIONS) - seen}"
