@@ -189,6 +189,11 @@ CANDIDATE_CONFIGS = (
     TileConfig(64, 128, 64, num_warps=4, num_stages=3, epilogue_split=8, tma=True, max_registers=168),
     TileConfig(128, 256, 64, num_warps=8, num_stages=3, epilogue_split=8, tma=True),
     TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, persistent=2, tma=True),
+    # bf16-sr below BF16_SR_LARGE_K, where the heavy epilogue dominates: the 64x64 default (218
+    # registers, two programs per SM) with three (168 registers, 4 stages: no spill) or four (128,
+    # 3 stages: 36 B in bf16-sr, none in fp32) programs per SM. Written after session 5, untimed.
+    TileConfig(64, 64, 64, num_warps=4, num_stages=4, epilogue_split=4, max_registers=168),
+    TileConfig(64, 64, 64, num_warps=4, num_stages=3, epilogue_split=4, max_registers=128),
 )
 CANDIDATE_Q8_CONFIGS = (
     TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=2),
@@ -444,6 +449,9 @@ def _launch_linear(
 #     an SM and one's epilogue runs beside the other's mainloop: 0.73-0.74x at K = 16384 against
 #     0.45-0.46x for the 64x64 (the uncapped TMA 128x128: 0.59x). It spills 356 B (fp32) / 560 B
 #     (bf16-sr) in the epilogue (tests/test_ptx.py states the exception).
+#   BF16_SR_LARGE_K = 8192 is between the measured points, not itself measured: at K = 2048 the
+#   capped tile was 0.87x as fast as the 64x64, at 16384 1.6x; the bf16-sr timings at K = 4096 and
+#   8192 did not fit in session 5's last call. The next run measures them (bench/NOTES.md).
 # All keep BK = 64, so the unfused comparator's mainloop (fp32 regime default) walks K in the same
 # blocks as the fused kernel in either regime, and a checkpoint resumes with the same bits whatever
 # tile a step's K selects.
