@@ -118,13 +118,35 @@ def _plain_forward(layout, x, weight, bias):
     return torch.addmm(bias, x.view(-1, x.size(-1)), weight).view(size_out)
 
 
+def _cast_weight_is_free_to_keep() -> bool:
+    """Whether a fused layer may keep its bf16 weight for dX without holding memory: inside a
+    checkpointed segment. A plain forward does not keep it: that would hold 2 bytes per parameter
+    until the backward, the autocast weight cache fused layers avoid, so its backward casts again.
+
+    * A forward run inside a backward is a segment recomputed for its own backward (reentrant and
+      non-reentrant checkpointing): the kept cast lives only until this layer's backward, next.
+    * The first forward of a non-reentrant checkpointed segment packs its saved tensors with
+      torch.utils.checkpoint's hook, which keeps none of them; and the recomputed forward must save
+      exactly what the first one saved, so both keep it.
+    The kept cast equals weight.to(dt) at the backward: W changes only in its own layer's backward,
+    after dX. Saves one cast of every weight per step under checkpointing. If a torch version
+    renames the hook, the check is False and the backward casts again: slower, never different."""
+    if torch._C._current_autograd_node() is not None:
+        return True
+    hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    return bool(hooks) and getattr(hooks[0], "__qualname__", "").startswith("_checkpoint_hook.")
+
+
 class _FusedLinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, layer, use):
         dt, xc, wc, bc = _autocast_operands(x, weight, bias)
         with torch.autocast(x.device.type, enabled=False):
             out = _plain_forward(layer.layout, xc, wc, bc)
-        ctx.save_for_backward(xc, weight)
+        if dt is not None and _cast_weight_is_free_to_keep():
+            ctx.save_for_backward(xc, weight, wc)
+        else:
+            ctx.save_for_backward(xc, weight)
         # The Parameter itself (checkpointing hands back a detached recomputed alias as the saved weight).
         ctx.param = weight
         ctx.layer, ctx.use, ctx.dt, ctx.x_dtype = layer, use, dt, x.dtype
@@ -133,7 +155,8 @@ class _FusedLinearFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        xc, weight = ctx.saved_tensors
+        xc, weight, *kept = ctx.saved_tensors
+        kept_cast = kept[0] if kept else None
         layer, use, dt = ctx.layer, ctx.use, ctx.dt
         opt = layer.opt
         conv = layer.layout == "conv1d"
@@ -141,7 +164,10 @@ class _FusedLinearFn(torch.autograd.Function):
         dy2 = dy.reshape(-1, dy.shape[-1])
         if dt is not None and dy2.dtype != dt:
             dy2 = dy2.to(dt)
-        wc = weight.to(dt) if dt is not None else weight
+        if kept_cast is not None:
+            wc = kept_cast
+        else:
+            wc = weight.to(dt) if dt is not None else weight
         dx = None
         if ctx.needs_input_grad[0]:  # dX with the pre-update weight, before anything else
             dx = torch.mm(dy2, wc.t() if conv else wc).view(*xc.shape[:-1], -1).to(ctx.x_dtype)

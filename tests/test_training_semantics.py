@@ -496,6 +496,51 @@ def test_hf_gradient_checkpointing_bitwise(reentrant):
     assert_same_weights(m1, m2)
 
 
+class _WeightCastCounter(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts fp32 -> bf16 copies of the given parameters' storage (autocast's weight casts)."""
+
+    def __init__(self, params):
+        super().__init__()
+        self.ptrs = {p.data_ptr() for p in params}
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if (func is torch.ops.aten._to_copy.default and kwargs.get("dtype") == torch.bfloat16
+                and args[0].dtype == torch.float32 and args[0].data_ptr() in self.ptrs):
+            self.count += 1
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpointed_autocast_casts_each_weight_twice_and_trains_the_same_bits(reentrant):
+    """With gradient checkpointing under autocast, a fused layer keeps the bf16 weight its
+    recomputed forward cast, for dX in its backward: each weight is cast twice per step (forward,
+    recompute), as without checkpointing (forward, backward), not three times; and the weights
+    after training are bitwise those of the same training without checkpointing."""
+    m1, m2 = tiny_llama(), tiny_llama()
+    m1.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": reentrant})
+    models = []
+    for m in (m1, m2):
+        m.train()
+        opt = fn.AdamW(m.parameters(), **ADAMW)
+        prepare(m, opt)
+        weights = [mod.weight for mod in m.modules() if isinstance(mod, torch.nn.Linear)]
+        assert weights and len(m._forge_num_handle.fused) == len(weights)  # every Linear fused (untied head)
+        casts = []
+        for (ids,) in batches(3):
+            with _WeightCastCounter(weights) as counter:
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = lm_loss(m, ids)
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+            casts.append(counter.count)
+        assert casts == [2 * len(weights)] * 3, casts
+        models.append(m)
+    assert_same_weights(*models)
+
+
 def test_autocast_bf16_trains_with_fp32_weight_gradient():
     """Under autocast the layer computes in bf16 like F.linear; dW = dyᵀx from the bf16 x, dy in fp32."""
     torch.manual_seed(0)
