@@ -29,6 +29,11 @@ skipped) and the reason; it is never dropped.
     python bench/train_step.py [--methods forge,torch_adamw] [--models llama-1b,llama-8b]
         [--tokens 1x1024,4x1024,8x2048] [--checkpointing on,off] [--out bench/results/x.json]
     python bench/train_step.py --tiny          # tiny config on CPU (CI smoke test)
+
+--profile adds one more step under torch.profiler and reports where its time went: device time
+per category of kernel (profile_ms; KERNEL_CATEGORIES) and the longest kernels (profile_top), so a
+gap in tokens/s between two methods can be located (the GEMMs, forge's kernels, the weight casts,
+the optimizer, attention, ...). On the CPU the same categories hold the aten ops' self CPU time.
 """
 
 from __future__ import annotations
@@ -173,6 +178,64 @@ def unavailable_reason(method: str, cuda: bool) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------
+# --profile: device time by kind of kernel
+# --------------------------------------------------------------------------------------------
+
+# (category, regular expression on the kernel name, or the aten op name on the CPU), first match
+# wins: the copy kernels are element-wise kernels too, so casts come before the element-wise rest.
+KERNEL_CATEGORIES = (
+    ("forge fused dW + update", r"fused_linear_update_kernel"),
+    ("forge element-wise update", r"elementwise_update_kernel"),
+    ("optimizer step", r"multi_tensor_apply|fused_adam|adamw?_?8bit|optimizer|flashoptim|_step_kernel"),
+    ("GEMM", r"gemm|xmma|nvjet|cutlass|cublas|^aten::(mm|addmm|bmm|matmul|linear)$"),
+    ("attention", r"flash|fmha|attention|sdpa|_efficient_attention"),
+    ("casts and copies", r"copy|_to_copy|convert|cast"),
+    ("reductions and norms", r"reduce|softmax|norm|cross_entropy|nll_loss|mean|sum"),
+    ("other element-wise", r"elementwise|vectorized|unrolled|^aten::"),
+)
+
+
+def kernel_category(name: str) -> str:
+    """The KERNEL_CATEGORIES entry a kernel (or aten op) name falls in; "other" if none."""
+    import re
+
+    for category, pattern in KERNEL_CATEGORIES:
+        if re.search(pattern, name, flags=re.IGNORECASE):
+            return category
+    return "other"
+
+
+def profile_step(step, cuda: bool) -> dict:
+    """Runs step() once under torch.profiler; {"profile_ms": {category: ms}, "profile_top": [...]}:
+    CUDA kernels' device time (on the CPU: aten ops' self CPU time), summed by kernel_category."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+    per_name = {}
+    for evt in prof.key_averages():
+        if cuda:
+            if evt.device_type != torch.autograd.DeviceType.CUDA:
+                continue
+            us = evt.self_device_time_total
+        else:
+            if not evt.key.startswith("aten::"):
+                continue
+            us = evt.self_cpu_time_total
+        per_name[evt.key] = per_name.get(evt.key, 0.0) + us / 1e3
+    by_category = {}
+    for name, ms in per_name.items():
+        by_category[kernel_category(name)] = by_category.get(kernel_category(name), 0.0) + ms
+    top = sorted(per_name.items(), key=lambda kv: -kv[1])[:20]
+    return {"profile_ms": dict(sorted(by_category.items(), key=lambda kv: -kv[1])),
+            "profile_top": [{"name": n[:200], "ms": ms, "category": kernel_category(n)} for n, ms in top]}
+
+
+# --------------------------------------------------------------------------------------------
 # The worker: one (method, model, shape, checkpointing) in this process
 # --------------------------------------------------------------------------------------------
 
@@ -308,6 +371,8 @@ def run_spec(spec: dict) -> dict:
             dt = time.perf_counter() - t0
             if k >= spec["warmup"]:
                 row["step_s"].append(dt)
+        if spec.get("profile"):
+            row.update(profile_step(step, cuda))
         row["losses"] = [float(x) for x in losses]
         if not all(math.isfinite(x) for x in row["losses"]):
             raise FloatingPointError(f"non-finite loss: {row['losses']}")
@@ -485,6 +550,9 @@ def print_row(r: dict) -> None:
             f"{_fmt(r.get('tokens_per_s'), '{:.0f}'):>7} tok/s") if r["status"] == "ok" else \
         f"{r['status'].upper()}: {r.get('reason')}"
     print(f"{r['method']:<14} {r['model']:<9} {r['batch']}x{r['seq']:<5} {ck}  {what}", flush=True)
+    if r.get("profile_ms"):
+        print("    profiled step, ms by kind: " + ", ".join(f"{k} {v:.1f}" for k, v in r["profile_ms"].items()),
+              flush=True)
 
 
 def main(argv=None) -> int:
@@ -497,6 +565,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=5, help="timed steps (median)")
     ap.add_argument("--layers", type=int, default=None, help="override num_hidden_layers of every model")
     ap.add_argument("--tiny", action="store_true", help="the tiny config on the CPU (smoke test)")
+    ap.add_argument("--profile", action="store_true", help="one more step under torch.profiler: time by kernel kind")
     ap.add_argument("--isolation", choices=["subprocess", "fork"], default=None,
                     help="default: subprocess with CUDA, fork on the CPU")
     ap.add_argument("--run-timeout", type=float, default=300.0, help="seconds per measurement")
@@ -562,7 +631,7 @@ def main(argv=None) -> int:
                     else:
                         spec = {"method": method, "config": cfg, "batch": batch, "seq": seq,
                                 "checkpointing": ckpt, "warmup": args.warmup, "steps": args.steps,
-                                "cpu": not cuda, "threads": 1 if args.tiny else None}
+                                "cpu": not cuda, "threads": 1 if args.tiny else None, "profile": args.profile}
                         row.update(run_isolated(spec, isolation, args.run_timeout))
                     rows.append(row)
                     print_row(row)

@@ -83,6 +83,38 @@ def _brute(method, limit, vary, upper, seq=32):
     return best
 
 
+def test_train_step_profile_tiny(tmp_path):
+    """--profile adds one profiled step: time by kind of kernel (aten ops' CPU time here), with the
+    GEMMs and forge's casts found where they are."""
+    out = tmp_path / "train_step.json"
+    _run("train_step.py", "--tiny", "--checkpointing", "on", "--methods", "forge,torch_adamw", "--profile",
+         "--out", str(out))
+    for r in json.loads(out.read_text())["rows"]:
+        assert r["status"] == "ok", r
+        assert r["profile_ms"]["GEMM"] > 0 and r["profile_ms"]["casts and copies"] > 0, r["profile_ms"]
+        assert sum(r["profile_ms"].values()) >= sum(t["ms"] for t in r["profile_top"]) > 0
+
+
+@pytest.mark.parametrize("name,category", [
+    ("fused_linear_update_kernel", "forge fused dW + update"),
+    ("elementwise_update_kernel", "forge element-wise update"),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor<float, 4>>",
+     "optimizer step"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1", "GEMM"),
+    ("nvjet_hsh_256x128_64x4_1x2_h_bz_coopA_NTN", "GEMM"),
+    ("aten::mm", "GEMM"),
+    ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits>", "attention"),
+    ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)>",
+     "casts and copies"),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<float, float>>>",
+     "reductions and norms"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>", "other element-wise"),
+    ("some_unknown_kernel", "other"),
+])
+def test_kernel_categories(name, category):
+    assert train_step.kernel_category(name) == category
+
+
 def test_capacity_tiny_finds_known_answer(tmp_path):
     out = tmp_path / "capacity.json"
     limit_gib = 0.005
