@@ -151,8 +151,12 @@ INTERPRETER_CONFIG = TileConfig(32, 32, 16, num_warps=4, num_stages=1, epilogue_
 # spills (python -m bench.registers --precision 8bit: an unsplit 64x128 spilled 532 B per thread,
 # these none). Timed on the H200 at 0.14-0.25x the unfused step (2026-12-02): taller tiles with a
 # row-split epilogue are benchmark candidates (bench/kernels.py Q8_CANDIDATES) until measured.
+# The taller tiles with a row-split epilogue (two halves / four quarters of whole blocks) were
+# candidates until session 5 timed them (default_q8_config says where each is the default).
 Q8_CONFIGS = {
-    torch.bfloat16: (TileConfig(32, 128, 64, num_warps=8, num_stages=3), TileConfig(16, 128, 64, num_warps=4, num_stages=3)),
+    torch.bfloat16: (TileConfig(32, 128, 64, num_warps=8, num_stages=3), TileConfig(16, 128, 64, num_warps=4, num_stages=3),
+                     TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=2),
+                     TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4)),
     torch.float32: (TileConfig(16, 128, 16, num_warps=4, num_stages=2),),
 }
 INTERPRETER_Q8_CONFIG = TileConfig(16, 128, 16, num_warps=4, num_stages=1)
@@ -180,8 +184,7 @@ INTERPRETER_Q8_CONFIG = TileConfig(16, 128, 16, num_warps=4, num_stages=1)
 #   * persistent TMA 64x128 (40 B): 1.03-1.08x faster than the plain TMA 64x128 at K = 1024 on the
 #     three largest shapes, slower on the others. A persistent 128x256 TMA tile with 3 stages needs
 #     278,552 B of shared memory, over the H200's 232,448 (OutOfResources, 2026-12-03).
-#   8bit: taller tiles with the epilogue split into row sub-tiles of whole quantization blocks
-#   (64x128 with 8 warps and two row halves: no spill; 128x128 with four quarters: 204 B).
+#   8bit: none now (the two row-split tiles were promoted into Q8_CONFIGS in session 5).
 CANDIDATE_CONFIGS = (
     TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4),
     TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=8, persistent=1, tma=True),
@@ -195,10 +198,7 @@ CANDIDATE_CONFIGS = (
     TileConfig(64, 64, 64, num_warps=4, num_stages=4, epilogue_split=4, max_registers=168),
     TileConfig(64, 64, 64, num_warps=4, num_stages=3, epilogue_split=4, max_registers=128),
 )
-CANDIDATE_Q8_CONFIGS = (
-    TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=2),
-    TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4),
-)
+CANDIDATE_Q8_CONFIGS: tuple[TileConfig, ...] = ()
 
 
 def configs_for(input_dtype: torch.dtype) -> tuple[TileConfig, ...]:
@@ -382,7 +382,7 @@ def _launch_linear(
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     if config is None:
         if q8:
-            config = INTERPRETER_Q8_CONFIG if _interpreting() else Q8_CONFIGS[x.dtype][0]
+            config = INTERPRETER_Q8_CONFIG if _interpreting() else default_q8_config(K, x.dtype)
         else:
             config = (INTERPRETER_CONFIG if _interpreting()
                       else default_config(M, N, K, x.dtype, bf16, tma_ok=_tma_addressable(x, dy)))
@@ -483,6 +483,28 @@ def default_config(M: int, N: int, K: int, dtype: torch.dtype, bf16_storage: boo
     if not tma_ok:
         return DEFAULT_BF16_CONFIG[False]
     return DEFAULT_TMA_CONFIGS["small_k" if K < LARGE_K else "large_k"]
+
+
+# 8bit regime, bf16 operands (bench/results/2026-12-03-h200-s5/kernels_lowbit_callB.json, 4096x4096
+# and 8192x8192 at K = 256, 2048, 16384; against torch AdamW(fused) on a bf16 parameter):
+#   K < Q8_MID_K: 32x128, 8 warps: 0.21-0.25x at K = 256 (the 64x128: 0.19-0.24x).
+#   Q8_MID_K <= K < Q8_LARGE_K: 64x128, 8 warps, two row halves: X is re-read M/64 times instead of
+#     M/32: 0.21-0.25x at K = 2048 against 0.17-0.20x for the 32x128.
+#   K >= Q8_LARGE_K: 128x128, four row quarters (92 B of spills, tests/test_ptx.py): 0.48x at
+#     K = 16384 on both shapes, against 0.40x for the 64x128 and 0.14-0.15x for the 32x128.
+# The bands' edges are the measured K; between 2048 and 16384 the crossover is not measured.
+Q8_MID_K = 2048
+Q8_LARGE_K = 16384
+DEFAULT_Q8_CONFIGS = {"small_k": Q8_CONFIGS[torch.bfloat16][0], "mid_k": Q8_CONFIGS[torch.bfloat16][2],
+                      "large_k": Q8_CONFIGS[torch.bfloat16][3]}
+
+
+def default_q8_config(K: int, dtype: torch.dtype) -> TileConfig:
+    """The 8bit regime's tile for K tokens of dtype operands (the table above; fp32 operands: the
+    FMA tile)."""
+    if dtype == torch.float32:
+        return Q8_CONFIGS[torch.float32][0]
+    return DEFAULT_Q8_CONFIGS["small_k" if K < Q8_MID_K else "mid_k" if K < Q8_LARGE_K else "large_k"]
 
 
 def fused_linear_update(

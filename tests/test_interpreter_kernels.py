@@ -85,6 +85,12 @@ def test_default_tile_by_k_and_operands():
     assert (kernels.default_config(8192, 8192, sr_large, bf16, bf16_storage=True, tma_ok=False)
             == kernels.DEFAULT_BF16_CONFIG[True])
     assert kernels.default_config(8192, 8192, 16384, torch.float32) == kernels.IEEE_CONFIGS[0]
+    q8 = kernels.DEFAULT_Q8_CONFIGS
+    assert kernels.default_q8_config(kernels.Q8_MID_K - 1, bf16) == q8["small_k"]
+    assert kernels.default_q8_config(kernels.Q8_MID_K, bf16) == q8["mid_k"]
+    assert kernels.default_q8_config(kernels.Q8_LARGE_K - 1, bf16) == q8["mid_k"]
+    assert kernels.default_q8_config(kernels.Q8_LARGE_K, bf16) == q8["large_k"]
+    assert kernels.default_q8_config(16384, torch.float32) == kernels.Q8_CONFIGS[torch.float32][0]
     ok = lambda *shapes: kernels._tma_addressable(*(torch.zeros(s, dtype=bf16) for s in shapes))  # noqa: E731
     assert ok((40, 136), (40, 72))
     assert not ok((40, 130), (40, 72))  # a row of 260 bytes
@@ -281,8 +287,9 @@ def test_candidate_configs(config):
                   bad_rows=2), CPU)
 
 
-@pytest.mark.parametrize("config", kernels.CANDIDATE_Q8_CONFIGS, ids=str)
-def test_candidate_q8_configs(config):
+@pytest.mark.parametrize("config", (*kernels.Q8_CONFIGS[torch.bfloat16], *kernels.CANDIDATE_Q8_CONFIGS), ids=str)
+def test_q8_tiles(config):
+    """Every 8bit tile the launcher may pick, row-split epilogues included, computes the emulator's bits."""
     from tests.kernel_cases import run_q8_case
 
     run_q8_case("adamw", HYPERS["adamw"], torch.bfloat16, 150, 260, 20, seed=3, device=CPU, config=config)
