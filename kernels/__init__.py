@@ -97,13 +97,18 @@ class TileConfig:
     # multiprocessor's 65,536 registers, so one program's epilogue overlaps another's mainloop:
     # 128 registers x 256 threads = two 8-warp programs per SM (ptxas then spills what does not fit).
     max_registers: int = 0
+    # issue each epilogue sub-tile's W and state loads before the previous sub-tile's rule and stores,
+    # the first before the mainloop (kernels/linear_update.py, update_columns_prefetched); fp32 and
+    # bf16-sr storage, epilogue_split 2, 4 or 8. Same bits of W and state: only the order of the
+    # memory operations moves (and the order in which the fp64 telemetry partials add up).
+    prefetch_epilogue: bool = False
 
     @property
     def label(self) -> str:
         """Short name for tables: 64x128x64 w4 s4 e4 [p2] [tma] [r128]."""
         return (f"{self.BM}x{self.BN}x{self.BK} w{self.num_warps} s{self.num_stages} e{self.epilogue_split}"
                 + (f" p{self.persistent}" if self.persistent else "") + (" tma" if self.tma else "")
-                + (f" r{self.max_registers}" if self.max_registers else ""))
+                + (f" r{self.max_registers}" if self.max_registers else "") + (" pf" if self.prefetch_epilogue else ""))
 
     def __post_init__(self):
         for name in ("BM", "BN", "BK"):
@@ -116,6 +121,8 @@ class TileConfig:
             raise ValueError(f"TileConfig.persistent must be an int in [0, 8] (programs per SM), got {self}")
         if not (isinstance(self.max_registers, int) and (self.max_registers == 0 or 32 <= self.max_registers <= 255)):
             raise ValueError(f"TileConfig.max_registers must be 0 (no cap) or an int in [32, 255], got {self}")
+        if self.prefetch_epilogue and self.epilogue_split == 1:
+            raise ValueError(f"TileConfig.prefetch_epilogue needs an epilogue split into 2, 4 or 8, got {self}")
 
 
 # Tile shapes the launcher may use, per mainloop mode. Every one of them is a test case
@@ -197,6 +204,15 @@ CANDIDATE_CONFIGS = (
     # 3 stages: 36 B in bf16-sr, none in fp32) programs per SM. Written after session 5, untimed.
     TileConfig(64, 64, 64, num_warps=4, num_stages=4, epilogue_split=4, max_registers=168),
     TileConfig(64, 64, 64, num_warps=4, num_stages=3, epilogue_split=4, max_registers=128),
+    # The prefetching epilogue (TileConfig.prefetch_epilogue), written after session 5, untimed: the
+    # defaults' tiles with each sub-tile's W and state loads issued one sub-tile ahead and the first
+    # before the mainloop. ptxas (fp32 / bf16-sr): 64x128 TMA 8-way 255 registers, 40 B / 218, none;
+    # 64x64 4-way 199 / 199, none; persistent TMA 128x128 8-way 226, none / 255, 16 B. (4-way
+    # 64x128 spilled ~300 B.) Prediction: see bench/NOTES.md, "v6".
+    TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=8, tma=True, prefetch_epilogue=True),
+    TileConfig(64, 64, 64, num_warps=4, num_stages=4, epilogue_split=4, prefetch_epilogue=True),
+    TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=8, persistent=1, tma=True,
+               prefetch_epilogue=True),
 )
 CANDIDATE_Q8_CONFIGS: tuple[TileConfig, ...] = ()
 
@@ -420,6 +436,7 @@ def _launch_linear(
             INPUT_PRECISION=precision,
             BM=config.BM, BN=config.BN, BK=config.BK, EPILOGUE_SPLIT=config.epilogue_split,
             PERSISTENT=bool(config.persistent), USE_TMA=x_desc is not None,
+            PREFETCH_EPILOGUE=config.prefetch_epilogue and update and not q8,
             num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers or None,
             enable_fp_fusion=False,
         )

@@ -31,6 +31,8 @@ Flags (constexpr):
              the dot's initial value on purpose: Triton rewrites add(dot(a, b, 0), c) into
              dot(a, b, c) (its dot-add combine), so "accum + dot" would not be what runs.
   N_STATE    how many state tensors the rule keeps (0, 1 or 2)
+  PREFETCH_EPILOGUE  (UPDATE, not 8bit) issue each epilogue sub-tile's W and state loads one
+             sub-tile ahead, the first before the mainloop (update_columns_prefetched); same bits
 
 Launch with ``enable_fp_fusion=False`` (see kernels/ieee.py); the launchers in kernels/__init__.py do.
 """
@@ -121,6 +123,7 @@ def fused_linear_update_kernel(
     INPUT_PRECISION: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
     PERSISTENT: tl.constexpr = False, GROUP_M: tl.constexpr = 8, USE_TMA: tl.constexpr = False,
+    PREFETCH_EPILOGUE: tl.constexpr = False,
 ):
     """One program per tile (grid [cdiv(M, BM), cdiv(N, BN)]), or PERSISTENT: a 1-D grid of fewer
     programs, each walking tiles pid, pid + P, pid + 2P, ... in grouped order (GROUP_M tile rows
@@ -140,14 +143,15 @@ def fused_linear_update_kernel(
                 pid_m, pid_n, w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, x_desc, dy_desc, accum_ptr, acc_out_ptr,
                 norm_sq_ptr, nonfinite_ptr, scale0_ptr, scale1_ptr, n_blocks, M, N, K, stride_xk, stride_xn, stride_dyk,
                 stride_dym, h, grad_scale, seed, rand_stride, rand_base, slots_n, GUARDED_UPDATE, N_STATE, BF16_STORAGE, STATE_Q8,
-                UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA)
+                UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA, PREFETCH_EPILOGUE)
     else:
         linear_update_tile(
             tl.program_id(0), tl.program_id(1), w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, x_desc, dy_desc, accum_ptr,
             acc_out_ptr,
             norm_sq_ptr, nonfinite_ptr, scale0_ptr, scale1_ptr, n_blocks, M, N, K, stride_xk, stride_xn,
             stride_dyk, stride_dym, h, grad_scale, seed, rand_stride, rand_base, slots_n, GUARDED_UPDATE, N_STATE, BF16_STORAGE,
-            STATE_Q8, UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA)
+            STATE_Q8, UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA,
+            PREFETCH_EPILOGUE)
 
 
 @triton.jit
@@ -162,6 +166,7 @@ def linear_update_tile(
     UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, HAS_ACCUM: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, USE_TMA: tl.constexpr,
+    PREFETCH_EPILOGUE: tl.constexpr,
 ):
     """The tile (pid_m, pid_n): mainloop, epilogue, telemetry slot (the module docstring's pseudocode)."""
     offs_m = pid_m * BM + tl.arange(0, BM)
@@ -169,6 +174,9 @@ def linear_update_tile(
 
     in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     offs = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+    if PREFETCH_EPILOGUE:  # the first epilogue sub-tile's W and state: loads in flight during the mainloop
+        p0, a0, b0 = prefetch_subtile(offs_m, pid_n * BN, M, N, w_ptr, s0_ptr, s1_ptr, N_STATE, BF16_STORAGE,
+                                      BN // EPILOGUE_SPLIT)
     if HAS_ACCUM:
         acc = tl.load(accum_ptr + offs, mask=in_tile, other=0.0)
     else:
@@ -188,6 +196,10 @@ def linear_update_tile(
         norm_sq, nonfinite = update_rows_q8_split(
             g, pid_m * BM, offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr, scale1_ptr, n_blocks, h, grad_scale,
             seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE, EPILOGUE_SPLIT)
+    elif PREFETCH_EPILOGUE:
+        norm_sq, nonfinite = update_columns_prefetched(
+            g, p0, a0, b0, offs_m, pid_n * BN, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed,
+            rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, STORE_ACC, EPILOGUE_SPLIT)
     else:
         # The epilogue runs on EPILOGUE_SPLIT column sub-tiles of [BM, BN / EPILOGUE_SPLIT], one after
         # the other: W, S0 and S1 of a whole tile next to the accumulator do not fit in registers
@@ -365,6 +377,95 @@ def update_subtile(
     return tile_telemetry(g, in_tile, finite)
 
 
+# The prefetching epilogue (TileConfig.prefetch_epilogue). The same column sub-tiles, rule and stores
+# as update_columns_split, in a different order of memory operations: the W and state loads of
+# sub-tile j + 1 are issued before sub-tile j's rule and stores, and those of sub-tile 0 before the
+# mainloop, so that their latency overlaps work instead of following it. No element is loaded after
+# it is stored (each sub-tile's addresses are its own), so W and state get the bits of the split
+# epilogue. The telemetry partials add up from left to right (the split epilogue: in a tree), which
+# changes only the rounding of the fp64 sum of squares, never W or state.
+@triton.jit
+def subtile_addresses(offs_m, n, M, N, SW: tl.constexpr):
+    """(flat offsets [BM, SW] in int64, in-bounds mask, column indices) of the columns [n, n + SW)."""
+    offs_n = n + tl.arange(0, SW)
+    in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    offs = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+    return offs, in_tile, offs_n
+
+
+@triton.jit
+def prefetch_subtile(offs_m, n, M, N, w_ptr, s0_ptr, s1_ptr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr,
+                     SW: tl.constexpr):
+    """load_state of the columns [n, n + SW) of the tile's rows: (p, s0, s1), loads in flight."""
+    offs, in_tile, _ = subtile_addresses(offs_m, n, M, N, SW)
+    return load_state(w_ptr, s0_ptr, s1_ptr, offs, in_tile, N_STATE, BF16_STORAGE)
+
+
+@triton.jit
+def finish_subtile(
+    p, s0, s1, g, offs_m, n, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride, rand_base,
+    GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr, STORE_ACC: tl.constexpr,
+):
+    """update_subtile of the columns [n, n + SW) with their W and state already loaded."""
+    offs, in_tile, offs_n = subtile_addresses(offs_m, n, M, N, g.shape[1])
+    if STORE_ACC:
+        tl.store(acc_out_ptr + offs, g, mask=in_tile)
+    counters = offs_m[:, None].to(tl.int64) * rand_stride + offs_n[None, :] + rand_base
+    finite = apply_and_store(p, s0, s1, w_ptr, s0_ptr, s1_ptr, offs, in_tile, g, h, grad_scale, seed, counters,
+                             GUARDED_UPDATE, N_STATE, BF16_STORAGE)
+    return tile_telemetry(g, in_tile, finite)
+
+
+@triton.jit
+def column_subtiles(g, SPLIT: tl.constexpr):
+    """(g[:, 0:SW], g[:, SW:2SW], ...): the SPLIT (2, 4 or 8) column sub-tiles of g [BM, W], SW = W / SPLIT."""
+    BM: tl.constexpr = g.shape[0]
+    W: tl.constexpr = g.shape[1]
+    gl, gr = column_halves(g, BM, W)
+    if SPLIT == 2:
+        return gl, gr
+    else:
+        g0, g1 = column_halves(gl, BM, W // 2)
+        g2, g3 = column_halves(gr, BM, W // 2)
+        if SPLIT == 4:
+            return g0, g1, g2, g3
+        else:
+            tl.static_assert(SPLIT == 8, "the prefetching epilogue splits into 2, 4 or 8 column sub-tiles")
+            g00, g01 = column_halves(g0, BM, W // 4)
+            g10, g11 = column_halves(g1, BM, W // 4)
+            g20, g21 = column_halves(g2, BM, W // 4)
+            g30, g31 = column_halves(g3, BM, W // 4)
+            return g00, g01, g10, g11, g20, g21, g30, g31
+
+
+@triton.jit
+def update_columns_prefetched(
+    g, p0, a0, b0, offs_m, n0, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride, rand_base,
+    GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr, STORE_ACC: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    """The epilogue on the tile g [BM, W] at columns n0, in SPLIT column sub-tiles, each one's loads
+    issued before the previous one's rule; (p0, a0, b0): sub-tile 0's W and state, loaded earlier.
+    The telemetry partials add up from left to right."""
+    SW: tl.constexpr = g.shape[1] // SPLIT
+    subtiles = column_subtiles(g, SPLIT)
+    p, a, b = p0, a0, b0
+    norm_sq = 0.0
+    nonfinite = 0
+    for j in tl.static_range(SPLIT):
+        if j + 1 < SPLIT:  # the next sub-tile's loads, in flight during this one's rule and stores
+            p_next, a_next, b_next = prefetch_subtile(offs_m, n0 + (j + 1) * SW, M, N, w_ptr, s0_ptr, s1_ptr,
+                                                      N_STATE, BF16_STORAGE, SW)
+        sq, bad = finish_subtile(p, a, b, subtiles[j], offs_m, n0 + j * SW, M, N, w_ptr, s0_ptr, s1_ptr,
+                                 acc_out_ptr, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE,
+                                 BF16_STORAGE, STORE_ACC)
+        norm_sq += sq
+        nonfinite += bad
+        if j + 1 < SPLIT:
+            p, a, b = p_next, a_next, b_next
+    return norm_sq, nonfinite
+
+
 @triton.jit
 def load_f32(ptr, offs, mask, BF16: tl.constexpr):
     """fp32 values at ptr[offs]: fp32 storage, or bf16 storage widened exactly (bit shift)."""
@@ -384,23 +485,24 @@ def store_f32(ptr, offs, mask, x, rand16, BF16: tl.constexpr):
 
 
 @triton.jit
-def update_in_place(w_ptr, s0_ptr, s1_ptr, offs, mask, g, h, grad_scale, seed, counters,
-                    GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr):
-    """Load W (and its N_STATE state tensors) at offs, apply the guarded rule with gradient g in
-    fp32 registers, store them back; return where g was finite. Shared by the fused epilogue and
-    the element-wise kernel, so the two differ only in where g comes from.
-
-    BF16_STORAGE ("bf16-sr" regime): W and state are stored as bf16, widened exactly on load and
-    stochastically rounded on store, with the random bits of the elements' Philox counters
-    (``counters``: their flat row-major indices in the whole parameter) under the key seed: slices
-    r_p, r_m16, r_v16 of kernels/random.py."""
+def load_state(w_ptr, s0_ptr, s1_ptr, offs, mask, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr):
+    """(p, s0, s1): W and its N_STATE state tensors at offs, in fp32 (absent states: p, never stored)."""
     p = load_f32(w_ptr, offs, mask, BF16_STORAGE)
-    s0 = p  # placeholders for absent state slots (never stored)
+    s0 = p
     s1 = p
     if N_STATE >= 1:
         s0 = load_f32(s0_ptr, offs, mask, BF16_STORAGE)
     if N_STATE >= 2:
         s1 = load_f32(s1_ptr, offs, mask, BF16_STORAGE)
+    return p, s0, s1
+
+
+@triton.jit
+def apply_and_store(p, s0, s1, w_ptr, s0_ptr, s1_ptr, offs, mask, g, h, grad_scale, seed, counters,
+                    GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr):
+    """The guarded rule on loaded (p, s0, s1) with gradient g in fp32 registers, stored back at
+    offs; returns where g was finite. BF16_STORAGE rounds each stored value stochastically with its
+    slice of the elements' Philox bits (update_in_place)."""
     p, s0, s1, finite = GUARDED_UPDATE(p, g, s0, s1, h, grad_scale)
     if BF16_STORAGE:
         r_p, r_s0, r_s1, _, _ = rounding_bits(seed, counters)
@@ -414,6 +516,22 @@ def update_in_place(w_ptr, s0_ptr, s1_ptr, offs, mask, g, h, grad_scale, seed, c
     if N_STATE >= 2:
         store_f32(s1_ptr, offs, mask, s1, r_s1, BF16_STORAGE)
     return finite
+
+
+@triton.jit
+def update_in_place(w_ptr, s0_ptr, s1_ptr, offs, mask, g, h, grad_scale, seed, counters,
+                    GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr):
+    """Load W (and its N_STATE state tensors) at offs, apply the guarded rule with gradient g in
+    fp32 registers, store them back; return where g was finite. Shared by the fused epilogue and
+    the element-wise kernel, so the two differ only in where g comes from.
+
+    BF16_STORAGE ("bf16-sr" regime): W and state are stored as bf16, widened exactly on load and
+    stochastically rounded on store, with the random bits of the elements' Philox counters
+    (``counters``: their flat row-major indices in the whole parameter) under the key seed: slices
+    r_p, r_m16, r_v16 of kernels/random.py."""
+    p, s0, s1 = load_state(w_ptr, s0_ptr, s1_ptr, offs, mask, N_STATE, BF16_STORAGE)
+    return apply_and_store(p, s0, s1, w_ptr, s0_ptr, s1_ptr, offs, mask, g, h, grad_scale, seed, counters,
+                           GUARDED_UPDATE, N_STATE, BF16_STORAGE)
 
 
 @triton.jit
