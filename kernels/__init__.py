@@ -151,6 +151,7 @@ BF16_CONFIGS = (
     # per SM (bf16 storage, K >= BF16_SR_LARGE_K); default_config says why.
     TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, persistent=1, tma=True),
     TileConfig(128, 128, 64, num_warps=8, num_stages=3, epilogue_split=8, tma=True, max_registers=128),
+    TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, persistent=2, tma=True),
 )
 INTERPRETER_CONFIG = TileConfig(32, 32, 16, num_warps=4, num_stages=1, epilogue_split=2)
 # 8bit regime: the epilogue needs whole quantization blocks, so BN is a multiple of QBLOCK, and an
@@ -188,9 +189,9 @@ INTERPRETER_Q8_CONFIG = TileConfig(16, 128, 16, num_warps=4, num_stages=1)
 #     K <= 1024): a second program per SM did not pay for the spills and the shorter pipeline there.
 #   * 128x256 TMA, 8-way split (500 B / 788 B): nowhere the fastest alone in fp32, the fastest
 #     bf16-sr tile at K = 16384 (0.60x against 0.44x for the 64x64 default).
-#   * persistent TMA 64x128 (40 B): 1.03-1.08x faster than the plain TMA 64x128 at K = 1024 on the
-#     three largest shapes, slower on the others. A persistent 128x256 TMA tile with 3 stages needs
-#     278,552 B of shared memory, over the H200's 232,448 (OutOfResources, 2026-12-03).
+#   * the persistent TMA 64x128 was promoted (K = 2048-4095 on tall weights, default_config). A
+#     persistent 128x256 TMA tile with 3 stages needs 278,552 B of shared memory, over the H200's
+#     232,448 (OutOfResources, 2026-12-03).
 #   8bit: none now (the two row-split tiles were promoted into Q8_CONFIGS in session 5).
 CANDIDATE_CONFIGS = (
     TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4),
@@ -198,7 +199,6 @@ CANDIDATE_CONFIGS = (
     TileConfig(128, 128, 64, num_warps=8, num_stages=3, epilogue_split=8, persistent=2, tma=True, max_registers=128),
     TileConfig(64, 128, 64, num_warps=4, num_stages=3, epilogue_split=8, tma=True, max_registers=168),
     TileConfig(128, 256, 64, num_warps=8, num_stages=3, epilogue_split=8, tma=True),
-    TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, persistent=2, tma=True),
     # bf16-sr below BF16_SR_LARGE_K, where the heavy epilogue dominates: the 64x64 default (218
     # registers, two programs per SM) with three (168 registers, 4 stages: no spill) or four (128,
     # 3 stages: 36 B in bf16-sr, none in fp32) programs per SM. Written after session 5, untimed.
@@ -457,6 +457,13 @@ def _launch_linear(
 #     It spills 36 B per thread (tests/test_ptx.py states the exception); its spill-free 8-way
 #     twin was slower at K = 4096. Its programs walking several tiles passed on the GPU
 #     (test_persistent_programs_loop_over_tiles, session 5).
+#   MID_K <= K < LARGE_K on tall weights (M >= TALL_M): the persistent TMA 64x128, two programs
+#     per SM walking tiles in grouped order (GROUP_M tile rows share each X tile): at K = 2048 it
+#     was 1.02-1.06x on the three shapes with M >= 8192 against 0.88-1.00x for the plain tile, and
+#     0.87-1.00x against 0.92-1.03x on the two with M = 4096 (session 5). dY [K, M] of a tall weight
+#     at K = 2048 (58 MB at M = 14336) no longer fits the 50 MB L2, so the order of the tiles
+#     starts to matter; at K <= 1024 the plain tile won on two of the three tall shapes. It spills
+#     40 B per thread (tests/test_ptx.py); its programs walking several tiles passed on the GPU.
 #   Operands TMA cannot address (see _tma_addressable) take the pointer 64x128 tile, the fastest
 #   of the pointer tiles in session 2.
 # bf16 weight and state (bf16-sr; bench/results/2026-12-03-h200-s5/kernels_lowbit.json): the
@@ -473,11 +480,14 @@ def _launch_linear(
 # blocks as the fused kernel in either regime, and a checkpoint resumes with the same bits whatever
 # tile a step's K selects.
 LARGE_K = 4096
+MID_K = 2048
+TALL_M = 8192
 BF16_SR_LARGE_K = 8192
 DEFAULT_BF16_CONFIG = {False: TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4),
                        True: TileConfig(64, 64, 64, num_warps=4, num_stages=4, epilogue_split=2)}
 DEFAULT_TMA_CONFIGS = {
     "small_k": TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, tma=True),
+    "mid_k_tall": TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, persistent=2, tma=True),
     "large_k": TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, persistent=1, tma=True),
     "bf16_sr_large_k": TileConfig(128, 128, 64, num_warps=8, num_stages=3, epilogue_split=8, tma=True,
                                   max_registers=128),
@@ -499,7 +509,9 @@ def default_config(M: int, N: int, K: int, dtype: torch.dtype, bf16_storage: boo
         return DEFAULT_BF16_CONFIG[True]
     if not tma_ok:
         return DEFAULT_BF16_CONFIG[False]
-    return DEFAULT_TMA_CONFIGS["small_k" if K < LARGE_K else "large_k"]
+    if K >= LARGE_K:
+        return DEFAULT_TMA_CONFIGS["large_k"]
+    return DEFAULT_TMA_CONFIGS["mid_k_tall" if K >= MID_K and M >= TALL_M else "small_k"]
 
 
 # 8bit regime, bf16 operands (bench/results/2026-12-03-h200-s5/kernels_lowbit_callB.json, 4096x4096

@@ -68,11 +68,18 @@ def test_tile_config_rejects_what_cannot_compile():
 
 def test_default_tile_by_k_and_operands():
     """default_config's table (kernels/__init__.py, measured on the H200): fp32 storage, the TMA
-    64x128 below LARGE_K tokens and the persistent TMA 128x128 from LARGE_K on; bf16 storage, the
+    64x128 below LARGE_K tokens (persistent, two per SM, from MID_K on weights of TALL_M rows or
+    more) and the persistent TMA 128x128 from LARGE_K on; bf16 storage, the
     64x64 below BF16_SR_LARGE_K and the register-capped TMA 128x128 from there; the pointer tiles
     for operands TMA cannot address; the FMA tile for the fp32 (ieee) mainloop."""
     bf16, tma = torch.bfloat16, kernels.DEFAULT_TMA_CONFIGS
     assert kernels.default_config(4096, 4096, kernels.LARGE_K - 1, bf16) == tma["small_k"]
+    tall, mid = kernels.TALL_M, kernels.MID_K
+    assert kernels.default_config(tall, 4096, mid - 1, bf16) == tma["small_k"]
+    assert kernels.default_config(tall, 4096, mid, bf16) == tma["mid_k_tall"]
+    assert kernels.default_config(tall - 1, 4096, mid, bf16) == tma["small_k"]
+    assert kernels.default_config(tall, 4096, kernels.LARGE_K, bf16) == tma["large_k"]
+    assert tma["mid_k_tall"].persistent == 2 and tma["mid_k_tall"].tma
     assert kernels.default_config(4096, 4096, kernels.LARGE_K, bf16) == tma["large_k"]
     assert kernels.default_config(28672, 8192, 16384, bf16) == tma["large_k"]
     assert tma["large_k"].tma and tma["large_k"].persistent == 1
