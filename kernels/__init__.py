@@ -175,30 +175,20 @@ INTERPRETER_Q8_CONFIG = TileConfig(16, 128, 16, num_warps=4, num_stages=1)
 # promoted into the lists above once it is measured faster and verified.
 #   bf16, fp32 or bf16-sr storage (ptxas, sm_90a, AdamW, `python bench/registers.py --candidates`,
 #   spills in bytes per thread as fp32 / bf16-sr regime):
-#   * pointer 128x128, 4-way split (12 B / -): the pointer mainloop's big tile, for operands TMA
-#     cannot address. The pointer 128x128 with 3 stages and the persistent pointer grids were
-#     slower than their TMA twins at every point of the 2026-12-03 sweep and were dropped.
-#   * persistent TMA 128x128 with an 8-way split epilogue (206 / 236 registers, no spill): the
-#     4-way one (36 B / 348 B) was promoted; this one was 0.78-0.89x the unfused step at K = 4096
-#     against its 0.85-0.97x, equal or up to 4% faster at K = 16384 (session 5).
-#   * two or three programs per SM through a register cap (TileConfig.max_registers): the
-#     persistent 8-warp 128x128 at 128 registers (468 B / 536 B); 4-warp 64x128 at 168 (0 / 12 B;
-#     three per SM in 3 x 72 KB). The plain capped 128x128 was promoted for bf16 storage. In the
-#     fp32 regime the caps lost everywhere in session 5 (128x128 r128: 0.71-0.92x against the
-#     persistent tile's 0.86-0.97x at K >= 4096; 64x128 r168: 0.77-1.00x against 1.02-1.16x at
-#     K <= 1024): a second program per SM did not pay for the spills and the shorter pipeline there.
-#   * 128x256 TMA, 8-way split (500 B / 788 B): nowhere the fastest alone in fp32, the fastest
-#     bf16-sr tile at K = 16384 (0.60x against 0.44x for the 64x64 default).
-#   * the persistent TMA 64x128 was promoted (K = 2048-4095 on tall weights, default_config). A
-#     persistent 128x256 TMA tile with 3 stages needs 278,552 B of shared memory, over the H200's
-#     232,448 (OutOfResources, 2026-12-03).
+#   * the persistent capped 128x128, two 8-warp programs per SM at 128 registers (468 B / 536 B):
+#     the fastest bf16-sr tile at K = 16384 in session 5 (0.75-0.78x), beside the plain capped one
+#     promoted there (0.73-0.74x); slower in fp32 (0.69-0.90x).
+#   Dropped after session 5, each slower than a verified tile at every one of its timed points (the
+#   numbers in bench/results/2026-12-03-h200-s5/): the pointer 128x128 (a TMA twin was faster), the
+#   8-way persistent TMA 128x128 (0.78-0.89x at K = 4096 against the promoted 4-way's 0.85-0.97x),
+#   the 3-per-SM 64x128 (0.77-1.00x at K <= 1024 against 1.02-1.16x) and the 128x256 (nowhere the
+#   fastest in fp32; 0.63-0.64x in bf16-sr at K = 16384 against the capped 128x128's 0.73-0.78x).
+#   In the fp32 regime the register caps lost everywhere: a second program per SM did not pay for
+#   the spills and the shorter pipeline. A persistent 128x256 TMA tile with 3 stages needs 278,552 B
+#   of shared memory, over the H200's 232,448 (OutOfResources, 2026-12-03).
 #   8bit: none now (the two row-split tiles were promoted into Q8_CONFIGS in session 5).
 CANDIDATE_CONFIGS = (
-    TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4),
-    TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=8, persistent=1, tma=True),
     TileConfig(128, 128, 64, num_warps=8, num_stages=3, epilogue_split=8, persistent=2, tma=True, max_registers=128),
-    TileConfig(64, 128, 64, num_warps=4, num_stages=3, epilogue_split=8, tma=True, max_registers=168),
-    TileConfig(128, 256, 64, num_warps=8, num_stages=3, epilogue_split=8, tma=True),
     # bf16-sr below BF16_SR_LARGE_K, where the heavy epilogue dominates: the 64x64 default (218
     # registers, two programs per SM) with three (168 registers, 4 stages: no spill) or four (128,
     # 3 stages: 36 B in bf16-sr, none in fp32) programs per SM. Written after session 5, untimed.
