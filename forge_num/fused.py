@@ -123,18 +123,24 @@ def _cast_weight_is_free_to_keep() -> bool:
     checkpointed segment. A plain forward does not keep it: that would hold 2 bytes per parameter
     until the backward, the autocast weight cache fused layers avoid, so its backward casts again.
 
-    * A forward run inside a backward is a segment recomputed for its own backward (reentrant and
-      non-reentrant checkpointing): the kept cast lives only until this layer's backward, next.
-    * The first forward of a non-reentrant checkpointed segment packs its saved tensors with
-      torch.utils.checkpoint's hook, which keeps none of them; and the recomputed forward must save
-      exactly what the first one saved, so both keep it.
-    The kept cast equals weight.to(dt) at the backward: W changes only in its own layer's backward,
-    after dX. Saves one cast of every weight per step under checkpointing. If a torch version
-    renames the hook, the check is False and the backward casts again: slower, never different."""
-    if torch._C._current_autograd_node() is not None:
-        return True
-    hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
-    return bool(hooks) and getattr(hooks[0], "__qualname__", "").startswith("_checkpoint_hook.")
+    * Non-reentrant checkpointing: the first forward packs its saved tensors with
+      torch.utils.checkpoint's hook, which keeps none of them, and the recomputed forward (under its
+      recomputation hook) must save exactly what the first one saved: both keep it. A saved-tensor
+      hook of the user's own on top (save_on_cpu inside the segment) makes both keep nothing.
+    * Reentrant checkpointing: the first forward runs without a graph; the recomputed one runs
+      inside the backward with no saved-tensor hook, and its graph is backwarded at once.
+    The kept cast lives until this layer's backward, next, and equals weight.to(dt) then: W changes
+    only in its own layer's backward, after dX. One cast of every weight per step fewer under
+    checkpointing. If a torch version moves these private functions or renames the hooks, the
+    check is False and the backward casts again: slower, never different."""
+    try:
+        hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        inside_backward = torch._C._current_autograd_node() is not None
+    except (AttributeError, RuntimeError, TypeError):
+        return False
+    if hooks is None:
+        return inside_backward
+    return getattr(hooks[0], "__qualname__", "").startswith(("_checkpoint_hook.", "_recomputation_hook."))
 
 
 class _FusedLinearFn(torch.autograd.Function):

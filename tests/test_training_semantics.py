@@ -541,6 +541,32 @@ def test_checkpointed_autocast_casts_each_weight_twice_and_trains_the_same_bits(
     assert_same_weights(*models)
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpointed_segment_with_its_own_saved_tensor_hooks(reentrant):
+    """A saved-tensor hook of the user's own inside a checkpointed segment (save_on_cpu, which keeps
+    what it packs): the fused layers keep no cast there, the step runs in both checkpointing modes,
+    and the update equals the one without checkpointing."""
+    results = []
+    for ckpt in (True, False):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 8))
+        opt = fn.SGD(net.parameters(), lr=0.5)
+        prepare(net, opt)
+        x = torch.randn(4, 16, requires_grad=True)  # reentrant checkpointing needs an input that does
+
+        def segment(inp):
+            with torch.autograd.graph.save_on_cpu():
+                return net(inp)
+
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = torch.utils.checkpoint.checkpoint(segment, x, use_reentrant=reentrant) if ckpt else segment(x)
+        y.float().square().sum().backward()
+        opt.step()
+        results.append([p.detach().clone() for p in net.parameters()])
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
 def test_autocast_bf16_trains_with_fp32_weight_gradient():
     """Under autocast the layer computes in bf16 like F.linear; dW = dyᵀx from the bf16 x, dy in fp32."""
     torch.manual_seed(0)
