@@ -144,6 +144,7 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32") -
             opt.step()
         parts["torch_update_only_ms"] = bench(torch_step)
         p.grad = None
+    labels = {str(c): c.label for c in (*configs, *candidates)}
     flops = 2.0 * K * M * N
     min_bytes = 2 * (K * N + K * M) + STATE_BYTES[precision] * M * N
     floor = max(flops / ceilings["bf16_flops"], min_bytes / ceilings["copy_bytes_per_s"])
@@ -151,9 +152,11 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32") -
             "floor_ms": floor * 1e3, "speedup_vs_unfused": t_unfused / t_forge, "forge_over_floor": t_forge / floor,
             "config": str(default), "default_label": default.label,
             "per_config_ms": {k: t * 1e3 for k, t in per_config.items()},
+            # the same timings by label (64x128x64 w4 s4 e4 tma ...): stable when TileConfig gains a field
+            "per_label_ms": {labels[k]: t * 1e3 for k, t in per_config.items()},
             "compiled": compiled, "failed": failed,
             "best_config": min(per_config, key=per_config.get),
-            "best_label": {str(c): c.label for c in (*configs, *candidates)}[min(per_config, key=per_config.get)],
+            "best_label": labels[min(per_config, key=per_config.get)],
             "candidates": [str(c) for c in candidates],
             "best_config_speedup_vs_unfused": t_unfused / min(per_config.values()), **parts}
 
