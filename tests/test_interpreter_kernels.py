@@ -285,10 +285,12 @@ def test_eight_way_split_epilogue():
                   bad_rows=2, precision="bf16-sr"), CPU)
 
 
+PREFETCH_CASES = [(rule, 4, 32) for rule in sorted(rules.RULES)] + [("adamw", 2, 32), ("adamw", 8, 128)]
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16-sr"])
-@pytest.mark.parametrize("rule", sorted(rules.RULES))
-@pytest.mark.parametrize("split,BN", [(2, 32), (4, 32), (8, 128)])
-def test_prefetching_epilogue(split, BN, rule, precision):
+@pytest.mark.parametrize("rule,split,BN", PREFETCH_CASES)
+def test_prefetching_epilogue(rule, split, BN, precision):
     """The prefetching epilogue (sub-tile loads issued one ahead, the first before the mainloop) gives
     the emulator's bits for every rule (0, 1 and 2 states) in both regimes it serves, edge tiles,
     an accumulation buffer and non-finite rows included."""
