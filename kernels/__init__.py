@@ -438,8 +438,8 @@ def _launch_linear(
 # bench/results/2026-12-03-h200-s5/kernels_fp32.json: every configuration of BF16_CONFIGS and
 # CANDIDATE_CONFIGS timed at 5 Llama shapes x K = 256, 1024, 4096, 16384, side by side):
 #   K < LARGE_K: 64x128x64, 4 warps, TMA loads: the fastest verified tile or within 2% of it at
-#     K = 256 and 1024 on the four larger shapes (1.02-1.16x the unfused step); at 4096x4096 the
-#     pointer twin is equal (0.90-0.93x). Two 4-warp CTAs per multiprocessor overlap one's epilogue
+#     K = 256 and 1024 on the four larger shapes (1.02-1.16x the unfused step); at 4096x4096
+#     0.85-0.93x, within 0.05 of the pointer twin (0.90-0.91x). Two 4-warp CTAs per multiprocessor overlap one's epilogue
 #     with the other's mainloop.
 #   K >= LARGE_K: the mainloop dominates: the persistent TMA 128x128 (one 8-warp program per SM
 #     walking tiles in grouped order, so GROUP_M tile rows share X in L2): 0.85-0.97x at K = 4096
