@@ -435,12 +435,12 @@ def _launch_linear(
 
 # The default bf16 tiles, by storage regime, as measured on the H200.
 # fp32 weight and state (bench/results/2026-12-03-h200-s4/kernels_fp32.json and
-# bench/results/2026-12-03-h200-s5/kernels_fp32.json: every configuration of BF16_CONFIGS and
-# CANDIDATE_CONFIGS timed at 5 Llama shapes x K = 256, 1024, 4096, 16384, side by side):
+# bench/results/2026-12-03-h200-s5/kernels_call{A,C}.json: every configuration of BF16_CONFIGS and
+# CANDIDATE_CONFIGS timed side by side at 5 Llama shapes x the 7 K of issue 5):
 #   K < LARGE_K: 64x128x64, 4 warps, TMA loads: the fastest verified tile or within 2% of it at
 #     K = 256 and 1024 on the four larger shapes (1.02-1.16x the unfused step); at 4096x4096
-#     0.85-0.93x, within 0.05 of the pointer twin (0.90-0.91x). Two 4-warp CTAs per multiprocessor overlap one's epilogue
-#     with the other's mainloop.
+#     0.85-0.93x, within 0.05 of the pointer twin (0.90-0.91x). Two 4-warp CTAs per
+#     multiprocessor overlap one's epilogue with the other's mainloop.
 #   K >= LARGE_K: the mainloop dominates: the persistent TMA 128x128 (one 8-warp program per SM
 #     walking tiles in grouped order, so GROUP_M tile rows share X in L2): 0.85-0.97x at K = 4096
 #     (the TMA 64x128: 0.73-0.92x) and 0.86-0.92x at K = 16384 (the plain TMA 128x128: 0.71-0.89x).
@@ -456,7 +456,7 @@ def _launch_linear(
 #     40 B per thread (tests/test_ptx.py); its programs walking several tiles passed on the GPU.
 #   Operands TMA cannot address (see _tma_addressable) take the pointer 64x128 tile, the fastest
 #   of the pointer tiles in session 2.
-# bf16 weight and state (bf16-sr; bench/results/2026-12-03-h200-s5/kernels_lowbit.json): the
+# bf16 weight and state (bf16-sr; bench/results/2026-12-03-h200-s5/kernels_lowbit_callB.json): the
 # epilogue (Philox4x32-10 per element, three stochastic roundings) is heavier than the mainloop
 #   K < BF16_SR_LARGE_K: 64x64x64, 4 warps: the fastest at K = 256 and 2048 (0.31-0.46x).
 #   K >= BF16_SR_LARGE_K: the TMA 128x128 capped at 128 registers, so two 8-warp programs share

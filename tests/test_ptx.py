@@ -52,14 +52,14 @@ def test_fused_kernels_have_no_approximate_ops(report):
 # cannot outlive its reason. Bytes of spill stores per thread, ptxas of Triton 3.6 for sm_90a.
 SPILL_EXCEPTIONS = {
     # the fp32 default from LARGE_K tokens: 0.85-0.97x the unfused step at K = 4096 against its
-    # spill-free 8-way-split twin's 0.78-0.89x (bench/results/2026-12-03-h200-s5/kernels_fp32.json)
+    # spill-free 8-way-split twin's 0.78-0.89x (bench/results/2026-12-03-h200-s5/kernels_callA.json)
     ("128x128x64 w8 s4 e4 p1 tma", "fp32"): 36,
     # the fp32 default for 2048-4095 tokens on tall weights: 1.02-1.06x the unfused step at
     # K = 2048 on the three shapes with M >= 8192, against 0.88-1.00x for the spill-free plain tile
     ("64x128x64 w4 s4 e4 p2 tma", "fp32"): 40,
     # the bf16-sr default from BF16_SR_LARGE_K tokens: a 128-register cap so that two 8-warp
     # programs share an SM; 0.73-0.74x at K = 16384 against 0.59x uncapped and spill-free
-    # (kernels_lowbit.json there). The fp32 row is the same tile compiled for fp32 storage.
+    # (kernels_lowbit_callB.json there). The fp32 row is the same tile compiled for fp32 storage.
     ("128x128x64 w8 s3 e8 tma r128", "fp32"): 356,
     ("128x128x64 w8 s3 e8 tma r128", "bf16-sr"): 560,
     # the 8bit default from Q8_LARGE_K tokens (four row quarters): 0.48x the unfused step at
