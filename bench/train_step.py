@@ -229,7 +229,8 @@ def profile_step(step, cuda: bool) -> dict:
         per_name[evt.key] = per_name.get(evt.key, 0.0) + us / 1e3
     by_category = {}
     for name, ms in per_name.items():
-        by_category[kernel_category(name)] = by_category.get(kernel_category(name), 0.0) + ms
+        category = kernel_category(name)
+        by_category[category] = by_category.get(category, 0.0) + ms
     top = sorted(per_name.items(), key=lambda kv: -kv[1])[:20]
     return {"profile_ms": dict(sorted(by_category.items(), key=lambda kv: -kv[1])),
             "profile_top": [{"name": n[:200], "ms": ms, "category": kernel_category(n)} for n, ms in top]}

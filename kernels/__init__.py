@@ -98,9 +98,9 @@ class TileConfig:
     # 128 registers x 256 threads = two 8-warp programs per SM (ptxas then spills what does not fit).
     max_registers: int = 0
     # issue each epilogue sub-tile's W and state loads before the previous sub-tile's rule and stores,
-    # the first before the mainloop (kernels/linear_update.py, update_columns_prefetched); fp32 and
-    # bf16-sr storage, epilogue_split 2, 4 or 8. Same bits of W and state: only the order of the
-    # memory operations moves (and the order in which the fp64 telemetry partials add up).
+    # the first before the mainloop (kernels/linear_update.py, update_columns); fp32 and
+    # bf16-sr storage, epilogue_split 2, 4 or 8. Same bits: only the order of the memory operations
+    # moves.
     prefetch_epilogue: bool = False
 
     @property

@@ -32,7 +32,7 @@ Flags (constexpr):
              dot(a, b, c) (its dot-add combine), so "accum + dot" would not be what runs.
   N_STATE    how many state tensors the rule keeps (0, 1 or 2)
   PREFETCH_EPILOGUE  (UPDATE, not 8bit) issue each epilogue sub-tile's W and state loads one
-             sub-tile ahead, the first before the mainloop (update_columns_prefetched); same bits
+             sub-tile ahead, the first before the mainloop (update_columns); same bits
 
 Launch with ``enable_fp_fusion=False`` (see kernels/ieee.py); the launchers in kernels/__init__.py do.
 """
@@ -175,8 +175,10 @@ def linear_update_tile(
     in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     offs = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
     if PREFETCH_EPILOGUE:  # the first epilogue sub-tile's W and state: loads in flight during the mainloop
-        p0, a0, b0 = prefetch_subtile(offs_m, pid_n * BN, M, N, w_ptr, s0_ptr, s1_ptr, N_STATE, BF16_STORAGE,
-                                      BN // EPILOGUE_SPLIT)
+        first_state = load_subtile_state(offs_m, pid_n * BN, M, N, w_ptr, s0_ptr, s1_ptr, N_STATE, BF16_STORAGE,
+                                         BN // EPILOGUE_SPLIT)
+    else:
+        first_state = None  # each sub-tile loads its own (update_columns)
     if HAS_ACCUM:
         acc = tl.load(accum_ptr + offs, mask=in_tile, other=0.0)
     else:
@@ -196,18 +198,11 @@ def linear_update_tile(
         norm_sq, nonfinite = update_rows_q8_split(
             g, pid_m * BM, offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr, scale1_ptr, n_blocks, h, grad_scale,
             seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE, EPILOGUE_SPLIT)
-    elif PREFETCH_EPILOGUE:
-        norm_sq, nonfinite = update_columns_prefetched(
-            g, p0, a0, b0, offs_m, pid_n * BN, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed,
-            rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, STORE_ACC, EPILOGUE_SPLIT)
     else:
-        # The epilogue runs on EPILOGUE_SPLIT column sub-tiles of [BM, BN / EPILOGUE_SPLIT], one after
-        # the other: W, S0 and S1 of a whole tile next to the accumulator do not fit in registers
-        # (ptxas spills kilobytes per thread at 128x128), a quarter of them does. Element-wise, so the
-        # split changes no bit of W or state; only the order of the telemetry sum.
-        norm_sq, nonfinite = update_columns_split(
-            g, offs_m, pid_n * BN, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride,
-            rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC, EPILOGUE_SPLIT)
+        norm_sq, nonfinite = update_columns(
+            g, first_state, offs_m, pid_n * BN, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed,
+            rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC, EPILOGUE_SPLIT,
+            PREFETCH_EPILOGUE)
 
     slot = (pid_m * (BM // 16)) * slots_n + pid_n * (BN // 16)  # 16 = kernels.TELEMETRY_GRANULE
     tl.store(norm_sq_ptr + slot, norm_sq)
@@ -226,77 +221,126 @@ def row_halves(x, BM: tl.constexpr, BN: tl.constexpr):
     return tl.split(tl.permute(tl.reshape(x, (2, BM // 2, BN)), (1, 2, 0)))
 
 
-# The split epilogues. Triton functions cannot recurse, so each split level is its own function:
-# level SPLIT halves its sub-tile and hands each half to level SPLIT / 2, down to level 1, which
-# runs the update. The telemetry partials add up pairwise in the same tree: ((n0 + n1) + (n2 + n3)).
+# The column epilogue of the fp32 and bf16-sr regimes: EPILOGUE_SPLIT column sub-tiles of
+# [BM, BN / EPILOGUE_SPLIT], one after the other, each loading its W and state, applying the rule and
+# storing them (W, S0 and S1 of a whole tile next to the accumulator do not fit in registers: ptxas
+# spilled kilobytes per thread at 128x128; a quarter of them does). Element-wise, so the split
+# changes no bit of W or state; the telemetry partials add up in a balanced tree (pairwise_sum).
+# PREFETCH (TileConfig.prefetch_epilogue): the same sub-tiles, rule and stores in a different order of
+# memory operations: sub-tile j + 1's loads are issued before sub-tile j's rule and stores, and
+# sub-tile 0's before the mainloop (first_state), so that their latency overlaps work instead of
+# following it. No element is loaded after it is stored (each sub-tile's addresses are its own),
+# so W and state get the same bits either way.
 @triton.jit
-def update_columns_split(
-    g, offs_m, n0, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride, rand_base,
-    GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr,
-    UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, SPLIT: tl.constexpr,
-):
-    """The epilogue on the columns [n0, n0 + W) of the tile g [BM, W], in SPLIT column sub-tiles."""
+def column_subtiles(g, SPLIT: tl.constexpr):
+    """(g[:, 0:SW], g[:, SW:2SW], ...): the SPLIT (1, 2, 4 or 8) column sub-tiles of g [BM, W], SW = W / SPLIT.
+    Triton functions cannot recurse, so the halving levels are written out."""
+    BM: tl.constexpr = g.shape[0]
+    W: tl.constexpr = g.shape[1]
+    # (a constexpr `if` does not end the function at its `return`: each level is an `else`)
     if SPLIT == 1:
-        return update_subtile(
-            g, offs_m, n0 + tl.arange(0, g.shape[1]), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed,
-            rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
+        return (g,)
     else:
-        tl.static_assert(SPLIT == 2 or SPLIT == 4 or SPLIT == 8, "EPILOGUE_SPLIT must be 1, 2, 4 or 8")
-        W: tl.constexpr = g.shape[1]
-        gl, gr = column_halves(g, g.shape[0], W)
-        a_sq, a_bad = update_columns_half(
-            gl, offs_m, n0, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride, rand_base,
-            GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC, SPLIT // 2)
-        b_sq, b_bad = update_columns_half(
-            gr, offs_m, n0 + W // 2, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride,
-            rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC, SPLIT // 2)
-        return a_sq + b_sq, a_bad + b_bad
-
-
-@triton.jit
-def update_columns_half(
-    g, offs_m, n0, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride, rand_base,
-    GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr,
-    UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, SPLIT: tl.constexpr,
-):
-    """update_columns_split one level down (SPLIT in 1, 2, 4)."""
-    if SPLIT == 1:
-        return update_subtile(
-            g, offs_m, n0 + tl.arange(0, g.shape[1]), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed,
-            rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
-    else:
-        W: tl.constexpr = g.shape[1]
-        gl, gr = column_halves(g, g.shape[0], W)
-        a_sq, a_bad = update_columns_quarter(
-            gl, offs_m, n0, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride, rand_base,
-            GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC, SPLIT // 2)
-        b_sq, b_bad = update_columns_quarter(
-            gr, offs_m, n0 + W // 2, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride,
-            rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC, SPLIT // 2)
-        return a_sq + b_sq, a_bad + b_bad
+        gl, gr = column_halves(g, BM, W)
+        if SPLIT == 2:
+            return gl, gr
+        else:
+            g0, g1 = column_halves(gl, BM, W // 2)
+            g2, g3 = column_halves(gr, BM, W // 2)
+            if SPLIT == 4:
+                return g0, g1, g2, g3
+            else:
+                tl.static_assert(SPLIT == 8, "EPILOGUE_SPLIT must be 1, 2, 4 or 8")
+                g00, g01 = column_halves(g0, BM, W // 4)
+                g10, g11 = column_halves(g1, BM, W // 4)
+                g20, g21 = column_halves(g2, BM, W // 4)
+                g30, g31 = column_halves(g3, BM, W // 4)
+                return g00, g01, g10, g11, g20, g21, g30, g31
 
 
 @triton.jit
-def update_columns_quarter(
-    g, offs_m, n0, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride, rand_base,
+def subtile_addresses(offs_m, n, M, N, SW: tl.constexpr):
+    """(flat offsets [BM, SW] in int64, in-bounds mask, column indices) of the columns [n, n + SW)."""
+    offs_n = n + tl.arange(0, SW)
+    in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    offs = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+    return offs, in_tile, offs_n
+
+
+@triton.jit
+def load_subtile_state(offs_m, n, M, N, w_ptr, s0_ptr, s1_ptr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr,
+                       SW: tl.constexpr):
+    """load_state of the columns [n, n + SW) of the tile's rows: (p, s0, s1)."""
+    offs, in_tile, _ = subtile_addresses(offs_m, n, M, N, SW)
+    return load_state(w_ptr, s0_ptr, s1_ptr, offs, in_tile, N_STATE, BF16_STORAGE)
+
+
+@triton.jit
+def finish_subtile(
+    state, g, offs_m, n, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride, rand_base,
     GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr,
-    UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, SPLIT: tl.constexpr,
+    UPDATE: tl.constexpr, STORE_ACC: tl.constexpr,
 ):
-    """update_columns_split two levels down (SPLIT in 1, 2)."""
-    if SPLIT == 1:
-        return update_subtile(
-            g, offs_m, n0 + tl.arange(0, g.shape[1]), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed,
-            rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
+    """The epilogue on the columns [n, n + SW) with their W and state loaded (state = (p, s0, s1)):
+    store g (debug), apply the guarded rule and store W and state; return (Σ g² in fp64, number of
+    non-finite g) over the sub-tile."""
+    offs, in_tile, offs_n = subtile_addresses(offs_m, n, M, N, g.shape[1])
+    if STORE_ACC:
+        tl.store(acc_out_ptr + offs, g, mask=in_tile)
+    if UPDATE:
+        p, s0, s1 = state
+        counters = offs_m[:, None].to(tl.int64) * rand_stride + offs_n[None, :] + rand_base
+        finite = apply_and_store(p, s0, s1, w_ptr, s0_ptr, s1_ptr, offs, in_tile, g, h, grad_scale, seed, counters,
+                                 GUARDED_UPDATE, N_STATE, BF16_STORAGE)
     else:
-        W: tl.constexpr = g.shape[1]
-        gl, gr = column_halves(g, g.shape[0], W)
-        a_sq, a_bad = update_subtile(
-            gl, offs_m, n0 + tl.arange(0, W // 2), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed,
-            rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
-        b_sq, b_bad = update_subtile(
-            gr, offs_m, n0 + W // 2 + tl.arange(0, W // 2), M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale,
-            seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC)
-        return a_sq + b_sq, a_bad + b_bad
+        finite = (g == g) & (tl.abs(g) < float("inf"))
+    return tile_telemetry(g, in_tile, finite)
+
+
+@triton.jit
+def update_columns(
+    g, first_state, offs_m, n0, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride,
+    rand_base, GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr,
+    UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
+):
+    """The column epilogue (see above) on the tile g [BM, W] at columns n0; first_state: sub-tile 0's
+    (p, s0, s1), loaded before the mainloop (PREFETCH only)."""
+    SW: tl.constexpr = g.shape[1] // SPLIT
+    subtiles = column_subtiles(g, SPLIT)
+    state = first_state
+    sqs = ()
+    bads = ()
+    for j in tl.static_range(SPLIT):
+        if PREFETCH:
+            if j + 1 < SPLIT:  # the next sub-tile's loads, in flight during this one's rule and stores
+                next_state = load_subtile_state(offs_m, n0 + (j + 1) * SW, M, N, w_ptr, s0_ptr, s1_ptr, N_STATE,
+                                                BF16_STORAGE, SW)
+        elif UPDATE:
+            state = load_subtile_state(offs_m, n0 + j * SW, M, N, w_ptr, s0_ptr, s1_ptr, N_STATE, BF16_STORAGE, SW)
+        sq, bad = finish_subtile(state, subtiles[j], offs_m, n0 + j * SW, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr,
+                                 h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE,
+                                 UPDATE, STORE_ACC)
+        sqs = sqs + (sq,)
+        bads = bads + (bad,)
+        if PREFETCH:
+            if j + 1 < SPLIT:
+                state = next_state
+    return pairwise_sum(sqs, SPLIT), pairwise_sum(bads, SPLIT)
+
+
+@triton.jit
+def pairwise_sum(xs, N: tl.constexpr):
+    """((x0 + x1) + (x2 + x3)) + ...: the sum of N (1, 2, 4 or 8) partials in a balanced tree."""
+    if N == 1:
+        return xs[0]
+    else:
+        if N == 2:
+            return xs[0] + xs[1]
+        else:
+            if N == 4:
+                return (xs[0] + xs[1]) + (xs[2] + xs[3])
+            else:
+                return ((xs[0] + xs[1]) + (xs[2] + xs[3])) + ((xs[4] + xs[5]) + (xs[6] + xs[7]))
 
 
 @triton.jit
@@ -354,116 +398,6 @@ def update_rows_q8(
     finite = update_in_place_q8(w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, offs_m, offs_n, M, N,
                                 g, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
     return tile_telemetry(g, in_tile, finite)
-
-
-@triton.jit
-def update_subtile(
-    g, offs_m, offs_n, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride, rand_base,
-    GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr,
-    UPDATE: tl.constexpr, STORE_ACC: tl.constexpr,
-):
-    """The epilogue on one sub-tile: store g (debug), apply the guarded rule to W and its state,
-    return (Σ g² in fp64, number of non-finite g) over the sub-tile."""
-    in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    offs = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
-    if STORE_ACC:
-        tl.store(acc_out_ptr + offs, g, mask=in_tile)
-    if UPDATE:
-        counters = offs_m[:, None].to(tl.int64) * rand_stride + offs_n[None, :] + rand_base
-        finite = update_in_place(w_ptr, s0_ptr, s1_ptr, offs, in_tile, g, h, grad_scale, seed, counters,
-                                 GUARDED_UPDATE, N_STATE, BF16_STORAGE)
-    else:
-        finite = (g == g) & (tl.abs(g) < float("inf"))
-    return tile_telemetry(g, in_tile, finite)
-
-
-# The prefetching epilogue (TileConfig.prefetch_epilogue). The same column sub-tiles, rule and stores
-# as update_columns_split, in a different order of memory operations: the W and state loads of
-# sub-tile j + 1 are issued before sub-tile j's rule and stores, and those of sub-tile 0 before the
-# mainloop, so that their latency overlaps work instead of following it. No element is loaded after
-# it is stored (each sub-tile's addresses are its own), so W and state get the bits of the split
-# epilogue. The telemetry partials add up from left to right (the split epilogue: in a tree), which
-# changes only the rounding of the fp64 sum of squares, never W or state.
-@triton.jit
-def subtile_addresses(offs_m, n, M, N, SW: tl.constexpr):
-    """(flat offsets [BM, SW] in int64, in-bounds mask, column indices) of the columns [n, n + SW)."""
-    offs_n = n + tl.arange(0, SW)
-    in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    offs = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
-    return offs, in_tile, offs_n
-
-
-@triton.jit
-def prefetch_subtile(offs_m, n, M, N, w_ptr, s0_ptr, s1_ptr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr,
-                     SW: tl.constexpr):
-    """load_state of the columns [n, n + SW) of the tile's rows: (p, s0, s1), loads in flight."""
-    offs, in_tile, _ = subtile_addresses(offs_m, n, M, N, SW)
-    return load_state(w_ptr, s0_ptr, s1_ptr, offs, in_tile, N_STATE, BF16_STORAGE)
-
-
-@triton.jit
-def finish_subtile(
-    p, s0, s1, g, offs_m, n, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride, rand_base,
-    GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr, STORE_ACC: tl.constexpr,
-):
-    """update_subtile of the columns [n, n + SW) with their W and state already loaded."""
-    offs, in_tile, offs_n = subtile_addresses(offs_m, n, M, N, g.shape[1])
-    if STORE_ACC:
-        tl.store(acc_out_ptr + offs, g, mask=in_tile)
-    counters = offs_m[:, None].to(tl.int64) * rand_stride + offs_n[None, :] + rand_base
-    finite = apply_and_store(p, s0, s1, w_ptr, s0_ptr, s1_ptr, offs, in_tile, g, h, grad_scale, seed, counters,
-                             GUARDED_UPDATE, N_STATE, BF16_STORAGE)
-    return tile_telemetry(g, in_tile, finite)
-
-
-@triton.jit
-def column_subtiles(g, SPLIT: tl.constexpr):
-    """(g[:, 0:SW], g[:, SW:2SW], ...): the SPLIT (2, 4 or 8) column sub-tiles of g [BM, W], SW = W / SPLIT."""
-    BM: tl.constexpr = g.shape[0]
-    W: tl.constexpr = g.shape[1]
-    gl, gr = column_halves(g, BM, W)
-    if SPLIT == 2:
-        return gl, gr
-    else:
-        g0, g1 = column_halves(gl, BM, W // 2)
-        g2, g3 = column_halves(gr, BM, W // 2)
-        if SPLIT == 4:
-            return g0, g1, g2, g3
-        else:
-            tl.static_assert(SPLIT == 8, "the prefetching epilogue splits into 2, 4 or 8 column sub-tiles")
-            g00, g01 = column_halves(g0, BM, W // 4)
-            g10, g11 = column_halves(g1, BM, W // 4)
-            g20, g21 = column_halves(g2, BM, W // 4)
-            g30, g31 = column_halves(g3, BM, W // 4)
-            return g00, g01, g10, g11, g20, g21, g30, g31
-
-
-@triton.jit
-def update_columns_prefetched(
-    g, p0, a0, b0, offs_m, n0, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride, rand_base,
-    GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr, STORE_ACC: tl.constexpr,
-    SPLIT: tl.constexpr,
-):
-    """The epilogue on the tile g [BM, W] at columns n0, in SPLIT column sub-tiles, each one's loads
-    issued before the previous one's rule; (p0, a0, b0): sub-tile 0's W and state, loaded earlier.
-    The telemetry partials add up from left to right."""
-    SW: tl.constexpr = g.shape[1] // SPLIT
-    subtiles = column_subtiles(g, SPLIT)
-    p, a, b = p0, a0, b0
-    norm_sq = 0.0
-    nonfinite = 0
-    for j in tl.static_range(SPLIT):
-        if j + 1 < SPLIT:  # the next sub-tile's loads, in flight during this one's rule and stores
-            p_next, a_next, b_next = prefetch_subtile(offs_m, n0 + (j + 1) * SW, M, N, w_ptr, s0_ptr, s1_ptr,
-                                                      N_STATE, BF16_STORAGE, SW)
-        sq, bad = finish_subtile(p, a, b, subtiles[j], offs_m, n0 + j * SW, M, N, w_ptr, s0_ptr, s1_ptr,
-                                 acc_out_ptr, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE,
-                                 BF16_STORAGE, STORE_ACC)
-        norm_sq += sq
-        nonfinite += bad
-        if j + 1 < SPLIT:
-            p, a, b = p_next, a_next, b_next
-    return norm_sq, nonfinite
 
 
 @triton.jit
