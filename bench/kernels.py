@@ -26,7 +26,9 @@ import datetime
 import itertools
 import json
 import platform
+import statistics
 import sys
+import time
 
 import torch
 import triton
@@ -57,6 +59,36 @@ Q8_CANDIDATES = kernels.CANDIDATE_Q8_CONFIGS
 # Bytes per weight element that the update must read and write at least, by regime: W, m, v read
 # and written once (8bit: codes, plus one fp32 scale per QBLOCK elements for each state).
 STATE_BYTES = {"fp32": 2 * (4 + 4 + 4), "bf16-sr": 2 * (2 + 2 + 2), "8bit": 2 * (2 + 1 + 1 + 8 / kernels.QBLOCK)}
+
+
+def host_us(fn, calls: int = 20) -> float:
+    """Host time of one call, in us: the launches queue asynchronously, so a loop of calls that the
+    GPU has not caught up with measures the host alone (median of 3 loops)."""
+    times = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def graph_ms(fn) -> float:
+    """Device time of fn's kernels replayed from a CUDA graph (no host in the interval), median ms."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream, as torch.cuda.graph asks
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    try:
+        return triton.testing.do_bench(graph.replay, warmup=25, rep=200, return_mode="median")
+    finally:
+        del graph
 
 
 class LaunchRecorder:
@@ -129,7 +161,25 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32") -
             failed[str(cfg)] = f"{type(e).__name__}: {str(e)[:160]}"
     t_forge = triton.testing.do_bench(forge, warmup=25, rep=200, return_mode="median") * 1e-3
     t_unfused = triton.testing.do_bench(unfused, warmup=25, rep=200, return_mode="median") * 1e-3
-    parts = {}
+    # The same two steps without the host: their launches replayed from a CUDA graph. do_bench's
+    # interval runs from an event recorded behind its L2 flush to one behind the step, so a host
+    # slower than the flush leaves the GPU idle inside the interval; forge_ms - forge_graph_ms is
+    # that gap (the launcher's checks, descriptors and Triton's binding of ~45 arguments).
+    p_cap = torch.nn.Parameter(p.detach().clone())
+    opt_cap = torch.optim.AdamW([p_cap], fused=True, capturable=True, **HYPER)
+
+    def unfused_capturable():
+        g = dy.t() @ x
+        p_cap.grad = g.float() if precision == "fp32" else g
+        opt_cap.step()
+        p_cap.grad = None
+
+    parts = {"forge_host_us": host_us(forge), "unfused_host_us": host_us(unfused)}
+    for name, fn in (("forge_graph_ms", forge), ("unfused_graph_ms", unfused_capturable)):
+        try:
+            parts[name] = graph_ms(fn)
+        except Exception as e:  # reported, not fatal
+            parts[name] = f"{type(e).__name__}: {str(e)[:160]}"
     if precision == "fp32":
         # where the time goes: the two mainloops alone (dW stored: fp32 by Triton, bf16 by cuBLAS) and
         # the update alone (forge's element-wise kernel and torch's fused AdamW on a stored fp32 dW)
@@ -201,6 +251,10 @@ def bench_mainloop(M: int, N: int, K: int) -> dict:
     return row
 
 
+def _ms(v) -> str:
+    return f"{v:.3f}" if isinstance(v, float) else "failed"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=LLAMA_SHAPES)
@@ -244,7 +298,9 @@ def main(argv=None) -> int:
               f"floor {r['floor_ms']:7.3f} ms  speedup {r['speedup_vs_unfused']:5.2f}x  "
               f"forge/floor {r['forge_over_floor']:5.2f}  ({r['default_label']})  best {r['best_config_speedup_vs_unfused']:5.2f}x ({r['best_label']})"
               + (f"  [dW triton {r['triton_dw_ms']:.3f} cublas {r['cublas_dw_ms']:.3f}; update forge "
-                 f"{r['forge_update_only_ms']:.3f} torch {r['torch_update_only_ms']:.3f}]" if "triton_dw_ms" in r else ""),
+                 f"{r['forge_update_only_ms']:.3f} torch {r['torch_update_only_ms']:.3f}]" if "triton_dw_ms" in r else "")
+              + f"  [host us forge {r['forge_host_us']:.0f} unfused {r['unfused_host_us']:.0f}; graph ms forge "
+                f"{_ms(r['forge_graph_ms'])} unfused {_ms(r['unfused_graph_ms'])}]",
               flush=True)
         if args.out:  # rewritten after every row: a run stopped at its time limit keeps what it measured
             with open(args.out, "w") as f:

@@ -65,6 +65,13 @@ QBLOCK = int(_QBLOCK)  # 8bit regime: elements of a row per quantization block
 ELEMENTWISE_BLOCK = 1024
 
 
+def _cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for host ints. (``triton.cdiv`` is a ConstexprFunction in Triton 3.6: about 5 us a
+    call on the host, five calls per launch; the launcher's host time is on the critical path of the
+    short kernels, bench/NOTES.md "v7".)"""
+    return -(-a // b)
+
+
 class Q8State(NamedTuple):
     """One optimizer state in the 8bit regime (kernels/quant8.py): codes and per-block scales."""
 
@@ -75,7 +82,7 @@ class Q8State(NamedTuple):
     def zeros(M: int, N: int, device=None) -> "Q8State":
         """A zero state (all codes 0; scales 1: any finite scale dequantizes code 0 to 0)."""
         return Q8State(torch.zeros(M, N, dtype=torch.uint8, device=device),
-                       torch.ones(M, triton.cdiv(N, QBLOCK), dtype=torch.float32, device=device))
+                       torch.ones(M, _cdiv(N, QBLOCK), dtype=torch.float32, device=device))
 
 
 class UpdateStats(NamedTuple):
@@ -293,7 +300,7 @@ def _check_q8_states(states, weight: torch.Tensor, rule: Rule) -> list:
         if st.codes.dtype != torch.uint8 or tuple(st.codes.shape) != (M, N) or not st.codes.is_contiguous():
             raise ValueError(f"state {name!r}: codes must be contiguous uint8 [{M}, {N}], got "
                              f"{st.codes.dtype} {tuple(st.codes.shape)}")
-        nb = triton.cdiv(N, QBLOCK)
+        nb = _cdiv(N, QBLOCK)
         if st.scales.dtype != torch.float32 or tuple(st.scales.shape) != (M, nb) or not st.scales.is_contiguous():
             raise ValueError(f"state {name!r}: scales must be contiguous float32 [{M}, {nb}], got "
                              f"{st.scales.dtype} {tuple(st.scales.shape)}")
@@ -338,11 +345,17 @@ def _check_linear_inputs(x: torch.Tensor, dy: torch.Tensor, M: int, N: int) -> s
 
 
 def _telemetry_buffers(M: int, N: int, device) -> tuple[torch.Tensor, torch.Tensor, int]:
-    slots_m = triton.cdiv(max(M, 1), TELEMETRY_GRANULE)
-    slots_n = triton.cdiv(max(N, 1), TELEMETRY_GRANULE)
-    norm_sq = torch.zeros(slots_m * slots_n, dtype=torch.float64, device=device)
-    nonfinite = torch.zeros(slots_m * slots_n, dtype=torch.int32, device=device)
-    return norm_sq, nonfinite, slots_n
+    """(norm_sq fp64 [slots], nonfinite int32 [2 * half], slots_n), zeroed by one fill: one fp64
+    buffer of 2 * half slots (half = slots rounded up to even, so the int32 part starts 16-byte
+    aligned like a fresh allocation and the kernel keeps one specialization), its second half viewed
+    as int32 (a slot's count in the first `slots` of them, the rest stay 0). One allocation and one
+    fill per launch instead of two."""
+    slots_m = _cdiv(max(M, 1), TELEMETRY_GRANULE)
+    slots_n = _cdiv(max(N, 1), TELEMETRY_GRANULE)
+    slots = slots_m * slots_n
+    half = slots + (slots & 1)
+    partials = torch.zeros(2 * half, dtype=torch.float64, device=device)
+    return partials[:slots], partials[half:].view(torch.int32), slots_n
 
 
 @functools.lru_cache(maxsize=None)
@@ -404,7 +417,7 @@ def _launch_linear(
         scales = [dummy, dummy]
         s = list(states) + [None, None]
     guarded = guarded_update_jit(rule) if update else _NO_UPDATE
-    grid = (triton.cdiv(M, config.BM), triton.cdiv(N, config.BN))
+    grid = (_cdiv(M, config.BM), _cdiv(N, config.BN))
     if config.persistent:  # a 1-D grid of at most `persistent` programs per SM, looping over the tiles
         grid = (min(grid[0] * grid[1], config.persistent * _sm_count(device)),)
     if M and N:
@@ -418,7 +431,7 @@ def _launch_linear(
             acc_out if acc_out is not None else dummy,
             norm_sq, nonfinite,
             x_desc, dy_desc,
-            scales[0], scales[1], triton.cdiv(N, QBLOCK),
+            scales[0], scales[1], _cdiv(N, QBLOCK),
             M, N, K, x.stride(0), x.stride(1), dy.stride(0), dy.stride(1),
             h, grad_scale, int(seed), *(rand or (max(N, 1), 0)), slots_n,
             GUARDED_UPDATE=guarded, N_STATE=n_state, BF16_STORAGE=bf16, STATE_Q8=q8,
@@ -643,9 +656,11 @@ def elementwise_update(
     _check_device(param, grad, *states)
     numel = param.numel()
     cols, stride, base = CounterMap.of(counter, numel)
-    n_prog = max(1, triton.cdiv(numel, ELEMENTWISE_BLOCK))
-    norm_sq = torch.zeros(n_prog, dtype=torch.float64, device=param.device)
-    nonfinite = torch.zeros(n_prog, dtype=torch.int32, device=param.device)
+    n_prog = max(1, _cdiv(numel, ELEMENTWISE_BLOCK))
+    # every program writes its own slot: no fill needed, except when there is no launch at all
+    alloc = torch.empty if numel else torch.zeros
+    norm_sq = alloc(n_prog, dtype=torch.float64, device=param.device)
+    nonfinite = alloc(n_prog, dtype=torch.int32, device=param.device)
     s = list(states) + [None, None]
     if numel:
         elementwise_update_kernel[(n_prog,)](

@@ -93,6 +93,8 @@ def test_train_step_profile_tiny(tmp_path):
         assert r["status"] == "ok", r
         assert r["profile_ms"]["GEMM"] > 0 and r["profile_ms"]["casts and copies"] > 0, r["profile_ms"]
         assert sum(r["profile_ms"].values()) >= sum(t["ms"] for t in r["profile_top"]) > 0
+        assert r["profile_device_ms"] == pytest.approx(sum(r["profile_ms"].values()))
+        assert r["profile_wall_ms"] > 0
 
 
 @pytest.mark.parametrize("name,category", [
