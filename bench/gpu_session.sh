@@ -8,10 +8,10 @@
 #                                                         suite with the bias report beside it)
 #   bash bench/gpu_session.sh train capacity             (training step, then capacity)
 #
-# Parts: kernels, mainloop, exactness, bias, train, capacity, fidelity; "a+b" runs a and b side by side.
+# Parts: kernels, mainloop, exactness, bias, train, capacity, fidelity, host; "a+b" runs a and b side by side.
 # Environment:
 #   KERNEL_ARGS / KERNEL_ARGS_LOWBIT   arguments of the two bench/kernels.py runs
-#   T_KERNELS T_EXACT T_TRAIN T_CAPACITY T_FIDELITY T_BIAS   seconds for each part
+#   T_KERNELS T_EXACT T_TRAIN T_CAPACITY T_FIDELITY T_BIAS T_HOST   seconds for each part
 #                 (T_KERNELS=0 / T_KERNELS_LOWBIT=0: skip that kernels run)
 #   PYTEST_FILES, PYTEST_K   test files and a -k expression for the exactness part
 #   XDIST         pytest-xdist workers (12)
@@ -56,6 +56,10 @@ run_capacity() {
   timeout "${T_CAPACITY:-200}" python3 bench/capacity.py ${CAPACITY_ARGS:---methods torch_adamw,forge --search layers} \
     --budget-s $(( ${T_CAPACITY:-200} - 30 )) --out "$R/capacity.json" >"$R/capacity.log" 2>&1; tail -12 "$R/capacity.log"
 }
+run_host() {
+  timeout "${T_HOST:-200}" python3 bench/host_time.py ${HOST_ARGS:-} --out "$R/host_time.json" >"$R/host_time.log" 2>&1
+  echo "host_time exit: $?" >>"$R/host_time.log"
+}
 run_fidelity() {
   timeout "${T_FIDELITY:-200}" python3 bench/fidelity.py ${FIDELITY_ARGS:---parts update --run-timeout 120} \
     --out "$R/fidelity.json" >"$R/fidelity.log" 2>&1; tail -20 "$R/fidelity.log"
@@ -66,7 +70,7 @@ for part in "$@"; do
   echo "== $part $(date -u +%H:%M:%S)"
   for p in ${part//+/ }; do
     case "$p" in
-      kernels|mainloop|exactness|bias|train|capacity|fidelity) "run_$p" & ;;
+      kernels|mainloop|exactness|bias|train|capacity|fidelity|host) "run_$p" & ;;
       *) echo "unknown part $p" ;;
     esac
   done
@@ -84,5 +88,6 @@ c = collections.Counter(json.loads(l)['case'] for l in open('$R/exactness_cases.
 print('passing hypothesis cases:', ' '.join(f'{k}={v}' for k, v in sorted(c.items())))"
 fi
 [ -f "$R/bias.log" ] && tail -6 "$R/bias.log"
+[ -f "$R/host_time.log" ] && { echo "-- host_time"; head -120 "$R/host_time.log"; }
 for f in train_step capacity fidelity; do [ -f "$R/$f.log" ] && { echo "-- $f"; tail -25 "$R/$f.log"; }; done
 tar czf "$OUT/results.tgz" -C "$R" . && cp "$R/env.txt" "$OUT/" && ls -la "$OUT"

@@ -1,0 +1,159 @@
+"""Host (CPU) time of forge_num's launches and of a training step, and where it goes.
+
+Session 6 found forge's 8B training step host-bound on the H200 machine: the profiled step's
+kernels summed to 361 ms of a 702 ms wall (AMP: 414 of 369), and one ``fused_linear_update`` call
+took 200-360 us of host time there. This script measures that host time and splits it by Python
+function (cProfile), so that a change to the launcher or the optimizer can be judged by it:
+
+    python bench/host_time.py [--part launch,step] [--layers 2] [--out bench/results/x.json]
+
+launch  per-call host time of kernels.fused_linear_update (default tile and a given one),
+        kernels.elementwise_update, and of torch ops for scale (one empty/zeros/add), on a
+        1024x1024 weight with 128 tokens (GPU time far below host time, so the loop of calls
+        measures the host alone); then cProfile's split of the fused call.
+step    a Llama-8B-width model with --layers layers, 1x2048 tokens, checkpointing: each method's
+        step wall time, the profiler's summed kernel time, and cProfile's top functions of one step.
+CUDA only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import sys
+import time
+
+import torch
+
+
+def per_call_us(fn, calls: int = 200, loops: int = 5) -> float:
+    """Median host time of one call over ``loops`` loops of ``calls`` calls (launches queue)."""
+    times = []
+    for _ in range(loops):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def top_functions(fn, n: int = 25, sort: str = "tottime") -> list[dict]:
+    """cProfile of fn(): the n functions with the largest ``sort`` time, in ms."""
+    prof = cProfile.Profile()
+    prof.enable()
+    fn()
+    torch.cuda.synchronize()
+    prof.disable()
+    stats = pstats.Stats(prof, stream=io.StringIO())
+    rows = []
+    for (file, line, name), (cc, nc, tt, ct, _) in stats.stats.items():
+        rows.append({"function": f"{'/'.join(file.rsplit('/', 2)[-2:])}:{line}({name})",
+                     "calls": nc, "tottime_ms": tt * 1e3, "cumtime_ms": ct * 1e3})
+    return sorted(rows, key=lambda r: -r[f"{sort}_ms"])[:n]
+
+
+def part_launch() -> dict:
+    from forge_num import kernels, rules
+
+    M = N = 1024
+    K = 128
+    x = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(K, M, device="cuda", dtype=torch.bfloat16) * 1e-3
+    w = torch.randn(M, N, device="cuda") * 0.02
+    m, v, g = torch.zeros_like(w), torch.zeros_like(w), torch.randn_like(w) * 1e-3
+    h = rules.ADAMW.scalars({"lr": 1e-4, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}, 1)
+    cfg = kernels.default_config(M, N, K, torch.bfloat16)
+    small = torch.empty(1, device="cuda")
+    fns = {
+        "fused_linear_update (default tile)": lambda: kernels.fused_linear_update(w, x, dy, [m, v], rules.ADAMW, h),
+        "fused_linear_update (config given)": lambda: kernels.fused_linear_update(w, x, dy, [m, v], rules.ADAMW, h,
+                                                                                  config=cfg),
+        "elementwise_update": lambda: kernels.elementwise_update(w, g, [m, v], rules.ADAMW, h),
+        "torch.empty(1)": lambda: torch.empty(1, device="cuda"),
+        "torch.zeros(1)": lambda: torch.zeros(1, device="cuda"),
+        "torch.add(t, t)": lambda: torch.add(small, small),
+        "dy.t() @ x": lambda: dy.t() @ x,
+    }
+    for f in fns.values():  # compile and warm
+        f()
+    out = {"host_us": {name: per_call_us(f) for name, f in fns.items()}}
+    out["fused_profile"] = top_functions(lambda: [fns["fused_linear_update (default tile)"]() for _ in range(200)])
+    return out
+
+
+def part_step(layers: int) -> dict:
+    sys.path.insert(0, "bench")
+    import train_step as ts
+
+    cfg = dict(ts.MODELS["llama-8b"], num_hidden_layers=layers)
+    out = {}
+    for method in ("forge", "torch_adamw"):
+        model = ts._build_model(cfg, torch.float32, torch.device("cuda"), True)
+        amp_dtype, after = ts._setup(method, model, True)
+        ids = torch.randint(0, cfg["vocab_size"], (1, 2048), device="cuda")
+
+        def step():
+            with torch.autocast("cuda", dtype=amp_dtype, enabled=amp_dtype is not None):
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            after()
+
+        walls = []
+        for k in range(5):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            step()
+            torch.cuda.synchronize()
+            if k >= 2:
+                walls.append((time.perf_counter() - t0) * 1e3)
+        prof = ts.profile_step(step, True)
+        out[method] = {"wall_ms": walls, "profile_wall_ms": prof["profile_wall_ms"],
+                       "profile_device_ms": prof["profile_device_ms"], "profile_ms": prof["profile_ms"],
+                       "cprofile_tottime": top_functions(step, 30), "cprofile_cumtime": top_functions(step, 40, "cumtime")}
+        model = after = step = None  # free the model before the next method builds its own
+        torch.cuda.empty_cache()
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", default="launch,step")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench/host_time.py measures CUDA launches: no CUDA device here")
+    res = {"meta": {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                    "command": "python bench/host_time.py " + " ".join(sys.argv[1:] if argv is None else argv)}}
+    parts = args.part.split(",")
+    if "launch" in parts:
+        res["launch"] = part_launch()
+        for name, us in res["launch"]["host_us"].items():
+            print(f"host {name:<40} {us:8.1f} us/call", flush=True)
+        for r in res["launch"]["fused_profile"][:15]:
+            print(f"  {r['tottime_ms'] / 200 * 1e3:7.1f} us/call self  {r['cumtime_ms'] / 200 * 1e3:7.1f} cum  "
+                  f"{r['calls'] // 200:>3}x  {r['function']}", flush=True)
+    if "step" in parts:
+        res["step"] = part_step(args.layers)
+        for method, r in res["step"].items():
+            print(f"step {method:<12} wall {statistics.median(r['wall_ms']):7.1f} ms  profiled wall "
+                  f"{r['profile_wall_ms']:7.1f} kernels {r['profile_device_ms']:7.1f} ms", flush=True)
+            for row in r["cprofile_tottime"][:12]:
+                print(f"  {row['tottime_ms']:7.1f} ms self {row['cumtime_ms']:7.1f} cum {row['calls']:>6}x  {row['function']}")
+            print("  cumulative:")
+            for row in r["cprofile_cumtime"][:25]:
+                print(f"  {row['tottime_ms']:7.1f} ms self {row['cumtime_ms']:7.1f} cum {row['calls']:>6}x  {row['function']}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
