@@ -359,24 +359,33 @@ def run_spec(spec: dict) -> dict:
             row["after_build_gib"] = torch.cuda.memory_allocated() / GIB
         row["build_s"] = time.perf_counter() - t_start
 
+        backward_issued = []
+
         def step():
             with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
                 loss = model(input_ids=ids, labels=ids).loss
             loss.backward()
+            backward_issued.append(time.perf_counter())  # before after(): forge's step() syncs once
             after()
             return loss.detach()
 
         losses = []
+        issue_s = []
         for k in range(spec["warmup"] + spec["steps"]):
             if cuda:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
             losses.append(step())
+            t_issued = backward_issued[-1]
             if cuda:
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t0
             if k >= spec["warmup"]:
                 row["step_s"].append(dt)
+                issue_s.append(t_issued - t0)
+        # the host's time to issue forward and backward (no synchronization before): close to the
+        # step's time, the GPU waited for the host; well below it, the host waited for the GPU
+        row["host_issue_s_median"] = statistics.median(issue_s) if issue_s else None
         if spec.get("profile"):
             row.update(profile_step(step, cuda))
         row["losses"] = [float(x) for x in losses]
@@ -553,7 +562,8 @@ def add_ratios(rows: list) -> None:
 def print_row(r: dict) -> None:
     ck = "ckpt" if r["checkpointing"] else "    "
     what = (f"peak {_fmt(r.get('peak_gib')):>7} GiB (pred {_fmt(r.get('predicted_peak_gib')):>7})  "
-            f"{_fmt(r.get('tokens_per_s'), '{:.0f}'):>7} tok/s") if r["status"] == "ok" else \
+            f"{_fmt(r.get('tokens_per_s'), '{:.0f}'):>7} tok/s  step {_fmt(r.get('step_s_median'), '{:.3f}')} s, "
+            f"forward+backward issued in {_fmt(r.get('host_issue_s_median'), '{:.3f}')} s") if r["status"] == "ok" else \
         f"{r['status'].upper()}: {r.get('reason')}"
     print(f"{r['method']:<14} {r['model']:<9} {r['batch']}x{r['seq']:<5} {ck}  {what}", flush=True)
     if r.get("profile_ms"):

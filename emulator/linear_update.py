@@ -28,9 +28,6 @@ from .quant8 import QBLOCK, dequantize, quantize_block_sr
 from .rounding import bf16_sr_bits, bf16_to_f32
 from .rules import bind_guarded
 
-TELEMETRY_GRANULE = 16  # as kernels.TELEMETRY_GRANULE
-
-
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -149,8 +146,8 @@ def fused_linear_update_kernel(
     w = None if w is None else w.copy()
     states = [s if isinstance(s, tuple) else s.copy() for s in states]
     acc_out = np.zeros((M, N), np.float32) if store_acc else None
-    slots_n = cdiv(max(N, 1), TELEMETRY_GRANULE)
-    partials = np.zeros(cdiv(max(M, 1), TELEMETRY_GRANULE) * slots_n, dtype=np.float64)
+    tiles_n = cdiv(N, BN)
+    partials = np.zeros(max(cdiv(M, BM) * tiles_n, 1), dtype=np.float64)  # one slot per tile
     nonfinite = 0
     guarded = bind_guarded(rule) if update else None
     q8 = bool(states) and isinstance(states[0], tuple)
@@ -194,7 +191,7 @@ def fused_linear_update_kernel(
             else:
                 finite = np.isfinite(g)
             part, bad = tile_telemetry(g, in_tile, finite)
-            partials[(pid_m * (BM // TELEMETRY_GRANULE)) * slots_n + pid_n * (BN // TELEMETRY_GRANULE)] = part
+            partials[pid_m * tiles_n + pid_n] = part
             nonfinite += bad
     return LinearUpdateResult(w, states, acc_out, float(np.sum(partials)), nonfinite, partials)
 

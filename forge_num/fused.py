@@ -147,8 +147,9 @@ class _FusedLinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, layer, use):
         dt, xc, wc, bc = _autocast_operands(x, weight, bias)
-        with torch.autocast(x.device.type, enabled=False):
-            out = _plain_forward(layer.layout, xc, wc, bc)
+        # every operand is in dt already, so autocast (still on in here) casts nothing: no need to
+        # turn it off around the matmul (a context manager's host time, twice per layer and step)
+        out = _plain_forward(layer.layout, xc, wc, bc)
         if dt is not None and _cast_weight_is_free_to_keep():
             ctx.save_for_backward(xc, weight, wc)
         else:

@@ -213,8 +213,9 @@ class ForgeOptimizer(torch.optim.Optimizer):
         self._coef: torch.Tensor | None = None  # clipping coefficient of the current step
         self._coef_float: float | None = None
         self._skip_step = False
-        self._norm_sq: list[torch.Tensor] = []
-        self._bad: list[torch.Tensor] = []
+        # this step's telemetry records, one per update: (Σ g² partials fp64, non-finite count partials)
+        self._parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._scalars_memo: dict[tuple, tuple[float, ...]] = {}  # (rule, step, hyper values) -> h, per step
         self._bad_names: list[str] = []
         self._stat_params: list[torch.Tensor] = []  # the parameter of each telemetry record
         self._max_events = 0
@@ -332,8 +333,10 @@ class ForgeOptimizer(torch.optim.Optimizer):
         return self._coef_float
 
     def _record(self, stats, name, p):
-        self._norm_sq.append(stats.norm_sq)
-        self._bad.append(stats.nonfinite)
+        # the kernels' per-tile partials, summed once for the whole step in _finish_step (no
+        # reduction per launch); other backends report 0-d totals
+        parts = getattr(stats, "partials", None)
+        self._parts.append(parts if parts is not None else (stats.norm_sq.reshape(1), stats.nonfinite.reshape(1)))
         self._bad_names.append(name)
         self._stat_params.append(p)
 
@@ -639,24 +642,25 @@ class ForgeOptimizer(torch.optim.Optimizer):
 
     def _finish_step(self):
         grad_norm = nonfinite = None
-        if self._norm_sq and any(_is_sharded(p) for p in self._stat_params):
+        if self._parts and any(_is_sharded(p) for p in self._stat_params):
             # sharded parameters: their shards' sums added across ranks, replicated ones counted once
             from forge_num.distributed import global_step_totals
 
-            totals = global_step_totals(self._stat_params, self._norm_sq, self._bad)
+            totals = global_step_totals(self._stat_params, [n.sum() for n, _ in self._parts],
+                                        [b.sum(dtype=torch.int64) for _, b in self._parts])
             grad_norm = math.sqrt(float(totals[0]))
             nonfinite = int(totals[1])
-        elif self._norm_sq:  # one transfer for the whole step
-            dev = self._norm_sq[0].device
+        elif self._parts:  # all of the step's partials summed at once, one transfer
+            dev = self._parts[0][0].device
             totals = torch.stack(
                 [
-                    torch.stack([n.to(dev, torch.float64) for n in self._norm_sq]).sum(),
-                    torch.stack([b.to(dev, torch.float64) for b in self._bad]).sum(),
+                    torch.cat([n.to(dev, torch.float64) for n, _ in self._parts]).sum(),
+                    torch.cat([b.to(dev) for _, b in self._parts]).sum(dtype=torch.int64).to(torch.float64),
                 ]
             ).cpu()
             grad_norm = math.sqrt(float(totals[0]))
             nonfinite = int(totals[1])
-        bad_counts = [int(b) for b in self._bad] if nonfinite else []
+        bad_counts = [int(b.sum()) for _, b in self._parts] if nonfinite else []
         nonfinite = nonfinite or 0
         self._global_step += 1
         self.stats = {
@@ -679,7 +683,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
         self._coef = None
         self._coef_float = None
         self._skip_step = False
-        self._norm_sq, self._bad, self._bad_names, self._stat_params = [], [], [], []
+        self._parts, self._bad_names, self._stat_params = [], [], []
+        self._scalars_memo.clear()
         if self.nonfinite == "raise" and (nonfinite or skipped):
             if skipped:
                 raise FloatingPointError(
@@ -797,7 +802,17 @@ class Adam(ForgeOptimizer):
             state["exp_avg_sq"] = self._new_state(p)
         state["step"] += 1  # as torch: the step counter advances before the update
         rule = self._rule(group)
-        h = rule.scalars(group, int(state["step"].item()))
+        step = int(state["step"].item())
+        # h depends on the rule, the step and these four values only (rules._adam_scalars): every
+        # layer of a group shares one computation per step. Python numbers only (a tensor lr can
+        # change in place under the same hash).
+        key = (rule.name, step, group["lr"], *group["betas"], group["eps"], group.get("weight_decay", 0.0))
+        if all(type(v) in (int, float) for v in key[2:]):
+            h = self._scalars_memo.get(key)
+            if h is None:
+                h = self._scalars_memo[key] = rule.scalars(group, step)
+        else:
+            h = rule.scalars(group, step)
         return rule, h, [state["exp_avg"], state["exp_avg_sq"]]
 
 

@@ -23,7 +23,8 @@ kernel with K = 0 from its gradient). bf16-sr and 8bit round stochastically and 
 the Philox key of the parameter and step (forge_num.emulator.philox.derive_seed).
 
 UpdateStats.norm_sq is Σ g² of the unscaled gradient in fp64: per-tile partials (fp64, exact
-squares) summed in a fixed order on the device, so a run is deterministic; nonfinite counts the
+squares, one slot per tile) summed in a fixed order on the device when first read, so a run is
+deterministic; nonfinite counts the
 gradient elements that were not finite (those elements of W and state were left unchanged).
 """
 
@@ -58,9 +59,6 @@ __all__ = [
     "configs_for",
 ]
 
-# Telemetry partials live on a grid of TELEMETRY_GRANULE x TELEMETRY_GRANULE slots: tile
-# (pid_m, pid_n) writes slot (pid_m*BM/G, pid_n*BN/G), whatever tile shape autotuning picks.
-TELEMETRY_GRANULE = 16
 QBLOCK = int(_QBLOCK)  # 8bit regime: elements of a row per quantization block
 ELEMENTWISE_BLOCK = 1024
 
@@ -85,9 +83,47 @@ class Q8State(NamedTuple):
                        torch.ones(M, _cdiv(N, QBLOCK), dtype=torch.float32, device=device))
 
 
-class UpdateStats(NamedTuple):
-    norm_sq: torch.Tensor  # 0-d float64: Σ g² of the unscaled gradient
-    nonfinite: torch.Tensor  # 0-d int64: number of non-finite gradient elements
+class UpdateStats:
+    """What an update reports: ``norm_sq`` (0-d float64, Σ g² of the unscaled gradient) and
+    ``nonfinite`` (0-d int64, the number of non-finite gradient elements).
+
+    The kernels leave one partial per tile (per program of the element-wise kernel), ``partials`` =
+    (float64 [T], int32 [T]); the totals are summed on the device when first read. A launch so pays
+    no reduction of its own, and ForgeOptimizer sums a whole step's partials at once (the launcher's
+    host time is on the critical path of a training step: bench/NOTES.md, "v7"). Unpacks like the
+    NamedTuple it replaced: ``norm_sq, nonfinite = stats``."""
+
+    __slots__ = ("partials", "_totals")
+
+    def __init__(self, norm_sq_partials: torch.Tensor, nonfinite_partials: torch.Tensor):
+        self.partials = (norm_sq_partials, nonfinite_partials)
+        self._totals = None
+
+    def _sums(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._totals is None:
+            norm_sq, nonfinite = self.partials
+            self._totals = (norm_sq.sum(), nonfinite.sum(dtype=torch.int64))
+        return self._totals
+
+    @property
+    def norm_sq(self) -> torch.Tensor:
+        return self._sums()[0]
+
+    @property
+    def nonfinite(self) -> torch.Tensor:
+        return self._sums()[1]
+
+    def __iter__(self):
+        return iter(self._sums())
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i):
+        return self._sums()[i]
+
+    def __repr__(self) -> str:
+        return f"UpdateStats(norm_sq={self.norm_sq!r}, nonfinite={self.nonfinite!r})"
 
 
 @dataclass(frozen=True)
@@ -344,18 +380,15 @@ def _check_linear_inputs(x: torch.Tensor, dy: torch.Tensor, M: int, N: int) -> s
 # ------------------------------------------------------------------------------------------
 
 
-def _telemetry_buffers(M: int, N: int, device) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(norm_sq fp64 [slots], nonfinite int32 [2 * half], slots_n), zeroed by one fill: one fp64
-    buffer of 2 * half slots (half = slots rounded up to even, so the int32 part starts 16-byte
-    aligned like a fresh allocation and the kernel keeps one specialization), its second half viewed
-    as int32 (a slot's count in the first `slots` of them, the rest stay 0). One allocation and one
-    fill per launch instead of two."""
-    slots_m = _cdiv(max(M, 1), TELEMETRY_GRANULE)
-    slots_n = _cdiv(max(N, 1), TELEMETRY_GRANULE)
-    slots = slots_m * slots_n
-    half = slots + (slots & 1)
-    partials = torch.zeros(2 * half, dtype=torch.float64, device=device)
-    return partials[:slots], partials[half:].view(torch.int32), slots_n
+def _telemetry_buffers(tiles: int, device, launched: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm_sq float64 [tiles], nonfinite int32 [tiles]): one slot per tile, in one allocation (a
+    float64 buffer of 2 * half, half = tiles rounded up to even so that the int32 part starts
+    16-byte aligned like a fresh allocation and the kernel keeps one specialization; its second half
+    viewed as int32). Every tile writes its slot, so a launch needs no fill; zeros where nothing is
+    launched (an empty weight)."""
+    half = tiles + (tiles & 1)
+    partials = (torch.empty if launched else torch.zeros)(2 * half, dtype=torch.float64, device=device)
+    return partials[:tiles], partials[half:].view(torch.int32)[:tiles]
 
 
 @functools.lru_cache(maxsize=None)
@@ -408,7 +441,8 @@ def _launch_linear(
     if q8 and (config.BN % QBLOCK or config.epilogue_split > 4 or config.BM % config.epilogue_split):
         raise ValueError(f"the 8bit regime needs BN a multiple of {QBLOCK} and its epilogue split into 1, 2 or 4 "
                          f"row sub-tiles, got {config}")
-    norm_sq, nonfinite, slots_n = _telemetry_buffers(M, N, device)
+    tiles_m, tiles_n = _cdiv(M, config.BM), _cdiv(N, config.BN)
+    norm_sq, nonfinite = _telemetry_buffers(max(tiles_m * tiles_n, 1), device, launched=bool(M and N))
     dummy = norm_sq  # any tensor: pointers of absent operands are never dereferenced
     if q8:
         scales = [st.scales for st in states] + [dummy, dummy]
@@ -417,7 +451,7 @@ def _launch_linear(
         scales = [dummy, dummy]
         s = list(states) + [None, None]
     guarded = guarded_update_jit(rule) if update else _NO_UPDATE
-    grid = (_cdiv(M, config.BM), _cdiv(N, config.BN))
+    grid = (tiles_m, tiles_n)
     if config.persistent:  # a 1-D grid of at most `persistent` programs per SM, looping over the tiles
         grid = (min(grid[0] * grid[1], config.persistent * _sm_count(device)),)
     if M and N:
@@ -433,7 +467,7 @@ def _launch_linear(
             x_desc, dy_desc,
             scales[0], scales[1], _cdiv(N, QBLOCK),
             M, N, K, x.stride(0), x.stride(1), dy.stride(0), dy.stride(1),
-            h, grad_scale, int(seed), *(rand or (max(N, 1), 0)), slots_n,
+            h, grad_scale, int(seed), *(rand or (max(N, 1), 0)), tiles_n,
             GUARDED_UPDATE=guarded, N_STATE=n_state, BF16_STORAGE=bf16, STATE_Q8=q8,
             UPDATE=update, STORE_ACC=acc_out is not None, HAS_ACCUM=accum is not None,
             INPUT_PRECISION=precision,
@@ -443,7 +477,7 @@ def _launch_linear(
             num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers or None,
             enable_fp_fusion=False,
         )
-    return UpdateStats(norm_sq.sum(), nonfinite.sum(dtype=torch.int64))
+    return UpdateStats(norm_sq, nonfinite)
 
 
 # The default bf16 tiles, by storage regime, as measured on the H200.
@@ -672,7 +706,7 @@ def elementwise_update(
             BLOCK=ELEMENTWISE_BLOCK, RAND_REMAP=stride != cols,
             enable_fp_fusion=False,
         )
-    return UpdateStats(norm_sq.sum(), nonfinite.sum(dtype=torch.int64))
+    return UpdateStats(norm_sq, nonfinite)
 
 
 def unfused_linear_update(

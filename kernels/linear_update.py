@@ -114,7 +114,7 @@ def fused_linear_update_kernel(
     # draws counter r * rand_stride + c + rand_base (its flat index in the whole parameter; for a
     # shard, in the unsharded parameter: emulator.philox.CounterMap)
     h, grad_scale, seed, rand_stride, rand_base,
-    # telemetry: tile (pid_m, pid_n) writes slot (pid_m*BM/16, pid_n*BN/16) of a [*, slots_n] grid
+    # telemetry: tile (pid_m, pid_n) writes slot pid_m * slots_n + pid_n, slots_n = cdiv(N, BN)
     slots_n,
     # compile-time
     GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr,
@@ -204,7 +204,7 @@ def linear_update_tile(
             rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC, EPILOGUE_SPLIT,
             PREFETCH_EPILOGUE)
 
-    slot = (pid_m * (BM // 16)) * slots_n + pid_n * (BN // 16)  # 16 = kernels.TELEMETRY_GRANULE
+    slot = pid_m * slots_n + pid_n  # one slot per tile: every slot is written, no fill needed
     tl.store(norm_sq_ptr + slot, norm_sq)
     tl.store(nonfinite_ptr + slot, nonfinite)
 
