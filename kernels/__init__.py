@@ -195,6 +195,9 @@ BF16_CONFIGS = (
     TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, persistent=1, tma=True),
     TileConfig(128, 128, 64, num_warps=8, num_stages=3, epilogue_split=8, tma=True, max_registers=128),
     TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, persistent=2, tma=True),
+    # promoted after H200 session 6 (bench/results/2026-12-03-h200-s6/): the 64x64 capped at 128
+    # registers, four programs per SM (bf16 storage, BF16_SR_MID_K <= K < BF16_SR_LARGE_K).
+    TileConfig(64, 64, 64, num_warps=4, num_stages=3, epilogue_split=4, max_registers=128),
 )
 INTERPRETER_CONFIG = TileConfig(32, 32, 16, num_warps=4, num_stages=1, epilogue_split=2)
 # 8bit regime: the epilogue needs whole quantization blocks, so BN is a multiple of QBLOCK, and an
@@ -229,23 +232,21 @@ INTERPRETER_Q8_CONFIG = TileConfig(16, 128, 16, num_warps=4, num_stages=1)
 #   In the fp32 regime the register caps lost everywhere: a second program per SM did not pay for
 #   the spills and the shorter pipeline. A persistent 128x256 TMA tile with 3 stages needs 278,552 B
 #   of shared memory, over the H200's 232,448 (OutOfResources, 2026-12-03).
+#   Session 6 (bench/results/2026-12-03-h200-s6/): the persistent capped 128x128 was the fastest
+#   bf16-sr tile at 14336x4096, K = 4096 and 8192 (1.01x / 1.09x the next), even at 4096x4096;
+#   not promoted on two shapes. The prefetching epilogue (TileConfig.prefetch_epilogue: each
+#   sub-tile's W and state loads issued one sub-tile ahead, the first before the mainloop) was
+#   dropped: its 64x128 TMA 8-way, 64x64 4-way and persistent TMA 128x128 8-way tiles were slower
+#   than the default at every fp32 point timed (K = 256, 1024, 4096; e.g. 5.57 against 5.15 ms at
+#   28672x8192, K = 4096): the epilogue's loads were not what held the short kernels back. The
+#   option stays, interpreter-tested, for later tiles.
 #   8bit: none now (the two row-split tiles were promoted into Q8_CONFIGS in session 5).
 CANDIDATE_CONFIGS = (
     TileConfig(128, 128, 64, num_warps=8, num_stages=3, epilogue_split=8, persistent=2, tma=True, max_registers=128),
-    # bf16-sr below BF16_SR_LARGE_K, where the heavy epilogue dominates: the 64x64 default (218
-    # registers, two programs per SM) with three (168 registers, 4 stages: no spill) or four (128,
-    # 3 stages: 36 B in bf16-sr, none in fp32) programs per SM. Written after session 5, untimed.
+    # bf16-sr below BF16_SR_LARGE_K: the 64x64 with three programs per SM (168 registers, no spill);
+    # session 6: 1.05-1.18x faster than the 64x64 default at K = 2048 and 4096, behind the promoted
+    # four-per-SM tile (128 registers) at every point.
     TileConfig(64, 64, 64, num_warps=4, num_stages=4, epilogue_split=4, max_registers=168),
-    TileConfig(64, 64, 64, num_warps=4, num_stages=3, epilogue_split=4, max_registers=128),
-    # The prefetching epilogue (TileConfig.prefetch_epilogue), written after session 5, untimed: the
-    # defaults' tiles with each sub-tile's W and state loads issued one sub-tile ahead and the first
-    # before the mainloop. ptxas (fp32 / bf16-sr): 64x128 TMA 8-way 255 registers, 40 B / 218, none;
-    # 64x64 4-way 199 / 199, none; persistent TMA 128x128 8-way 226, none / 255, 16 B. (4-way
-    # 64x128 spilled ~300 B.) Prediction: see bench/NOTES.md, "v6".
-    TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=8, tma=True, prefetch_epilogue=True),
-    TileConfig(64, 64, 64, num_warps=4, num_stages=4, epilogue_split=4, prefetch_epilogue=True),
-    TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=8, persistent=1, tma=True,
-               prefetch_epilogue=True),
 )
 CANDIDATE_Q8_CONFIGS: tuple[TileConfig, ...] = ()
 
@@ -510,16 +511,23 @@ def _launch_linear(
 #     an SM and one's epilogue runs beside the other's mainloop: 0.73-0.74x at K = 16384 against
 #     0.45-0.46x for the 64x64 (the uncapped TMA 128x128: 0.59x). It spills 356 B (fp32) / 560 B
 #     (bf16-sr) in the epilogue (tests/test_ptx.py states the exception).
-#   BF16_SR_LARGE_K = 8192 is between the measured points, not itself measured: at K = 2048 the
-#   capped tile was 0.87x as fast as the 64x64, at 16384 1.6x; the bf16-sr timings at K = 4096 and
-#   8192 did not fit in session 5's last call. The next run measures them (bench/NOTES.md).
+#   BF16_SR_MID_K <= K < BF16_SR_LARGE_K: the 64x64 capped at 128 registers (3 stages), four
+#     programs per SM instead of two: 1.18-1.26x faster than the 64x64 at K = 2048 and 1.09-1.23x
+#     at 4096, on 4096x4096 and 14336x4096 (bench/results/2026-12-03-h200-s6/kernels_lowbit_callB.json:
+#     0.44-0.46x the unfused step). It spills 36 B in bf16-sr (tests/test_ptx.py). Below 2048 tokens
+#     it is not measured, so the 64x64 stays there.
+#   BF16_SR_LARGE_K = 8192, measured in session 6: at K = 4096 the capped TMA 128x128 was slower
+#   than the capped 64x64 (0.587 against 0.564 ms on 4096x4096, 2.155 against 2.019 on
+#   14336x4096); at 8192 it was 1.31x and 1.39x faster.
 # All keep BK = 64, so the unfused comparator's mainloop (fp32 regime default) walks K in the same
 # blocks as the fused kernel in either regime, and a checkpoint resumes with the same bits whatever
 # tile a step's K selects.
 LARGE_K = 4096
 MID_K = 2048
 TALL_M = 8192
+BF16_SR_MID_K = 2048
 BF16_SR_LARGE_K = 8192
+DEFAULT_BF16_SR_MID_K_CONFIG = TileConfig(64, 64, 64, num_warps=4, num_stages=3, epilogue_split=4, max_registers=128)
 DEFAULT_BF16_CONFIG = {False: TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4),
                        True: TileConfig(64, 64, 64, num_warps=4, num_stages=4, epilogue_split=2)}
 DEFAULT_TMA_CONFIGS = {
@@ -529,8 +537,9 @@ DEFAULT_TMA_CONFIGS = {
     "bf16_sr_large_k": TileConfig(128, 128, 64, num_warps=8, num_stages=3, epilogue_split=8, tma=True,
                                   max_registers=128),
 }
-assert all(c in BF16_CONFIGS for c in (*DEFAULT_BF16_CONFIG.values(), *DEFAULT_TMA_CONFIGS.values()))
-assert len({c.BK for c in (*DEFAULT_BF16_CONFIG.values(), *DEFAULT_TMA_CONFIGS.values())}) == 1
+_DEFAULTS = (*DEFAULT_BF16_CONFIG.values(), *DEFAULT_TMA_CONFIGS.values(), DEFAULT_BF16_SR_MID_K_CONFIG)
+assert all(c in BF16_CONFIGS for c in _DEFAULTS)
+assert len({c.BK for c in _DEFAULTS}) == 1
 
 
 def default_config(M: int, N: int, K: int, dtype: torch.dtype, bf16_storage: bool = False,
@@ -543,6 +552,8 @@ def default_config(M: int, N: int, K: int, dtype: torch.dtype, bf16_storage: boo
     if bf16_storage:
         if tma_ok and K >= BF16_SR_LARGE_K:
             return DEFAULT_TMA_CONFIGS["bf16_sr_large_k"]
+        if K >= BF16_SR_MID_K:
+            return DEFAULT_BF16_SR_MID_K_CONFIG
         return DEFAULT_BF16_CONFIG[True]
     if not tma_ok:
         return DEFAULT_BF16_CONFIG[False]
@@ -558,9 +569,11 @@ def default_config(M: int, N: int, K: int, dtype: torch.dtype, bf16_storage: boo
 #     M/32: 0.21-0.25x at K = 2048 against 0.17-0.20x for the 32x128.
 #   K >= Q8_LARGE_K: 128x128, four row quarters (92 B of spills, tests/test_ptx.py): 0.48x at
 #     K = 16384 on both shapes, against 0.40x for the 64x128 and 0.14-0.15x for the 32x128.
-# The bands' edges are the measured K; between 2048 and 16384 the crossover is not measured.
+# Session 6 (bench/results/2026-12-03-h200-s6/kernels_lowbit_callB.json, 4096x4096 and 14336x4096)
+# measured between: at K = 4096 the 64x128 was faster (1.16 against 1.20 ms; 4.12 against 4.40),
+# at 8192 the 128x128 (1.39 against 1.50 ms; 5.28 against 5.38): the edge moved from 16384 to 8192.
 Q8_MID_K = 2048
-Q8_LARGE_K = 16384
+Q8_LARGE_K = 8192
 DEFAULT_Q8_CONFIGS = {"small_k": Q8_CONFIGS[torch.bfloat16][0], "mid_k": Q8_CONFIGS[torch.bfloat16][2],
                       "large_k": Q8_CONFIGS[torch.bfloat16][3]}
 

@@ -102,6 +102,7 @@ def main() -> int:
            "resources": [dict(config=str(c), dtype=d, precision=prec, **resource_usage(compile_tuned(c, rules.ADAMW, d, prec)))
                          for prec, d, cfgs in (("fp32", "bf16", kernels.BF16_CONFIGS), ("fp32", "fp32", kernels.IEEE_CONFIGS),
                                                ("bf16-sr", "bf16", (kernels.DEFAULT_BF16_CONFIG[True],
+                                                                    kernels.DEFAULT_BF16_SR_MID_K_CONFIG,
                                                                     kernels.DEFAULT_TMA_CONFIGS["bf16_sr_large_k"])),
                                                ("8bit", "bf16", kernels.Q8_CONFIGS[kernels.torch.bfloat16]),
                                                ("8bit", "fp32", kernels.Q8_CONFIGS[kernels.torch.float32]))

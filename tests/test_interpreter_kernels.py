@@ -69,8 +69,9 @@ def test_tile_config_rejects_what_cannot_compile():
 def test_default_tile_by_k_and_operands():
     """default_config's table (kernels/__init__.py, measured on the H200): fp32 storage, the TMA
     64x128 below LARGE_K tokens (persistent, two per SM, from MID_K on weights of TALL_M rows or
-    more) and the persistent TMA 128x128 from LARGE_K on; bf16 storage, the
-    64x64 below BF16_SR_LARGE_K and the register-capped TMA 128x128 from there; the pointer tiles
+    more) and the persistent TMA 128x128 from LARGE_K on; bf16 storage, the 64x64 below
+    BF16_SR_MID_K, the 128-register 64x64 up to BF16_SR_LARGE_K and the register-capped TMA 128x128
+    from there (the capped 64x64 where TMA cannot address the operands); the pointer tiles
     for operands TMA cannot address; the FMA tile for the fp32 (ieee) mainloop."""
     bf16, tma = torch.bfloat16, kernels.DEFAULT_TMA_CONFIGS
     assert kernels.default_config(4096, 4096, kernels.LARGE_K - 1, bf16) == tma["small_k"]
@@ -85,12 +86,15 @@ def test_default_tile_by_k_and_operands():
     assert tma["large_k"].tma and tma["large_k"].persistent == 1
     assert kernels.default_config(8192, 8192, 16384, bf16, tma_ok=False) == kernels.DEFAULT_BF16_CONFIG[False]
     assert kernels.default_config(8192, 8192, 256, bf16, bf16_storage=True) == kernels.DEFAULT_BF16_CONFIG[True]
-    sr_large = kernels.BF16_SR_LARGE_K
-    assert kernels.default_config(8192, 8192, sr_large - 1, bf16, bf16_storage=True) == kernels.DEFAULT_BF16_CONFIG[True]
+    sr_mid, sr_large, sr_mid_cfg = kernels.BF16_SR_MID_K, kernels.BF16_SR_LARGE_K, kernels.DEFAULT_BF16_SR_MID_K_CONFIG
+    assert kernels.default_config(8192, 8192, sr_mid - 1, bf16, bf16_storage=True) == kernels.DEFAULT_BF16_CONFIG[True]
+    assert kernels.default_config(8192, 8192, sr_mid, bf16, bf16_storage=True) == sr_mid_cfg
+    assert kernels.default_config(8192, 8192, sr_large - 1, bf16, bf16_storage=True) == sr_mid_cfg
+    assert sr_mid_cfg.max_registers == 128 and not sr_mid_cfg.tma
     assert kernels.default_config(8192, 8192, sr_large, bf16, bf16_storage=True) == tma["bf16_sr_large_k"]
     assert tma["bf16_sr_large_k"].max_registers == 128
     assert (kernels.default_config(8192, 8192, sr_large, bf16, bf16_storage=True, tma_ok=False)
-            == kernels.DEFAULT_BF16_CONFIG[True])
+            == sr_mid_cfg)
     assert kernels.default_config(8192, 8192, 16384, torch.float32) == kernels.IEEE_CONFIGS[0]
     q8 = kernels.DEFAULT_Q8_CONFIGS
     assert kernels.default_q8_config(kernels.Q8_MID_K - 1, bf16) == q8["small_k"]

@@ -62,6 +62,10 @@ SPILL_EXCEPTIONS = {
     # (kernels_lowbit_callB.json there). The fp32 row is the same tile compiled for fp32 storage.
     ("128x128x64 w8 s3 e8 tma r128", "fp32"): 356,
     ("128x128x64 w8 s3 e8 tma r128", "bf16-sr"): 560,
+    # the bf16-sr default for BF16_SR_MID_K <= K < BF16_SR_LARGE_K: four programs per SM at 128
+    # registers; 1.18-1.26x faster than the spill-free 64x64 at K = 2048 (bench/results/
+    # 2026-12-03-h200-s6/kernels_lowbit_callB.json)
+    ("64x64x64 w4 s3 e4 r128", "bf16-sr"): 36,
     # the 8bit default from Q8_LARGE_K tokens (four row quarters): 0.48x the unfused step at
     # K = 16384 against 0.40x for the spill-free 64x128 (kernels_lowbit_callB.json there)
     ("128x128x64 w8 s4 e4", "8bit"): 92,
