@@ -143,6 +143,10 @@ def test_8bit_regime(rule, dtype, data):
 
 
 CANDIDATES = [("linear", c) for c in kernels.CANDIDATE_CONFIGS] + [("8bit", c) for c in kernels.CANDIDATE_Q8_CONFIGS]
+# every tile the launcher's defaults can pick for bf16 operands, drawn for sure (the regime tests
+# draw from whole lists): a newly promoted default is verified in the run that follows its promotion
+DEFAULTS = ([("linear", c) for c in kernels.DEFAULT_CONFIGS]
+            + [("8bit", c) for c in dict.fromkeys(kernels.DEFAULT_Q8_CONFIGS.values())])
 
 
 @pytest.mark.parametrize("regime,config", CANDIDATES, ids=[f"{r}-{c}" for r, c in CANDIDATES])
@@ -152,6 +156,18 @@ def test_candidate_configs(regime, config, data):
     """The benchmark's candidate tiles (bigger tiles, persistent grids, the 8bit row-split epilogue)
     compute the same bits as the unfused path and the emulator, in every regime they can run, so that
     a measured winner can be promoted into the launcher's lists."""
+    _random_case_with_config(regime, config, data)
+
+
+@pytest.mark.parametrize("regime,config", DEFAULTS, ids=[f"{r}-{c}" for r, c in DEFAULTS])
+@settings(max_examples=20)
+@given(data=st.data())
+def test_default_configs(regime, config, data):
+    """Each default tile, forced: fused == unfused == emulator bit for bit, in both linear regimes."""
+    _random_case_with_config(regime, config, data)
+
+
+def _random_case_with_config(regime, config, data):
     from tests.kernel_cases import run_q8_case
 
     rule = data.draw(st.sampled_from(sorted(rules.RULES)))
