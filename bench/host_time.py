@@ -22,6 +22,7 @@ import argparse
 import cProfile
 import io
 import json
+import os
 import pstats
 import statistics
 import sys
@@ -29,18 +30,13 @@ import time
 
 import torch
 
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# bench/kernels.py would shadow the PyPI package `kernels` (imported by bitsandbytes)
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+sys.path.insert(0, os.path.dirname(_HERE))
 
-def per_call_us(fn, calls: int = 200, loops: int = 5) -> float:
-    """Median host time of one call over ``loops`` loops of ``calls`` calls (launches queue)."""
-    times = []
-    for _ in range(loops):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - t0) / calls * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(times)
+from bench import train_step as ts  # noqa: E402
+from bench.kernels import host_us  # noqa: E402
 
 
 def top_functions(fn, n: int = 25, sort: str = "tottime") -> list[dict]:
@@ -82,15 +78,12 @@ def part_launch() -> dict:
     }
     for f in fns.values():  # compile and warm
         f()
-    out = {"host_us": {name: per_call_us(f) for name, f in fns.items()}}
+    out = {"host_us": {name: host_us(f, calls=200, loops=5) for name, f in fns.items()}}
     out["fused_profile"] = top_functions(lambda: [fns["fused_linear_update (default tile)"]() for _ in range(200)])
     return out
 
 
 def part_step(layers: int) -> dict:
-    sys.path.insert(0, "bench")
-    import train_step as ts
-
     cfg = dict(ts.MODELS["llama-8b"], num_hidden_layers=layers)
     out = {}
     for method in ("forge", "torch_adamw"):

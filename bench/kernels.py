@@ -61,11 +61,11 @@ Q8_CANDIDATES = kernels.CANDIDATE_Q8_CONFIGS
 STATE_BYTES = {"fp32": 2 * (4 + 4 + 4), "bf16-sr": 2 * (2 + 2 + 2), "8bit": 2 * (2 + 1 + 1 + 8 / kernels.QBLOCK)}
 
 
-def host_us(fn, calls: int = 20) -> float:
+def host_us(fn, calls: int = 20, loops: int = 3) -> float:
     """Host time of one call, in us: the launches queue asynchronously, so a loop of calls that the
-    GPU has not caught up with measures the host alone (median of 3 loops)."""
+    GPU has not caught up with measures the host alone (median of ``loops`` loops)."""
     times = []
-    for _ in range(3):
+    for _ in range(loops):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(calls):

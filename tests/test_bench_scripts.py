@@ -55,6 +55,8 @@ def test_train_step_tiny(tmp_path):
         assert r["status"] == "ok", r
         assert r["peak_gib"] is None  # no allocator peak on the CPU: n/a, not a made-up number
         assert r["tokens_per_s"] > 0 and len(r["step_s"]) >= 1
+        # forward+backward issued before the step ends (on the CPU the step is synchronous)
+        assert 0 < r["host_issue_s_median"] <= max(r["step_s"])
         assert all(math.isfinite(x) for x in r["losses"])
         assert r["n_params"] == train_step.count_params(train_step.MODELS["tiny"])["total"]
         assert r["model_tflops_per_s"] > 0 and r["tokens_per_s_vs_torch_adamw"] > 0
@@ -67,6 +69,13 @@ def test_train_step_tiny(tmp_path):
     for m in ("ao_adamw8bit", "flashoptim"):  # installed or not: on the CPU either ok or a reason
         assert rows[m]["status"] == "ok" or rows[m]["reason"], rows[m]
     assert "UNAVAILABLE" in proc.stdout and "tok/s" in proc.stdout
+
+
+def test_host_time_refuses_without_cuda():
+    """bench/host_time.py measures CUDA launches: on the CPU it says so and fails, not a fake number."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "host_time.py"), "--part", "launch"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
+    assert proc.returncode != 0 and "no CUDA device" in proc.stderr + proc.stdout
 
 
 def _brute(method, limit, vary, upper, seq=32):
