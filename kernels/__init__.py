@@ -24,8 +24,8 @@ the Philox key of the parameter and step (forge_num.emulator.philox.derive_seed)
 
 UpdateStats.norm_sq is Σ g² of the unscaled gradient in fp64: per-tile partials (fp64, exact
 squares, one slot per tile) summed in a fixed order on the device when first read, so a run is
-deterministic; nonfinite counts the
-gradient elements that were not finite (those elements of W and state were left unchanged).
+deterministic; nonfinite counts the gradient elements that were not finite (those elements of W
+and state were left unchanged).
 """
 
 from __future__ import annotations
