@@ -140,18 +140,13 @@ class TileConfig:
     # multiprocessor's 65,536 registers, so one program's epilogue overlaps another's mainloop:
     # 128 registers x 256 threads = two 8-warp programs per SM (ptxas then spills what does not fit).
     max_registers: int = 0
-    # issue each epilogue sub-tile's W and state loads before the previous sub-tile's rule and stores,
-    # the first before the mainloop (kernels/linear_update.py, update_columns); fp32 and
-    # bf16-sr storage, epilogue_split 2, 4 or 8. Same bits: only the order of the memory operations
-    # moves.
-    prefetch_epilogue: bool = False
 
     @property
     def label(self) -> str:
         """Short name for tables: 64x128x64 w4 s4 e4 [p2] [tma] [r128]."""
         return (f"{self.BM}x{self.BN}x{self.BK} w{self.num_warps} s{self.num_stages} e{self.epilogue_split}"
                 + (f" p{self.persistent}" if self.persistent else "") + (" tma" if self.tma else "")
-                + (f" r{self.max_registers}" if self.max_registers else "") + (" pf" if self.prefetch_epilogue else ""))
+                + (f" r{self.max_registers}" if self.max_registers else ""))
 
     def __post_init__(self):
         for name in ("BM", "BN", "BK"):
@@ -164,8 +159,6 @@ class TileConfig:
             raise ValueError(f"TileConfig.persistent must be an int in [0, 8] (programs per SM), got {self}")
         if not (isinstance(self.max_registers, int) and (self.max_registers == 0 or 32 <= self.max_registers <= 255)):
             raise ValueError(f"TileConfig.max_registers must be 0 (no cap) or an int in [32, 255], got {self}")
-        if self.prefetch_epilogue and self.epilogue_split == 1:
-            raise ValueError(f"TileConfig.prefetch_epilogue needs an epilogue split into 2, 4 or 8, got {self}")
 
 
 # Tile shapes the launcher may use, per mainloop mode. Every one of them is a test case
@@ -234,12 +227,11 @@ INTERPRETER_Q8_CONFIG = TileConfig(16, 128, 16, num_warps=4, num_stages=1)
 #   of shared memory, over the H200's 232,448 (OutOfResources, 2026-12-03).
 #   Session 6 (bench/results/2026-12-03-h200-s6/): the persistent capped 128x128 was the fastest
 #   bf16-sr tile at 14336x4096, K = 4096 and 8192 (1.01x / 1.09x the next), even at 4096x4096;
-#   not promoted on two shapes. The prefetching epilogue (TileConfig.prefetch_epilogue: each
-#   sub-tile's W and state loads issued one sub-tile ahead, the first before the mainloop) was
-#   dropped: its 64x128 TMA 8-way, 64x64 4-way and persistent TMA 128x128 8-way tiles were slower
-#   than the default at every fp32 point timed (K = 256, 1024, 4096; e.g. 5.57 against 5.15 ms at
-#   28672x8192, K = 4096): the epilogue's loads were not what held the short kernels back. The
-#   option stays, interpreter-tested, for later tiles.
+#   not promoted on two shapes. A prefetching epilogue (each sub-tile's W and state loads issued
+#   one sub-tile ahead, the first before the mainloop; commit 53468fc) was removed: its 64x128 TMA
+#   8-way, 64x64 4-way and persistent TMA 128x128 8-way tiles were slower than the default at every
+#   fp32 point timed (K = 256, 1024, 4096; e.g. 5.57 against 5.15 ms at 28672x8192, K = 4096): the
+#   epilogue's loads were not what held the short kernels back.
 #   8bit: none now (the two row-split tiles were promoted into Q8_CONFIGS in session 5).
 CANDIDATE_CONFIGS = (
     TileConfig(128, 128, 64, num_warps=8, num_stages=3, epilogue_split=8, persistent=2, tma=True, max_registers=128),
@@ -474,7 +466,6 @@ def _launch_linear(
             INPUT_PRECISION=precision,
             BM=config.BM, BN=config.BN, BK=config.BK, EPILOGUE_SPLIT=config.epilogue_split,
             PERSISTENT=bool(config.persistent), USE_TMA=x_desc is not None,
-            PREFETCH_EPILOGUE=config.prefetch_epilogue and update and not q8,
             num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers or None,
             enable_fp_fusion=False,
         )

@@ -31,8 +31,6 @@ Flags (constexpr):
              the dot's initial value on purpose: Triton rewrites add(dot(a, b, 0), c) into
              dot(a, b, c) (its dot-add combine), so "accum + dot" would not be what runs.
   N_STATE    how many state tensors the rule keeps (0, 1 or 2)
-  PREFETCH_EPILOGUE  (UPDATE, not 8bit) issue each epilogue sub-tile's W and state loads one
-             sub-tile ahead, the first before the mainloop (update_columns); same bits
 
 Launch with ``enable_fp_fusion=False`` (see kernels/ieee.py); the launchers in kernels/__init__.py do.
 """
@@ -123,7 +121,6 @@ def fused_linear_update_kernel(
     INPUT_PRECISION: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
     PERSISTENT: tl.constexpr = False, GROUP_M: tl.constexpr = 8, USE_TMA: tl.constexpr = False,
-    PREFETCH_EPILOGUE: tl.constexpr = False,
 ):
     """One program per tile (grid [cdiv(M, BM), cdiv(N, BN)]), or PERSISTENT: a 1-D grid of fewer
     programs, each walking tiles pid, pid + P, pid + 2P, ... in grouped order (GROUP_M tile rows
@@ -143,15 +140,14 @@ def fused_linear_update_kernel(
                 pid_m, pid_n, w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, x_desc, dy_desc, accum_ptr, acc_out_ptr,
                 norm_sq_ptr, nonfinite_ptr, scale0_ptr, scale1_ptr, n_blocks, M, N, K, stride_xk, stride_xn, stride_dyk,
                 stride_dym, h, grad_scale, seed, rand_stride, rand_base, slots_n, GUARDED_UPDATE, N_STATE, BF16_STORAGE, STATE_Q8,
-                UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA, PREFETCH_EPILOGUE)
+                UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA)
     else:
         linear_update_tile(
             tl.program_id(0), tl.program_id(1), w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, x_desc, dy_desc, accum_ptr,
             acc_out_ptr,
             norm_sq_ptr, nonfinite_ptr, scale0_ptr, scale1_ptr, n_blocks, M, N, K, stride_xk, stride_xn,
             stride_dyk, stride_dym, h, grad_scale, seed, rand_stride, rand_base, slots_n, GUARDED_UPDATE, N_STATE, BF16_STORAGE,
-            STATE_Q8, UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA,
-            PREFETCH_EPILOGUE)
+            STATE_Q8, UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA)
 
 
 @triton.jit
@@ -166,7 +162,6 @@ def linear_update_tile(
     UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, HAS_ACCUM: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, USE_TMA: tl.constexpr,
-    PREFETCH_EPILOGUE: tl.constexpr,
 ):
     """The tile (pid_m, pid_n): mainloop, epilogue, telemetry slot (the module docstring's pseudocode)."""
     offs_m = pid_m * BM + tl.arange(0, BM)
@@ -174,11 +169,6 @@ def linear_update_tile(
 
     in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     offs = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
-    if PREFETCH_EPILOGUE:  # the first epilogue sub-tile's W and state: loads in flight during the mainloop
-        first_state = load_subtile_state(offs_m, pid_n * BN, M, N, w_ptr, s0_ptr, s1_ptr, N_STATE, BF16_STORAGE,
-                                         BN // EPILOGUE_SPLIT)
-    else:
-        first_state = None  # each sub-tile loads its own (update_columns)
     if HAS_ACCUM:
         acc = tl.load(accum_ptr + offs, mask=in_tile, other=0.0)
     else:
@@ -200,9 +190,8 @@ def linear_update_tile(
             seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE, EPILOGUE_SPLIT)
     else:
         norm_sq, nonfinite = update_columns(
-            g, first_state, offs_m, pid_n * BN, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed,
-            rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC, EPILOGUE_SPLIT,
-            PREFETCH_EPILOGUE)
+            g, offs_m, pid_n * BN, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed,
+            rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC, EPILOGUE_SPLIT)
 
     slot = pid_m * slots_n + pid_n  # one slot per tile: every slot is written, no fill needed
     tl.store(norm_sq_ptr + slot, norm_sq)
@@ -226,11 +215,6 @@ def row_halves(x, BM: tl.constexpr, BN: tl.constexpr):
 # storing them (W, S0 and S1 of a whole tile next to the accumulator do not fit in registers: ptxas
 # spilled kilobytes per thread at 128x128; a quarter of them does). Element-wise, so the split
 # changes no bit of W or state; the telemetry partials add up in a balanced tree (pairwise_sum).
-# PREFETCH (TileConfig.prefetch_epilogue): the same sub-tiles, rule and stores in a different order of
-# memory operations: sub-tile j + 1's loads are issued before sub-tile j's rule and stores, and
-# sub-tile 0's before the mainloop (first_state), so that their latency overlaps work instead of
-# following it. No element is loaded after it is stored (each sub-tile's addresses are its own),
-# so W and state get the same bits either way.
 @triton.jit
 def column_subtiles(g, SPLIT: tl.constexpr):
     """(g[:, 0:SW], g[:, SW:2SW], ...): the SPLIT (1, 2, 4 or 8) column sub-tiles of g [BM, W], SW = W / SPLIT.
@@ -299,32 +283,24 @@ def finish_subtile(
 
 @triton.jit
 def update_columns(
-    g, first_state, offs_m, n0, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride,
-    rand_base, GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr,
-    UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
+    g, offs_m, n0, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride, rand_base,
+    GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr,
+    UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, SPLIT: tl.constexpr,
 ):
-    """The column epilogue (see above) on the tile g [BM, W] at columns n0; first_state: sub-tile 0's
-    (p, s0, s1), loaded before the mainloop (PREFETCH only)."""
+    """The column epilogue (see above) on the tile g [BM, W] at columns n0."""
     SW: tl.constexpr = g.shape[1] // SPLIT
     subtiles = column_subtiles(g, SPLIT)
-    state = first_state
+    state = None
     sqs = ()
     bads = ()
     for j in tl.static_range(SPLIT):
-        if PREFETCH:
-            if j + 1 < SPLIT:  # the next sub-tile's loads, in flight during this one's rule and stores
-                next_state = load_subtile_state(offs_m, n0 + (j + 1) * SW, M, N, w_ptr, s0_ptr, s1_ptr, N_STATE,
-                                                BF16_STORAGE, SW)
-        elif UPDATE:
+        if UPDATE:
             state = load_subtile_state(offs_m, n0 + j * SW, M, N, w_ptr, s0_ptr, s1_ptr, N_STATE, BF16_STORAGE, SW)
         sq, bad = finish_subtile(state, subtiles[j], offs_m, n0 + j * SW, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr,
                                  h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE,
                                  UPDATE, STORE_ACC)
         sqs = sqs + (sq,)
         bads = bads + (bad,)
-        if PREFETCH:
-            if j + 1 < SPLIT:
-                state = next_state
     return pairwise_sum(sqs, SPLIT), pairwise_sum(bads, SPLIT)
 
 

@@ -289,20 +289,6 @@ def test_eight_way_split_epilogue():
                   bad_rows=2, precision="bf16-sr"), CPU)
 
 
-PREFETCH_CASES = [(rule, 4, 32) for rule in sorted(rules.RULES)] + [("adamw", 2, 32), ("adamw", 8, 128)]
-
-
-@pytest.mark.parametrize("precision", ["fp32", "bf16-sr"])
-@pytest.mark.parametrize("rule,split,BN", PREFETCH_CASES)
-def test_prefetching_epilogue(rule, split, BN, precision):
-    """The prefetching epilogue (sub-tile loads issued one ahead, the first before the mainloop) gives
-    the emulator's bits for every rule (0, 1 and 2 states) in both regimes it serves, edge tiles,
-    an accumulation buffer and non-finite rows included."""
-    cfg = kernels.TileConfig(32, BN, 16, num_warps=4, num_stages=1, epilogue_split=split, prefetch_epilogue=True)
-    run_case(Case(rule, 45, 150, 20, torch.bfloat16, HYPERS[rule], step=2, seed=6, config=cfg, with_accum=True,
-                  bad_rows=2, precision=precision), CPU)
-
-
 @pytest.mark.parametrize("config", kernels.CANDIDATE_CONFIGS, ids=str)
 def test_candidate_configs(config):
     """The benchmark's candidate tiles (kernels.CANDIDATE_CONFIGS) compute the emulator's bits (TMA
