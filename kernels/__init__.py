@@ -65,8 +65,8 @@ ELEMENTWISE_BLOCK = 1024
 
 def _cdiv(a: int, b: int) -> int:
     """ceil(a / b) for host ints. (``triton.cdiv`` is a ConstexprFunction in Triton 3.6: about 5 us a
-    call on the host, five calls per launch; the launcher's host time is on the critical path of the
-    short kernels, bench/NOTES.md "v7".)"""
+    call on the host, five calls per launch; the launcher's host time is on the critical path of a
+    training step, bench/NOTES.md "v7".)"""
     return -(-a // b)
 
 
