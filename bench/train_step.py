@@ -538,6 +538,9 @@ def environment(cuda: bool) -> dict:
             meta[mod] = version(mod)
         except Exception as e:  # noqa: BLE001
             meta[mod] = f"? ({type(e).__name__})"
+    # which forge_num this run measured (an A/B run puts another build first on PYTHONPATH)
+    spec = importlib.util.find_spec("forge_num")
+    meta["forge_num_path"] = os.path.dirname(spec.origin) if spec and spec.origin else None
     return meta
 
 
