@@ -97,7 +97,16 @@ def tile_telemetry(g, in_tile, finite):
     return norm_sq, nonfinite
 
 
-@triton.jit
+# Triton specializes every int argument on its value (== 1, % 16 == 0) and its range (i32, i64,
+# u64). The Philox key is a uniform 64-bit value, so unspecialized it would reach five compiled
+# variants of every configuration (u64/i64 x divisible by 16 or not, i32 when < 2^31), each compiled
+# when a training run first draws one. The key is typed u64 and the counter base i64 (the values the
+# Philox counters are computed in: tl.randint4x converts its key to uint64 first, so no bit changes),
+# and neither is specialized: one compiled kernel per configuration, whatever the step's keys.
+_UNSPECIALIZED = ["seed", "rand_base"]
+
+
+@triton.jit(do_not_specialize=_UNSPECIALIZED)
 def fused_linear_update_kernel(
     # tensors
     w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, accum_ptr, acc_out_ptr, norm_sq_ptr, nonfinite_ptr,
@@ -111,7 +120,7 @@ def fused_linear_update_kernel(
     # the Philox key of this parameter and step (bf16 storage: stochastic rounding); element (r, c)
     # draws counter r * rand_stride + c + rand_base (its flat index in the whole parameter; for a
     # shard, in the unsharded parameter: emulator.philox.CounterMap)
-    h, grad_scale, seed, rand_stride, rand_base,
+    h, grad_scale, seed: tl.uint64, rand_stride, rand_base: tl.int64,
     # telemetry: tile (pid_m, pid_n) writes slot pid_m * slots_n + pid_n, slots_n = cdiv(N, BN)
     slots_n,
     # compile-time
@@ -485,10 +494,10 @@ def update_in_place_q8(w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, 
     return finite
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_UNSPECIALIZED)
 def elementwise_update_kernel(
     p_ptr, g_ptr, s0_ptr, s1_ptr, norm_sq_ptr, nonfinite_ptr,
-    numel, h, grad_scale, seed, rand_cols, rand_stride, rand_base,
+    numel, h, grad_scale, seed: tl.uint64, rand_cols, rand_stride, rand_base: tl.int64,
     GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr, BLOCK: tl.constexpr,
     RAND_REMAP: tl.constexpr = False,
 ):

@@ -90,6 +90,25 @@ def check_fused(rule_name: str, dtype: str) -> dict:
             "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "fma_total": len(re.findall(r"fma\.rn\.f32", ptx))}
 
 
+def launch_specializations(kernel) -> list:
+    """The distinct (seed, rand_base) specializations Triton's binder gives launches of ``kernel``
+    with Philox keys and counter bases of every class (0, 1, divisible by 16 or not, below 2^31,
+    between 2^31 and 2^63, above 2^63): the part of the compiled kernel's cache key they decide."""
+    from triton.backends.compiler import BaseBackend
+    from triton.runtime.jit import create_function_from_signature
+
+    binder = create_function_from_signature(kernel.signature, kernel.params, BaseBackend)
+    names = [p.name for p in kernel.params]
+    seen = set()
+    for seed, base in ((0, 0), (1, 1), (16, 2**31), (2**31 + 5, 2**40 + 16), (2**63, 3), (2**64 - 16, 7)):
+        args = {p.name: (p.default if p.has_default else 2) for p in kernel.params}
+        args.update(seed=seed, rand_base=base)
+        _, specialization, _ = binder(**args)
+        spec = dict(zip(names, specialization))
+        seen.add(json.dumps([spec["seed"], spec["rand_base"]]))
+    return sorted(json.loads(s) for s in seen)
+
+
 def main() -> int:
     from forge_num import rules
 
@@ -97,6 +116,8 @@ def main() -> int:
     from forge_num import kernels
 
     out = {"elementwise": [check_elementwise(r) for r in sorted(rules.RULES)],
+           "specializations": {name: launch_specializations(getattr(kernels, name))
+                               for name in ("fused_linear_update_kernel", "elementwise_update_kernel")},
            "fused": [check_fused(r, d) for r in ("adamw", "lion") for d in ("fp32", "bf16")],
            # AdamW holds the most state: registers and spills of every configuration the launcher may use
            "resources": [dict(config=str(c), dtype=d, precision=prec, **resource_usage(compile_tuned(c, rules.ADAMW, d, prec)))

@@ -82,3 +82,14 @@ def test_no_configuration_spills_registers(report):
         seen.add(key)
         assert r["spill_stores"] <= allowed and (allowed or r["spill_loads"] == 0), (key, r)
     assert set(SPILL_EXCEPTIONS) <= seen, f"exceptions for configurations no longer compiled: {set(SPILL_EXCEPTIONS) - seen}"
+
+
+
+def test_stochastic_keys_reach_one_compiled_kernel(report):
+    """Triton's binder (which computes a launch's specialization, part of the compiled kernel's cache
+    key) maps every Philox key and counter base to one specialization, ("u64", None) and ("i64", None):
+    the types tests.ptx_check compiles with. Without that, the 64-bit keys of a training run select
+    among five compiled variants of each configuration (u64/i64 by the top bit, divisible by 16 or
+    not, i32 below 2^31; 1 a constant), each compiled when first drawn (kernels/linear_update.py)."""
+    for name, specs in report["specializations"].items():
+        assert specs == [[["u64", None], ["i64", None]]], (name, specs)
