@@ -234,11 +234,21 @@ def profile_step(step, cuda: bool) -> dict:
         category = kernel_category(name)
         by_category[category] = by_category.get(category, 0.0) + ms
     top = sorted(per_name.items(), key=lambda kv: -kv[1])[:20]
+    # Where the host's time went: the CUDA runtime and driver calls (a synchronization or a blocked
+    # launch shows here as a long call) and the host's most expensive ops, self time, with counts.
+    runtime, host = [], []
+    for evt in prof.key_averages():
+        if evt.device_type != torch.autograd.DeviceType.CPU:
+            continue
+        row = {"name": evt.key[:120], "ms": evt.self_cpu_time_total / 1e3, "count": evt.count}
+        (runtime if evt.key.startswith(("cuda", "cu")) else host).append(row)
     # wall time well above the kernels' summed device time: the GPU waited for the host (profiler
     # overhead included). The sum can exceed the wall where kernels overlap (AMP's, session 6).
     return {"profile_wall_ms": wall_ms, "profile_device_ms": sum(per_name.values()),
             "profile_ms": dict(sorted(by_category.items(), key=lambda kv: -kv[1])),
-            "profile_top": [{"name": n[:200], "ms": ms, "category": kernel_category(n)} for n, ms in top]}
+            "profile_top": [{"name": n[:200], "ms": ms, "category": kernel_category(n)} for n, ms in top],
+            "profile_runtime_top": sorted(runtime, key=lambda r: -r["ms"])[:12],
+            "profile_host_top": sorted(host, key=lambda r: -r["ms"])[:15]}
 
 
 # --------------------------------------------------------------------------------------------
@@ -572,6 +582,10 @@ def print_row(r: dict) -> None:
     if r.get("profile_ms"):
         print(f"    profiled step: wall {r['profile_wall_ms']:.1f} ms, kernels {r['profile_device_ms']:.1f} ms; by kind: "
               + ", ".join(f"{k} {v:.1f}" for k, v in r["profile_ms"].items()), flush=True)
+        for key, label in (("profile_runtime_top", "runtime calls"), ("profile_host_top", "host ops")):
+            if r.get(key):
+                print(f"    {label} (self ms, count): "
+                      + ", ".join(f"{e['name'][:40]} {e['ms']:.1f} x{e['count']}" for e in r[key][:6]), flush=True)
 
 
 def main(argv=None) -> int:
