@@ -495,6 +495,20 @@ def _launch_linear(
 #     40 B per thread (tests/test_ptx.py); its programs walking several tiles passed on the GPU.
 #   Operands TMA cannot address (see _tma_addressable) take the pointer 64x128 tile, the fastest
 #   of the pointer tiles in session 2.
+#   Small weights (session 7, bench/results/2026-12-03-h200-s7/kernels_callC.json: the 1B model's
+#   2048x2048, 512x2048, 8192x2048 and 2048x8192 at K = 1024 and 4096, every tile timed):
+#   * M N K < SMALL_WORK: the pointer 64x128. The kernel runs 27-55 us on the GPU (CUDA-graph
+#     replay), less than the launch's host time, and a TMA launch costs the host ~30 us more (two
+#     descriptors built and encoded per call): every TMA tile took 0.085-0.099 ms a call there, the
+#     pointer 64x128 0.063-0.064 (1.25-1.29x the unfused step, against 0.77-0.94x for the TMA
+#     defaults). At M N K = 1.7e10 the TMA 64x128 is as fast or faster (0.202 against 0.204 ms on
+#     8192x2048 at K = 1024; 0.090 against 0.118 on 2048x2048 at 4096): the edge lies between
+#     4.3e9 and 1.7e10, and SMALL_WORK = 2^33 is their geometric middle. Training a 1B or 3B model
+#     is host-bound (session 7), so the host's time is the one that counts there.
+#   * K >= LARGE_K with fewer than LARGE_K_MIN_TILES 128x128 tiles: the TMA 64x128. One persistent
+#     128x128 program per SM leaves SMs idle on a small weight: on 2048x2048 (256 tiles, 132 SMs)
+#     it took 0.133 ms at K = 4096 against 0.090 for the 64x128 (512 tiles), while at 1024 tiles
+#     (4096x4096, sessions 4-5) it was the fastest; LARGE_K_MIN_TILES = 512 is their geometric middle.
 # bf16 weight and state (bf16-sr; bench/results/2026-12-03-h200-s5/kernels_lowbit_callB.json): the
 # epilogue (Philox4x32-10 per element, three stochastic roundings) is heavier than the mainloop
 #   K < BF16_SR_LARGE_K: 64x64x64, 4 warps: the fastest at K = 256 and 2048 (0.31-0.46x).
@@ -516,6 +530,8 @@ def _launch_linear(
 LARGE_K = 4096
 MID_K = 2048
 TALL_M = 8192
+SMALL_WORK = 2**33
+LARGE_K_MIN_TILES = 512
 BF16_SR_MID_K = 2048
 BF16_SR_LARGE_K = 8192
 DEFAULT_BF16_SR_MID_K_CONFIG = TileConfig(64, 64, 64, num_warps=4, num_stages=3, epilogue_split=4, max_registers=128)
@@ -547,10 +563,11 @@ def default_config(M: int, N: int, K: int, dtype: torch.dtype, bf16_storage: boo
         if K >= BF16_SR_MID_K:
             return DEFAULT_BF16_SR_MID_K_CONFIG
         return DEFAULT_BF16_CONFIG[True]
-    if not tma_ok:
+    if not tma_ok or M * N * K < SMALL_WORK:
         return DEFAULT_BF16_CONFIG[False]
     if K >= LARGE_K:
-        return DEFAULT_TMA_CONFIGS["large_k"]
+        many_tiles = _cdiv(M, 128) * _cdiv(N, 128) >= LARGE_K_MIN_TILES
+        return DEFAULT_TMA_CONFIGS["large_k" if many_tiles else "small_k"]
     return DEFAULT_TMA_CONFIGS["mid_k_tall" if K >= MID_K and M >= TALL_M else "small_k"]
 
 

@@ -69,7 +69,8 @@ def test_tile_config_rejects_what_cannot_compile():
 def test_default_tile_by_k_and_operands():
     """default_config's table (kernels/__init__.py, measured on the H200): fp32 storage, the TMA
     64x128 below LARGE_K tokens (persistent, two per SM, from MID_K on weights of TALL_M rows or
-    more) and the persistent TMA 128x128 from LARGE_K on; bf16 storage, the 64x64 below
+    more) and the persistent TMA 128x128 from LARGE_K on where it has LARGE_K_MIN_TILES tiles, the
+    pointer 64x128 for problems below SMALL_WORK = M N K; bf16 storage, the 64x64 below
     BF16_SR_MID_K, the 128-register 64x64 up to BF16_SR_LARGE_K and the register-capped TMA 128x128
     from there (the capped 64x64 where TMA cannot address the operands); the pointer tiles
     for operands TMA cannot address; the FMA tile for the fp32 (ieee) mainloop."""
@@ -84,6 +85,17 @@ def test_default_tile_by_k_and_operands():
     assert kernels.default_config(4096, 4096, kernels.LARGE_K, bf16) == tma["large_k"]
     assert kernels.default_config(28672, 8192, 16384, bf16) == tma["large_k"]
     assert tma["large_k"].tma and tma["large_k"].persistent == 1
+    # small weights (session 7): below SMALL_WORK = M N K the pointer 64x128 (no host-side TMA
+    # descriptors); from LARGE_K tokens the 128x128 only with LARGE_K_MIN_TILES tiles or more
+    pointer = kernels.DEFAULT_BF16_CONFIG[False]
+    assert not pointer.tma and (pointer.BM, pointer.BN) == (64, 128)
+    assert kernels.default_config(512, 2048, 4096, bf16) == pointer  # 2^32
+    assert kernels.default_config(2048, 2048, 1024, bf16) == pointer
+    assert kernels.default_config(1024, 4096, 2048, bf16) == tma["small_k"]  # exactly SMALL_WORK
+    assert kernels.default_config(2048, 2048, 4096, bf16) == tma["small_k"]  # 256 tiles of 128x128
+    assert kernels.default_config(2048, 4096, 4096, bf16) == tma["large_k"]  # 512
+    assert kernels.default_config(2048, 3968, 4096, bf16) == tma["small_k"]  # 496
+    assert kernels.default_config(8192, 2048, 4096, bf16) == tma["large_k"]  # 1024
     assert kernels.default_config(8192, 8192, 16384, bf16, tma_ok=False) == kernels.DEFAULT_BF16_CONFIG[False]
     assert kernels.default_config(8192, 8192, 256, bf16, bf16_storage=True) == kernels.DEFAULT_BF16_CONFIG[True]
     sr_mid, sr_large, sr_mid_cfg = kernels.BF16_SR_MID_K, kernels.BF16_SR_LARGE_K, kernels.DEFAULT_BF16_SR_MID_K_CONFIG
