@@ -399,16 +399,22 @@ def _sm_count(device: torch.device) -> int:
 def _tma_addressable(x: torch.Tensor, dy: torch.Tensor) -> bool:
     """Whether the copy engine can load tiles of x [K, N] and dy [K, M]: some tokens, unit inner
     stride, row pitch and base address multiples of 16 bytes (cuTensorMapEncodeTiled's rules)."""
-    return x.shape[0] > 0 and all(t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0
-                                  and t.data_ptr() % 16 == 0 for t in (x, dy))
+    if x.shape[0] == 0:
+        return False
+    for t in (x, dy):
+        row_pitch, inner = t.stride()
+        if inner != 1 or (row_pitch * t.element_size()) % 16 or t.data_ptr() % 16:
+            return False
+    return True
 
 
-def _tma_descriptors(x: torch.Tensor, dy: torch.Tensor, config: TileConfig):
+def _tma_descriptors(x: torch.Tensor, dy: torch.Tensor, config: TileConfig, tma_ok: bool):
     """(x_desc, dy_desc) for a TMA mainloop, or (None, None) where it cannot run: the config does not
-    ask for it, no tokens, or operands the copy engine cannot address (inner stride not 1, a row
-    pitch or base address not a multiple of 16 bytes). Either way the kernel reads the same values:
-    the pointer mainloop is the fallback, with the same bits (tests/test_gpu_exactness.py)."""
-    if not config.tma or not _tma_addressable(x, dy):
+    ask for it, or ``tma_ok`` (_tma_addressable(x, dy)) is False: no tokens, or operands the copy
+    engine cannot address (inner stride not 1, a row pitch or base address not a multiple of 16
+    bytes). Either way the kernel reads the same values: the pointer mainloop is the fallback, with
+    the same bits (tests/test_gpu_exactness.py)."""
+    if not (config.tma and tma_ok):
         return None, None
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -425,12 +431,12 @@ def _launch_linear(
     K = x.shape[0]
     device = x.device
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    tma_ok = _tma_addressable(x, dy)
     if config is None:
         if q8:
             config = INTERPRETER_Q8_CONFIG if _interpreting() else default_q8_config(K, x.dtype)
         else:
-            config = (INTERPRETER_CONFIG if _interpreting()
-                      else default_config(M, N, K, x.dtype, bf16, tma_ok=_tma_addressable(x, dy)))
+            config = INTERPRETER_CONFIG if _interpreting() else default_config(M, N, K, x.dtype, bf16, tma_ok=tma_ok)
     if q8 and (config.BN % QBLOCK or config.epilogue_split > 4 or config.BM % config.epilogue_split):
         raise ValueError(f"the 8bit regime needs BN a multiple of {QBLOCK} and its epilogue split into 1, 2 or 4 "
                          f"row sub-tiles, got {config}")
@@ -448,7 +454,8 @@ def _launch_linear(
     if config.persistent:  # a 1-D grid of at most `persistent` programs per SM, looping over the tiles
         grid = (min(grid[0] * grid[1], config.persistent * _sm_count(device)),)
     if M and N:
-        x_desc, dy_desc = _tma_descriptors(x, dy, config)
+        x_desc, dy_desc = _tma_descriptors(x, dy, config, tma_ok)
+        (stride_xk, stride_xn), (stride_dyk, stride_dym) = x.stride(), dy.stride()
         fused_linear_update_kernel[grid](
             weight if weight is not None else dummy,
             s[0] if s[0] is not None else dummy,
@@ -459,7 +466,7 @@ def _launch_linear(
             norm_sq, nonfinite,
             x_desc, dy_desc,
             scales[0], scales[1], _cdiv(N, QBLOCK),
-            M, N, K, x.stride(0), x.stride(1), dy.stride(0), dy.stride(1),
+            M, N, K, stride_xk, stride_xn, stride_dyk, stride_dym,
             h, grad_scale, int(seed), *(rand or (max(N, 1), 0)), tiles_n,
             GUARDED_UPDATE=guarded, N_STATE=n_state, BF16_STORAGE=bf16, STATE_Q8=q8,
             UPDATE=update, STORE_ACC=acc_out is not None, HAS_ACCUM=accum is not None,

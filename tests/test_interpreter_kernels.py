@@ -278,7 +278,7 @@ def test_tma_mainloop_computes_the_same_bits(precision, dtype, monkeypatch):
     a TMA row pitch must be a multiple of 16 bytes)."""
     used = []
     make = kernels._tma_descriptors
-    monkeypatch.setattr(kernels, "_tma_descriptors", lambda x, dy, c: used.append(make(x, dy, c)) or used[-1])
+    monkeypatch.setattr(kernels, "_tma_descriptors", lambda x, dy, c, ok: used.append(make(x, dy, c, ok)) or used[-1])
     cfg = kernels.TileConfig(32, 32, 16, num_warps=4, num_stages=1, epilogue_split=2, tma=True)
     run_case(Case("adamw", 72, 136, 40, dtype, ADAMW, step=2, seed=9, config=cfg, with_accum=True,
                   precision=precision, bad_rows=2), CPU)
@@ -289,7 +289,9 @@ def test_tma_falls_back_for_operands_it_cannot_address():
     """Transposed operands (inner stride not 1) take the pointer mainloop, with the same bits."""
     cfg = kernels.TileConfig(32, 32, 16, num_warps=4, num_stages=1, epilogue_split=2, tma=True)
     x = torch.zeros(40, 130, dtype=torch.bfloat16).t().contiguous().t()
-    assert kernels._tma_descriptors(x, torch.zeros(40, 70, dtype=torch.bfloat16), cfg) == (None, None)
+    dy = torch.zeros(40, 70, dtype=torch.bfloat16)
+    assert not kernels._tma_addressable(x, dy)
+    assert kernels._tma_descriptors(x, dy, cfg, kernels._tma_addressable(x, dy)) == (None, None)
     run_case(Case("adamw", 70, 130, 40, torch.bfloat16, ADAMW, step=2, seed=9, config=cfg,
                   transpose_inputs=True), CPU)
 
