@@ -13,7 +13,12 @@ launch  per-call host time of kernels.fused_linear_update (default tile and a gi
         measures the host alone); then cProfile's split of the fused call.
 step    a Llama-8B-width model with --layers layers, 1x2048 tokens, checkpointing: each method's
         step wall time, the profiler's summed kernel time, and cProfile's top functions of one step.
-CUDA only.
+python  forge's own per-linear Python, on any device (the CPU included): a narrow Llama
+        (hidden 32, --python-layers layers, 16 tokens, checkpointing) trained with forge_num.AdamW
+        on a backend whose functions return at once, against nn.Linear + torch AdamW(foreach);
+        each step's time (the minimum over interleaved rounds, the host being noisy), the
+        difference per linear, and cProfile's top functions of forge's step.
+launch and step need CUDA.
 """
 
 from __future__ import annotations
@@ -44,7 +49,8 @@ def top_functions(fn, n: int = 25, sort: str = "tottime") -> list[dict]:
     prof = cProfile.Profile()
     prof.enable()
     fn()
-    torch.cuda.synchronize()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     prof.disable()
     stats = pstats.Stats(prof, stream=io.StringIO())
     rows = []
@@ -114,17 +120,100 @@ def part_step(layers: int) -> dict:
     return out
 
 
+class _NoKernels:
+    """A forge_num backend (optim.BACKEND_FUNCTIONS) that launches nothing: what remains of a
+    step is the host's Python around the kernels."""
+
+    class _Stats:
+        partials = (torch.zeros(1, dtype=torch.float64), torch.zeros(1, dtype=torch.int32))
+
+    def fused_linear_update(self, *args, **kwargs):
+        return self._Stats()
+
+    def elementwise_update(self, *args, **kwargs):
+        return self._Stats()
+
+    def weight_grad_norm_sq(self, *args, **kwargs):
+        return torch.zeros((), dtype=torch.float64)
+
+    def accumulate_weight_grad(self, *args, **kwargs):
+        return None
+
+
+def part_python(layers: int, rounds: int = 5, steps: int = 10) -> dict:
+    import forge_num
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=128, use_cache=False, attn_implementation="sdpa")
+    ids = torch.randint(0, 128, (1, 16), device=device)
+
+    def model():
+        torch.manual_seed(0)
+        m = LlamaForCausalLM(cfg).to(device)
+        m.train()
+        m.gradient_checkpointing_enable({"use_reentrant": False})
+        return m
+
+    plain = model()
+    plain_opt = torch.optim.AdamW(plain.parameters(), lr=1e-3, foreach=True)
+    fused = model()
+    fused_opt = forge_num.AdamW(fused.parameters(), lr=1e-3, backend=_NoKernels())
+    forge_num.prepare(fused, fused_opt)
+
+    def plain_step():
+        plain(input_ids=ids, labels=ids).loss.backward()
+        plain_opt.step()
+        plain_opt.zero_grad(set_to_none=True)
+
+    def forge_step():
+        fused(input_ids=ids, labels=ids).loss.backward()
+        fused_opt.step()
+
+    def seconds(step):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / steps
+
+    for step in (plain_step, forge_step):
+        for _ in range(3):
+            step()
+    best = {"plain": float("inf"), "forge": float("inf")}
+    for _ in range(rounds):  # interleaved, so that a slow spell of the host hits both
+        best["plain"] = min(best["plain"], seconds(plain_step))
+        best["forge"] = min(best["forge"], seconds(forge_step))
+    linears = 7 * layers
+    return {"device": str(device), "layers": layers, "linears": linears,
+            "plain_step_ms": best["plain"] * 1e3, "forge_step_ms": best["forge"] * 1e3,
+            "forge_extra_us_per_linear": (best["forge"] - best["plain"]) / linears * 1e6,
+            "cprofile_tottime": top_functions(forge_step, 30)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", default="launch,step")
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--python-layers", type=int, default=16)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("bench/host_time.py measures CUDA launches: no CUDA device here")
-    res = {"meta": {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                    "command": "python bench/host_time.py " + " ".join(sys.argv[1:] if argv is None else argv)}}
     parts = args.part.split(",")
+    if not torch.cuda.is_available() and set(parts) - {"python"}:
+        raise SystemExit("bench/host_time.py --part launch/step measures CUDA launches: no CUDA device here "
+                         "(--part python runs anywhere)")
+    cuda = torch.cuda.is_available()
+    res = {"meta": {"gpu": torch.cuda.get_device_name(0) if cuda else None, "torch": torch.__version__,
+                    "command": "python bench/host_time.py " + " ".join(sys.argv[1:] if argv is None else argv)}}
+    if "python" in parts:
+        r = res["python"] = part_python(args.python_layers)
+        print(f"python ({r['device']}, {r['layers']} layers, kernels stubbed): nn.Linear + torch AdamW "
+              f"{r['plain_step_ms']:.2f} ms a step, forge {r['forge_step_ms']:.2f} ms: "
+              f"{r['forge_extra_us_per_linear']:.1f} us more per linear", flush=True)
+        for row in r["cprofile_tottime"][:15]:
+            print(f"  {row['tottime_ms']:7.1f} ms self {row['cumtime_ms']:7.1f} cum {row['calls']:>6}x  {row['function']}")
     if "launch" in parts:
         res["launch"] = part_launch()
         for name, us in res["launch"]["host_us"].items():

@@ -78,6 +78,24 @@ def test_host_time_refuses_without_cuda():
     assert proc.returncode != 0 and "no CUDA device" in proc.stderr + proc.stdout
 
 
+def test_host_time_python_part_runs_on_the_cpu(tmp_path):
+    """--part python: forge's per-linear Python against nn.Linear + torch AdamW, kernels stubbed;
+    on the CPU it runs and reports both step times and the difference per linear."""
+    out = tmp_path / "host.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "host_time.py"), "--part", "python",
+                           "--python-layers", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(out.read_text())["python"]
+    assert r["device"] == "cpu" and r["linears"] == 14
+    assert r["plain_step_ms"] > 0 and r["forge_step_ms"] > 0
+    assert r["forge_extra_us_per_linear"] == pytest.approx((r["forge_step_ms"] - r["plain_step_ms"]) / 14 * 1e3)
+    # the stubbed backend ran: forge's own functions are in the profile, the kernels' are not
+    functions = " ".join(row["function"] for row in r["cprofile_tottime"])
+    assert "forge_num" in functions and "fused_linear_update_kernel" not in functions
+    assert "us more per linear" in proc.stdout
+
+
 def _brute(method, limit, vary, upper, seq=32):
     best = 0
     for n in range(1, upper + 1):
