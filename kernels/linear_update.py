@@ -98,7 +98,7 @@ def tile_telemetry(g, in_tile, finite):
 
 
 # Triton specializes every int argument on its value (== 1, % 16 == 0) and its range (i32, i64,
-# u64). The Philox key is a uniform 64-bit value, so unspecialized it would reach five compiled
+# u64). The Philox key is a uniform 64-bit value, so, specialized, it would select among five compiled
 # variants of every configuration (u64/i64 x divisible by 16 or not, i32 when < 2^31), each compiled
 # when a training run first draws one. The key is typed u64 and the counter base i64 (the values the
 # Philox counters are computed in: tl.randint4x converts its key to uint64 first, so no bit changes),
