@@ -201,10 +201,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     parts = args.part.split(",")
-    if not torch.cuda.is_available() and set(parts) - {"python"}:
+    cuda = torch.cuda.is_available()
+    if not cuda and set(parts) - {"python"}:
         raise SystemExit("bench/host_time.py --part launch/step measures CUDA launches: no CUDA device here "
                          "(--part python runs anywhere)")
-    cuda = torch.cuda.is_available()
     res = {"meta": {"gpu": torch.cuda.get_device_name(0) if cuda else None, "torch": torch.__version__,
                     "command": "python bench/host_time.py " + " ".join(sys.argv[1:] if argv is None else argv)}}
     if "python" in parts:

@@ -39,6 +39,10 @@ from typing import NamedTuple, Sequence
 import torch
 import triton
 
+# ceil(a / b) for host ints: the emulator's twin of tl.cdiv. (``triton.cdiv`` is a ConstexprFunction
+# in Triton 3.6: about 5 us a call on the host, several calls per launch; the launcher's host time
+# is on the critical path of a training step, bench/NOTES.md "v7".)
+from forge_num.emulator.linear_update import cdiv as _cdiv
 from forge_num.emulator.philox import CounterMap
 from forge_num.rules import Rule
 
@@ -61,13 +65,6 @@ __all__ = [
 
 QBLOCK = int(_QBLOCK)  # 8bit regime: elements of a row per quantization block
 ELEMENTWISE_BLOCK = 1024
-
-
-def _cdiv(a: int, b: int) -> int:
-    """ceil(a / b) for host ints. (``triton.cdiv`` is a ConstexprFunction in Triton 3.6: about 5 us a
-    call on the host, five calls per launch; the launcher's host time is on the critical path of a
-    training step, bench/NOTES.md "v7".)"""
-    return -(-a // b)
 
 
 class Q8State(NamedTuple):
@@ -573,7 +570,8 @@ def default_config(M: int, N: int, K: int, dtype: torch.dtype, bf16_storage: boo
     if not tma_ok or M * N * K < SMALL_WORK:
         return DEFAULT_BF16_CONFIG[False]
     if K >= LARGE_K:
-        many_tiles = _cdiv(M, 128) * _cdiv(N, 128) >= LARGE_K_MIN_TILES
+        large = DEFAULT_TMA_CONFIGS["large_k"]
+        many_tiles = _cdiv(M, large.BM) * _cdiv(N, large.BN) >= LARGE_K_MIN_TILES
         return DEFAULT_TMA_CONFIGS["large_k" if many_tiles else "small_k"]
     return DEFAULT_TMA_CONFIGS["mid_k_tall" if K >= MID_K and M >= TALL_M else "small_k"]
 
