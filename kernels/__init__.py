@@ -137,19 +137,13 @@ class TileConfig:
     # multiprocessor's 65,536 registers, so one program's epilogue overlaps another's mainloop:
     # 128 registers x 256 threads = two 8-warp programs per SM (ptxas then spills what does not fit).
     max_registers: int = 0
-    # persistent TMA tiles only: Triton's automatic warp specialization of the tile loop
-    # (tl.range(warp_specialize=True)). On sm_90 Triton 3.6 splits a 4-warp program into a producer
-    # warp group issuing the TMA loads and two consumer warp groups that take alternate tiles
-    # (ping-pong: one's epilogue runs while the other's mainloop does), 12 warps in all, consumers
-    # at 232 registers by setmaxnreg. Scheduling only: the same operations on the same values.
-    warp_specialize: bool = False
 
     @property
     def label(self) -> str:
         """Short name for tables: 64x128x64 w4 s4 e4 [p2] [tma] [r128]."""
         return (f"{self.BM}x{self.BN}x{self.BK} w{self.num_warps} s{self.num_stages} e{self.epilogue_split}"
                 + (f" p{self.persistent}" if self.persistent else "") + (" tma" if self.tma else "")
-                + (f" r{self.max_registers}" if self.max_registers else "") + (" ws" if self.warp_specialize else ""))
+                + (f" r{self.max_registers}" if self.max_registers else ""))
 
     def __post_init__(self):
         for name in ("BM", "BN", "BK"):
@@ -162,12 +156,6 @@ class TileConfig:
             raise ValueError(f"TileConfig.persistent must be an int in [0, 8] (programs per SM), got {self}")
         if not (isinstance(self.max_registers, int) and (self.max_registers == 0 or 32 <= self.max_registers <= 255)):
             raise ValueError(f"TileConfig.max_registers must be 0 (no cap) or an int in [32, 255], got {self}")
-        # Triton 3.6's sm_90 pass partitions only this form (8 warps: not partitioned; 128-row or
-        # 256-column tiles: the pass fails), checked on the CPU with bench/registers.py --candidates
-        if self.warp_specialize and not (self.persistent == 1 and self.tma and self.num_warps == 4
-                                         and self.max_registers == 0):
-            raise ValueError(f"TileConfig.warp_specialize needs persistent=1, tma=True, num_warps=4 and no register "
-                             f"cap, got {self}")
 
 
 # Tile shapes the launcher may use, per mainloop mode. Every one of them is a test case
@@ -241,17 +229,15 @@ INTERPRETER_Q8_CONFIG = TileConfig(16, 128, 16, num_warps=4, num_stages=1)
 #   8-way, 64x64 4-way and persistent TMA 128x128 8-way tiles were slower than the default at every
 #   fp32 point timed (K = 256, 1024, 4096; e.g. 5.57 against 5.15 ms at 28672x8192, K = 4096): the
 #   epilogue's loads were not what held the short kernels back.
+#   Session 8 (bench/results/2026-12-03-h200-s8/): warp-specialized persistent TMA tiles (Triton
+#   3.6's `tl.range(warp_specialize=True)` on the tile loop; on sm_90 it partitions 4-warp programs
+#   into a TMA producer and two ping-pong consumer warp groups) were dropped: in every regime and
+#   test they updated W wrongly on the GPU while their stored accumulator was right, and
+#   nondeterministically (hypothesis could not replay its failure), i.e. a race in the compiler's
+#   partitioning; and they were slower than the default at every point timed (1.8-2.3x its time on
+#   weights of 3072x3072 and up).
 #   8bit: none now (the two row-split tiles were promoted into Q8_CONFIGS in session 5).
 CANDIDATE_CONFIGS = (
-    # Warp-specialized persistent TMA 64x128 (session 8, written on the CPU, not yet timed): a producer
-    # warp group loads the next tiles' K blocks while two consumer warp groups alternate tiles, so a
-    # tile's epilogue (the update's W and state traffic) overlaps the next tile's mainloop -- the
-    # overlap every earlier tile lacked (bench/NOTES.md, v3 and v5: fused time = mainloop + update).
-    # ptxas (sm_90a, AdamW, fp32 storage): 168 registers at launch, consumers raised to 232 by
-    # setmaxnreg; spills 448 B (64x128, 4-way epilogue), 128 B (8-way), none (64x64, 4-way).
-    TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, persistent=1, tma=True, warp_specialize=True),
-    TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=8, persistent=1, tma=True, warp_specialize=True),
-    TileConfig(64, 64, 64, num_warps=4, num_stages=4, epilogue_split=4, persistent=1, tma=True, warp_specialize=True),
     TileConfig(128, 128, 64, num_warps=8, num_stages=3, epilogue_split=8, persistent=2, tma=True, max_registers=128),
     # bf16-sr below BF16_SR_LARGE_K: the 64x64 with three programs per SM (168 registers, no spill);
     # session 6: 1.05-1.18x faster than the 64x64 default at K = 2048 and 4096, behind the promoted
@@ -491,7 +477,6 @@ def _launch_linear(
             INPUT_PRECISION=precision,
             BM=config.BM, BN=config.BN, BK=config.BK, EPILOGUE_SPLIT=config.epilogue_split,
             PERSISTENT=bool(config.persistent), USE_TMA=x_desc is not None,
-            WARP_SPECIALIZE=config.warp_specialize and x_desc is not None,
             num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers or None,
             enable_fp_fusion=False,
         )

@@ -130,18 +130,15 @@ def fused_linear_update_kernel(
     INPUT_PRECISION: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
     PERSISTENT: tl.constexpr = False, GROUP_M: tl.constexpr = 8, USE_TMA: tl.constexpr = False,
-    WARP_SPECIALIZE: tl.constexpr = False,
 ):
     """One program per tile (grid [cdiv(M, BM), cdiv(N, BN)]), or PERSISTENT: a 1-D grid of fewer
     programs, each walking tiles pid, pid + P, pid + 2P, ... in grouped order (GROUP_M tile rows
     share the X tiles in L2), so that the next tile's loads can start during this tile's epilogue.
-    Scheduling only: every tile computes the same bits and writes the same telemetry slot.
-    WARP_SPECIALIZE (persistent TMA tiles): Triton partitions the tile loop into a TMA producer
-    warp group and consumer warp groups taking alternate tiles (TileConfig.warp_specialize)."""
+    Scheduling only: every tile computes the same bits and writes the same telemetry slot."""
     if PERSISTENT:
         tiles_m = tl.cdiv(M, BM)
         tiles_n = tl.cdiv(N, BN)
-        for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0), warp_specialize=WARP_SPECIALIZE):
+        for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0)):
             # grouped order: GROUP_M consecutive tile rows, column by column
             group = tile // (GROUP_M * tiles_n)
             first_m = group * GROUP_M
