@@ -14,7 +14,7 @@ launch  per-call host time of kernels.fused_linear_update (default tile and a gi
 step    a Llama-8B-width model with --layers layers, 1x2048 tokens, checkpointing: each method's
         step wall time, the profiler's summed kernel time, and cProfile's top functions of one step.
 python  forge's own per-linear Python, on any device (the CPU included): a narrow Llama
-        (hidden 32, --python-layers layers, 16 tokens, checkpointing) trained with forge_num.AdamW
+        (hidden 32, --python-layers layers, 16 tokens, --python-checkpointing on/off) trained with forge_num.AdamW
         on a backend whose functions return at once, against nn.Linear + torch AdamW(foreach);
         each step's time (the minimum over interleaved rounds, the host being noisy), the
         difference per linear, and cProfile's top functions of forge's step.
@@ -140,7 +140,7 @@ class _NoKernels:
         return None
 
 
-def part_python(layers: int, rounds: int = 5, steps: int = 10) -> dict:
+def part_python(layers: int, rounds: int = 5, steps: int = 10, checkpointing: bool = True) -> dict:
     import forge_num
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -153,7 +153,8 @@ def part_python(layers: int, rounds: int = 5, steps: int = 10) -> dict:
         torch.manual_seed(0)
         m = LlamaForCausalLM(cfg).to(device)
         m.train()
-        m.gradient_checkpointing_enable({"use_reentrant": False})
+        if checkpointing:
+            m.gradient_checkpointing_enable({"use_reentrant": False})
         return m
 
     plain = model()
@@ -187,7 +188,7 @@ def part_python(layers: int, rounds: int = 5, steps: int = 10) -> dict:
         best["plain"] = min(best["plain"], seconds(plain_step))
         best["forge"] = min(best["forge"], seconds(forge_step))
     linears = 7 * layers
-    return {"device": str(device), "layers": layers, "linears": linears,
+    return {"device": str(device), "layers": layers, "linears": linears, "checkpointing": checkpointing,
             "plain_step_ms": best["plain"] * 1e3, "forge_step_ms": best["forge"] * 1e3,
             "forge_extra_us_per_linear": (best["forge"] - best["plain"]) / linears * 1e6,
             "cprofile_tottime": top_functions(forge_step, 30)}
@@ -198,6 +199,7 @@ def main(argv=None) -> int:
     ap.add_argument("--part", default="launch,step")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--python-layers", type=int, default=16)
+    ap.add_argument("--python-checkpointing", choices=["on", "off"], default="on")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     parts = args.part.split(",")
@@ -208,8 +210,9 @@ def main(argv=None) -> int:
     res = {"meta": {"gpu": torch.cuda.get_device_name(0) if cuda else None, "torch": torch.__version__,
                     "command": "python bench/host_time.py " + " ".join(sys.argv[1:] if argv is None else argv)}}
     if "python" in parts:
-        r = res["python"] = part_python(args.python_layers)
-        print(f"python ({r['device']}, {r['layers']} layers, kernels stubbed): nn.Linear + torch AdamW "
+        r = res["python"] = part_python(args.python_layers, checkpointing=args.python_checkpointing == "on")
+        print(f"python ({r['device']}, {r['layers']} layers, checkpointing {args.python_checkpointing}, kernels stubbed): "
+              f"nn.Linear + torch AdamW "
               f"{r['plain_step_ms']:.2f} ms a step, forge {r['forge_step_ms']:.2f} ms: "
               f"{r['forge_extra_us_per_linear']:.1f} us more per linear", flush=True)
         for row in r["cprofile_tottime"][:15]:
