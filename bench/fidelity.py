@@ -104,12 +104,12 @@ import sys
 import time
 import traceback
 
-# Run as `python bench/fidelity.py`, sys.path[0] is bench/, whose kernels.py would shadow the PyPI
-# package `kernels` (bitsandbytes imports it): put the repository root there instead.
+# Run as `python bench/fidelity.py`, sys.path[0] is bench/, whose kernels.py would shadow the PyPI package
+# `kernels` (bitsandbytes and transformers >= 5.25 import it); the repository root, whose kernels/
+# would shadow it too, goes behind site-packages (tests/conftest.py says more).
 _HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
-if os.path.dirname(_HERE) not in sys.path:
-    sys.path.insert(0, os.path.dirname(_HERE))
+_ROOT = os.path.dirname(_HERE)
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") not in (_HERE, _ROOT)] + [_ROOT]
 
 METHODS = ["forge_fp32", "forge_bf16sr", "forge_8bit", "torch_amp", "torch_bf16", "bnb_adamw8bit",
            "ao_adamw8bit"]

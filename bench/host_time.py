@@ -35,10 +35,12 @@ import time
 
 import torch
 
+# Run as `python bench/host_time.py`, sys.path[0] is bench/, whose kernels.py would shadow the PyPI package
+# `kernels` (bitsandbytes and transformers >= 5.25 import it); the repository root, whose kernels/
+# would shadow it too, goes behind site-packages (tests/conftest.py says more).
 _HERE = os.path.dirname(os.path.abspath(__file__))
-# bench/kernels.py would shadow the PyPI package `kernels` (imported by bitsandbytes)
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
-sys.path.insert(0, os.path.dirname(_HERE))
+_ROOT = os.path.dirname(_HERE)
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") not in (_HERE, _ROOT)] + [_ROOT]
 
 from bench import train_step as ts  # noqa: E402
 from bench.kernels import host_us  # noqa: E402

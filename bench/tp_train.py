@@ -29,8 +29,12 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+# Run as `python bench/tp_train.py`, sys.path[0] is bench/, whose kernels.py would shadow the PyPI package
+# `kernels` (bitsandbytes and transformers >= 5.25 import it); the repository root, whose kernels/
+# would shadow it too, goes behind site-packages (tests/conftest.py says more).
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(_HERE)
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") not in (_HERE, _ROOT)] + [_ROOT]
 
 from bench.train_step import GIB, MODELS  # noqa: E402
 

@@ -12,7 +12,10 @@ import struct
 import sys
 from fractions import Fraction
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the repository root (for tests.exact_f32) behind site-packages: its kernels/ would shadow the PyPI
+# package `kernels` (tests/conftest.py says more)
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _ROOT] + [_ROOT]
 
 from tests.exact_f32 import exact_fma, f32_bits, same_f32  # noqa: E402
 

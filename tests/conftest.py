@@ -8,6 +8,17 @@ reproducible) and ``gpu`` (the `exactness` runs on the H200: many examples). Cho
 from __future__ import annotations
 
 import os
+import sys
+
+# The repository root holds kernels/ and emulator/, which install as forge_num.kernels and
+# forge_num.emulator (pyproject.toml). Ahead of site-packages on sys.path they would shadow installed
+# packages of the same top-level name: transformers >= 5.25 depends on Hugging Face's `kernels` and
+# imports it when it is installed, and found ours. So pytest imports test modules with
+# --import-mode=append (pyproject.toml: the rootdir goes behind site-packages, not in front), and
+# the working directory that `python -m pytest` puts first moves there too: `tests` and `bench`
+# still import from the root, `kernels` from the installed package.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != ROOT] + [ROOT]
 
 
 def _has_cuda() -> bool:

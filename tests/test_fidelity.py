@@ -42,8 +42,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parent.parent  # on sys.path behind site-packages (conftest.py)
 
 from bench import fidelity  # noqa: E402
 
