@@ -51,12 +51,12 @@ import sys
 import time
 import traceback
 
-# Run as `python bench/train_step.py`, sys.path[0] is bench/, whose kernels.py would shadow the PyPI
-# package `kernels` (bitsandbytes imports it): put the repository root there instead.
+# Run as `python bench/train_step.py`, sys.path[0] is bench/, whose kernels.py would shadow the PyPI package
+# `kernels` (bitsandbytes and transformers >= 5.25 import it); the repository root, whose kernels/
+# would shadow it too, goes behind site-packages (tests/conftest.py says more).
 _HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
-if os.path.dirname(_HERE) not in sys.path:
-    sys.path.insert(0, os.path.dirname(_HERE))
+_ROOT = os.path.dirname(_HERE)
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") not in (_HERE, _ROOT)] + [_ROOT]
 
 METHODS = ["forge", "forge_bf16sr", "forge_8bit", "torch_adamw", "torch_hooks", "bnb_adamw8bit", "ao_adamw8bit",
            "flashoptim"]
@@ -339,6 +339,23 @@ def _setup(method: str, model, cuda: bool):
     raise ValueError(f"unknown method {method!r}")
 
 
+def _host_event_counts(cuda: bool) -> dict:
+    """Counters of what can stall the host inside a step: Python's garbage collections by generation
+    (a full one walks every object of the process) and the CUDA caching allocator's cudaMalloc /
+    cudaFree calls and out-of-memory retries (cudaFree and a retry synchronize the device). Their
+    per-step differences go into the row (step_host_events), to tell a slow host step's cause."""
+    import gc
+
+    import torch
+
+    counts = {f"gc_gen{g}": s["collections"] for g, s in enumerate(gc.get_stats())}
+    if cuda:
+        stats = torch.cuda.memory_stats()
+        for key in ("num_device_alloc", "num_device_free", "num_alloc_retries"):
+            counts[key] = stats.get(key, 0)
+    return counts
+
+
 def run_spec(spec: dict) -> dict:
     """Runs one measurement in this process; returns the result row (never raises)."""
     import torch
@@ -381,9 +398,11 @@ def run_spec(spec: dict) -> dict:
 
         losses = []
         issue_s = []
+        row["step_host_events"] = []
         for k in range(spec["warmup"] + spec["steps"]):
             if cuda:
                 torch.cuda.synchronize()
+            before = _host_event_counts(cuda)
             t0 = time.perf_counter()
             losses.append(step())
             t_issued = backward_issued[-1]
@@ -393,6 +412,8 @@ def run_spec(spec: dict) -> dict:
             if k >= spec["warmup"]:
                 row["step_s"].append(dt)
                 issue_s.append(t_issued - t0)
+                after_counts = _host_event_counts(cuda)
+                row["step_host_events"].append({key: after_counts[key] - before[key] for key in before})
         # the host's time to issue forward and backward (no synchronization before): close to the
         # step's time, the GPU waited for the host; well below it, the host waited for the GPU
         row["host_issue_s_median"] = statistics.median(issue_s) if issue_s else None
@@ -579,6 +600,10 @@ def print_row(r: dict) -> None:
             f"forward+backward issued in {_fmt(r.get('host_issue_s_median'), '{:.3f}')} s") if r["status"] == "ok" else \
         f"{r['status'].upper()}: {r.get('reason')}"
     print(f"{r['method']:<14} {r['model']:<9} {r['batch']}x{r['seq']:<5} {ck}  {what}", flush=True)
+    events = r.get("step_host_events") or []
+    totals = {k: sum(e[k] for e in events) for k in (events[0] if events else {})}
+    if any(totals.values()):  # what may have stalled the host in the timed steps
+        print(f"    in {len(events)} timed steps: " + ", ".join(f"{k} {v}" for k, v in totals.items() if v), flush=True)
     if r.get("profile_ms"):
         print(f"    profiled step: wall {r['profile_wall_ms']:.1f} ms, kernels {r['profile_device_ms']:.1f} ms; by kind: "
               + ", ".join(f"{k} {v:.1f}" for k, v in r["profile_ms"].items()), flush=True)

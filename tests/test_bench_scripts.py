@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parent.parent  # on sys.path behind site-packages (conftest.py)
 
 from bench import capacity, train_step  # noqa: E402
 
@@ -57,6 +56,10 @@ def test_train_step_tiny(tmp_path):
         assert r["tokens_per_s"] > 0 and len(r["step_s"]) >= 1
         # forward+backward issued before the step ends (on the CPU the step is synchronous)
         assert 0 < r["host_issue_s_median"] <= max(r["step_s"])
+        # per timed step, what may stall the host: garbage collections by generation (no CUDA here,
+        # so no allocator counters), each a count >= 0
+        assert len(r["step_host_events"]) == len(r["step_s"])
+        assert all(set(e) == {"gc_gen0", "gc_gen1", "gc_gen2"} and min(e.values()) >= 0 for e in r["step_host_events"])
         assert all(math.isfinite(x) for x in r["losses"])
         assert r["n_params"] == train_step.count_params(train_step.MODELS["tiny"])["total"]
         assert r["model_tflops_per_s"] > 0 and r["tokens_per_s_vs_torch_adamw"] > 0
