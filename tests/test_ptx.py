@@ -84,7 +84,6 @@ def test_no_configuration_spills_registers(report):
     assert set(SPILL_EXCEPTIONS) <= seen, f"exceptions for configurations no longer compiled: {set(SPILL_EXCEPTIONS) - seen}"
 
 
-
 def test_stochastic_keys_reach_one_compiled_kernel(report):
     """Triton's binder (which computes a launch's specialization, part of the compiled kernel's cache
     key) maps every Philox key and counter base to one specialization, ("u64", None) and ("i64", None):
