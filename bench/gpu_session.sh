@@ -8,13 +8,15 @@
 #                                                         suite with the bias report beside it)
 #   bash bench/gpu_session.sh train capacity             (training step, then capacity)
 #
-# Parts: kernels, mainloop, exactness, bias, train, capacity, fidelity, host; "a+b" runs a and b side by side.
+# Parts: kernels, mainloop, exactness, bias, train, capacity, fidelity, host, ncu; "a+b" runs a and b side by side.
 # Environment:
 #   KERNEL_ARGS / KERNEL_ARGS_LOWBIT   arguments of the two bench/kernels.py runs
 #   T_KERNELS T_EXACT T_TRAIN T_CAPACITY T_FIDELITY T_BIAS T_HOST   seconds for each part
 #                 (T_KERNELS=0 / T_KERNELS_LOWBIT=0: skip that kernels run)
 #   PYTEST_FILES, PYTEST_K   test files and a -k expression for the exactness part
 #   XDIST         pytest-xdist workers (12)
+#   NCU_POINTS    shape:tokens[:tile,tile] points for bench/ncu_probe.py under Nsight Compute
+#                 ("4096x4096:256 4096x4096:16384"); T_NCU seconds for all of them
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 R=/tmp/forge_results; rm -rf "$R"; mkdir -p "$R"
@@ -60,6 +62,18 @@ run_host() {
   timeout "${T_HOST:-200}" python3 bench/host_time.py ${HOST_ARGS:-} --out "$R/host_time.json" >"$R/host_time.log" 2>&1
   echo "host_time exit: $?" >>"$R/host_time.log"
 }
+run_ncu() {
+  local end=$(( SECONDS + ${T_NCU:-150} )) pt shape tokens tiles
+  for pt in ${NCU_POINTS:-4096x4096:256 4096x4096:16384}; do
+    IFS=: read -r shape tokens tiles <<<"$pt"
+    timeout $(( end - SECONDS > 5 ? end - SECONDS : 5 )) ncu --clock-control none --profile-from-start off \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+      --section WarpStateStats --section SchedulerStats \
+      python3 bench/ncu_probe.py --shape "$shape" --tokens "$tokens" --configs "${tiles:-default}" \
+      >"$R/ncu_${shape}_${tokens}.txt" 2>&1
+    echo "ncu $pt exit: $?" >>"$R/ncu.log"
+  done
+}
 run_fidelity() {
   timeout "${T_FIDELITY:-200}" python3 bench/fidelity.py ${FIDELITY_ARGS:---parts update --run-timeout 120} \
     --out "$R/fidelity.json" >"$R/fidelity.log" 2>&1; tail -20 "$R/fidelity.log"
@@ -70,7 +84,7 @@ for part in "$@"; do
   echo "== $part $(date -u +%H:%M:%S)"
   for p in ${part//+/ }; do
     case "$p" in
-      kernels|mainloop|exactness|bias|train|capacity|fidelity|host) "run_$p" & ;;
+      kernels|mainloop|exactness|bias|train|capacity|fidelity|host|ncu) "run_$p" & ;;
       *) echo "unknown part $p" ;;
     esac
   done
@@ -88,6 +102,8 @@ c = collections.Counter(json.loads(l)['case'] for l in open('$R/exactness_cases.
 print('passing hypothesis cases:', ' '.join(f'{k}={v}' for k, v in sorted(c.items())))"
 fi
 [ -f "$R/bias.log" ] && tail -6 "$R/bias.log"
+[ -f "$R/ncu.log" ] && { echo "-- ncu"; cat "$R/ncu.log"; for f in "$R"/ncu_*.txt; do echo "# $f"
+  grep -E "^  [a-zA-Z_0-9]+.*\(|Duration|DRAM Throughput|L2 Hit Rate|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit Reg|Stall Long|Warp Cycles Per Issued|Compute \(SM\) Throughput" "$f" | cut -c1-150 | head -90; done; }
 [ -f "$R/host_time.log" ] && { echo "-- host_time"; head -120 "$R/host_time.log"; }
 for f in train_step capacity fidelity; do [ -f "$R/$f.log" ] && { echo "-- $f"; tail -25 "$R/$f.log"; }; done
 tar czf "$OUT/results.tgz" -C "$R" . && cp "$R/env.txt" "$OUT/" && ls -la "$OUT"
