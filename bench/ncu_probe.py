@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="4096x4096", help="MxN of the weight")
     ap.add_argument("--tokens", type=int, default=256)
-    ap.add_argument("--configs", default="default", help="comma-separated tile labels, or 'default'")
+    ap.add_argument("--configs", default="default", help="comma-separated tile labels ('_' for space), or 'default'")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("ncu_probe needs CUDA")
@@ -59,7 +59,8 @@ def main(argv=None) -> int:
     w = torch.randn(M, N, device="cuda") * 0.02
     states = [torch.zeros_like(w), torch.zeros_like(w)]
     h = rules.ADAMW.scalars(HYPER, 1)
-    tiles = [tile_by_label(c, M, N, K) for c in args.configs.split(",")]
+    # labels hold spaces; "_" stands for one where a shell word cannot hold them (gpu_session.sh)
+    tiles = [tile_by_label(c.replace("_", " "), M, N, K) for c in args.configs.split(",")]
     p = torch.nn.Parameter(w.clone())
     opt = torch.optim.AdamW([p], fused=True, **HYPER)
     g = torch.empty(M, N, device="cuda")

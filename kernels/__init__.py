@@ -137,13 +137,17 @@ class TileConfig:
     # multiprocessor's 65,536 registers, so one program's epilogue overlaps another's mainloop:
     # 128 registers x 256 threads = two 8-warp programs per SM (ptxas then spills what does not fit).
     max_registers: int = 0
+    # Before each tile's mainloop, prefetch the lines of W and state its epilogue will read into L2
+    # (linear_update.prefetch_tile_l2), so that the epilogue's HBM reads overlap the mainloop instead
+    # of following it. A hint to the memory system: no bit changes. Not under the interpreter (no PTX).
+    l2_prefetch: bool = False
 
     @property
     def label(self) -> str:
-        """Short name for tables: 64x128x64 w4 s4 e4 [p2] [tma] [r128]."""
+        """Short name for tables: 64x128x64 w4 s4 e4 [p2] [tma] [r128] [l2]."""
         return (f"{self.BM}x{self.BN}x{self.BK} w{self.num_warps} s{self.num_stages} e{self.epilogue_split}"
                 + (f" p{self.persistent}" if self.persistent else "") + (" tma" if self.tma else "")
-                + (f" r{self.max_registers}" if self.max_registers else ""))
+                + (f" r{self.max_registers}" if self.max_registers else "") + (" l2" if self.l2_prefetch else ""))
 
     def __post_init__(self):
         for name in ("BM", "BN", "BK"):
@@ -243,6 +247,16 @@ CANDIDATE_CONFIGS = (
     # session 6: 1.05-1.18x faster than the 64x64 default at K = 2048 and 4096, behind the promoted
     # four-per-SM tile (128 registers) at every point.
     TileConfig(64, 64, 64, num_warps=4, num_stages=4, epilogue_split=4, max_registers=168),
+    # Session 9: the four fp32 defaults with the epilogue's W and state prefetched into L2 before
+    # the mainloop (TileConfig.l2_prefetch). At K <= 1024 the fused launch runs at 1.8-2.2x the
+    # copy-bandwidth floor while the element-wise update alone streams 28 B per weight at 0.93x the
+    # copy rate (session 8): the epilogue's loads wait on HBM, sub-tile after sub-tile, after the
+    # mainloop. A prefetch holds no register (the register prefetch of session 6 did, and lost).
+    # ptxas, sm_90a, AdamW fp32 storage: 255 registers; spills 0, 40 (twin 36) and 44 (twin 40) B.
+    TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, tma=True, l2_prefetch=True),
+    TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, l2_prefetch=True),
+    TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, persistent=1, tma=True, l2_prefetch=True),
+    TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, persistent=2, tma=True, l2_prefetch=True),
 )
 CANDIDATE_Q8_CONFIGS: tuple[TileConfig, ...] = ()
 
@@ -477,6 +491,7 @@ def _launch_linear(
             INPUT_PRECISION=precision,
             BM=config.BM, BN=config.BN, BK=config.BK, EPILOGUE_SPLIT=config.epilogue_split,
             PERSISTENT=bool(config.persistent), USE_TMA=x_desc is not None,
+            PREFETCH_L2=config.l2_prefetch and not _interpreting(),
             num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers or None,
             enable_fp_fusion=False,
         )

@@ -88,6 +88,24 @@ def weight_grad_tile(
 
 
 @triton.jit
+def prefetch_tile_l2(ptr, offs_m, n0, M, N, BN: tl.constexpr):
+    """`prefetch.global.L2` of the rows offs_m x columns [n0, n0 + BN) of the row-major [M, N] tensor
+    at ptr: one prefetch per 128-byte L2 line, i.e. per LINE = 1024 / bits elements (fp32 32, bf16 64,
+    8-bit codes 128) starting at n0 (lines are whole where rows start on 128 bytes: N * bytes a
+    multiple of 128 and a 128-byte aligned base, as torch allocates; elsewhere a chunk may straddle
+    two lines and half of it is not prefetched, which costs time, never a bit). Rows and columns
+    past the tensor's edge are clamped to its last row and column: every address lies inside the
+    tensor (PTX leaves a prefetch of an address outside any allocation undefined). The prefetch moves
+    no value into a register; the instruction's dummy result (0) is never read."""
+    LINE: tl.constexpr = 1024 // ptr.dtype.element_ty.primitive_bitwidth
+    CHUNKS: tl.constexpr = BN // LINE if BN >= LINE else 1
+    rows = tl.minimum(offs_m, M - 1).to(tl.int64)
+    cols = tl.minimum(n0 + tl.arange(0, CHUNKS) * LINE, N - 1)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l",
+                              [ptr + rows[:, None] * N + cols[None, :]], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def tile_telemetry(g, in_tile, finite):
     """(Σ g² over the tile in fp64, number of non-finite g) -- g² is exact in fp64 (48 bits)."""
     g64 = g.to(tl.float64)
@@ -130,6 +148,7 @@ def fused_linear_update_kernel(
     INPUT_PRECISION: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
     PERSISTENT: tl.constexpr = False, GROUP_M: tl.constexpr = 8, USE_TMA: tl.constexpr = False,
+    PREFETCH_L2: tl.constexpr = False,
 ):
     """One program per tile (grid [cdiv(M, BM), cdiv(N, BN)]), or PERSISTENT: a 1-D grid of fewer
     programs, each walking tiles pid, pid + P, pid + 2P, ... in grouped order (GROUP_M tile rows
@@ -149,14 +168,15 @@ def fused_linear_update_kernel(
                 pid_m, pid_n, w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, x_desc, dy_desc, accum_ptr, acc_out_ptr,
                 norm_sq_ptr, nonfinite_ptr, scale0_ptr, scale1_ptr, n_blocks, M, N, K, stride_xk, stride_xn, stride_dyk,
                 stride_dym, h, grad_scale, seed, rand_stride, rand_base, slots_n, GUARDED_UPDATE, N_STATE, BF16_STORAGE, STATE_Q8,
-                UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA)
+                UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA, PREFETCH_L2)
     else:
         linear_update_tile(
             tl.program_id(0), tl.program_id(1), w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, x_desc, dy_desc, accum_ptr,
             acc_out_ptr,
             norm_sq_ptr, nonfinite_ptr, scale0_ptr, scale1_ptr, n_blocks, M, N, K, stride_xk, stride_xn,
             stride_dyk, stride_dym, h, grad_scale, seed, rand_stride, rand_base, slots_n, GUARDED_UPDATE, N_STATE, BF16_STORAGE,
-            STATE_Q8, UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA)
+            STATE_Q8, UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA,
+            PREFETCH_L2)
 
 
 @triton.jit
@@ -171,10 +191,19 @@ def linear_update_tile(
     UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, HAS_ACCUM: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, USE_TMA: tl.constexpr,
+    PREFETCH_L2: tl.constexpr = False,
 ):
-    """The tile (pid_m, pid_n): mainloop, epilogue, telemetry slot (the module docstring's pseudocode)."""
+    """The tile (pid_m, pid_n): mainloop, epilogue, telemetry slot (the module docstring's pseudocode).
+    PREFETCH_L2: before the mainloop, ask L2 for the lines of W and state the epilogue will read
+    (prefetch_tile_l2), so that their HBM traffic overlaps the mainloop. A hint only: no value moves."""
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_n = pid_n * BN + tl.arange(0, BN)
+    if PREFETCH_L2 and UPDATE:
+        prefetch_tile_l2(w_ptr, offs_m, pid_n * BN, M, N, BN)
+        if N_STATE >= 1:
+            prefetch_tile_l2(s0_ptr, offs_m, pid_n * BN, M, N, BN)
+        if N_STATE >= 2:
+            prefetch_tile_l2(s1_ptr, offs_m, pid_n * BN, M, N, BN)
 
     in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     offs = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]

@@ -47,6 +47,17 @@ def test_fused_kernels_have_no_approximate_ops(report):
             assert r["wgmma"] == 0 and r["fma_total"] >= 64 * 64 * 16 // 128, r
 
 
+def test_l2_prefetch_is_one_instruction_per_line_and_only_where_asked(report):
+    """TileConfig.l2_prefetch: one prefetch.global.L2 per 128-byte line of W, m and v of the tile
+    (fp32: BN / 32 lines a row), spread over the program's threads; none in a kernel without it."""
+    assert report["prefetch"], "no L2-prefetching candidate compiled"
+    for r in report["prefetch"]:
+        lines_per_thread = r["BM"] * (r["BN"] // 32) // (32 * r["num_warps"])  # of each of W, m, v
+        assert r["prefetch_l2"] == 3 * lines_per_thread, r
+    for r in report["fused"]:
+        assert r["prefetch_l2"] == 0, r
+
+
 # Spills a configuration may have, by (label, storage regime), each with the measurement that
 # makes it worth them. Every entry must name a configuration the report compiles, so the table
 # cannot outlive its reason. Bytes of spill stores per thread, ptxas of Triton 3.6 for sm_90a.
