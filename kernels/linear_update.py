@@ -88,31 +88,21 @@ def weight_grad_tile(
 
 
 @triton.jit
-def prefetch_tile_l2(ptr, offs_m, n0, M, N, BN: tl.constexpr):
-    """`prefetch.global.L2` of the rows offs_m x columns [n0, n0 + BN) of the row-major [M, N] tensor
-    at ptr: one prefetch per 128-byte L2 line, i.e. per LINE = 1024 / bits elements (fp32 32, bf16 64,
-    8-bit codes 128) starting at n0 (lines are whole where rows start on 128 bytes: N * bytes a
-    multiple of 128 and a 128-byte aligned base, as torch allocates; elsewhere a chunk may straddle
-    two lines and half of it is not prefetched, which costs time, never a bit). Rows and columns
-    past the tensor's edge are clamped to its last row and column: every address lies inside the
-    tensor (PTX leaves a prefetch of an address outside any allocation undefined). The prefetch moves
-    no value into a register; the instruction's dummy result (0) is never read."""
-    LINE: tl.constexpr = 1024 // ptr.dtype.element_ty.primitive_bitwidth
-    CHUNKS: tl.constexpr = BN // LINE if BN >= LINE else 1
-    rows = tl.minimum(offs_m, M - 1).to(tl.int64)
-    cols = tl.minimum(n0 + tl.arange(0, CHUNKS) * LINE, N - 1)
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l",
-                              [ptr + rows[:, None] * N + cols[None, :]], dtype=tl.int32, is_pure=False, pack=1)
+def tile_telemetry(g, in_tile, finite):
+    """(Σ g² over the tile in fp64, number of non-finite g) -- g² is exact in fp64 (48 bits)."""
+    sq, bad = row_telemetry(g, in_tile, finite)
+    return tl.sum(sq, axis=0), tl.sum(bad, axis=0)
 
 
 @triton.jit
-def tile_telemetry(g, in_tile, finite):
-    """(Σ g² over the tile in fp64, number of non-finite g) -- g² is exact in fp64 (48 bits)."""
+def row_telemetry(g, in_tile, finite):
+    """Per row of the tile: (Σ g² in fp64 [BM], number of non-finite g [BM]). The sum over a row's
+    columns stays inside a warp (the rows of the accumulator's layout are split over warps, its
+    columns over a warp's lanes); the column epilogue adds its sub-tiles' rows element-wise and
+    reduces over rows, across warps through shared memory and a barrier, once per tile."""
     g64 = g.to(tl.float64)
     sq = tl.where(in_tile, g64 * g64, 0.0)
-    norm_sq = tl.sum(tl.sum(sq, axis=1), axis=0)
-    nonfinite = tl.sum(tl.sum(tl.where(in_tile & (finite == 0), 1, 0), axis=1), axis=0)
-    return norm_sq, nonfinite
+    return tl.sum(sq, axis=1), tl.sum(tl.where(in_tile & (finite == 0), 1, 0), axis=1)
 
 
 # Triton specializes every int argument on its value (== 1, % 16 == 0) and its range (i32, i64,
@@ -148,7 +138,7 @@ def fused_linear_update_kernel(
     INPUT_PRECISION: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
     PERSISTENT: tl.constexpr = False, GROUP_M: tl.constexpr = 8, USE_TMA: tl.constexpr = False,
-    PREFETCH_L2: tl.constexpr = False,
+    ROW_TELEMETRY: tl.constexpr = False,
 ):
     """One program per tile (grid [cdiv(M, BM), cdiv(N, BN)]), or PERSISTENT: a 1-D grid of fewer
     programs, each walking tiles pid, pid + P, pid + 2P, ... in grouped order (GROUP_M tile rows
@@ -168,7 +158,8 @@ def fused_linear_update_kernel(
                 pid_m, pid_n, w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, x_desc, dy_desc, accum_ptr, acc_out_ptr,
                 norm_sq_ptr, nonfinite_ptr, scale0_ptr, scale1_ptr, n_blocks, M, N, K, stride_xk, stride_xn, stride_dyk,
                 stride_dym, h, grad_scale, seed, rand_stride, rand_base, slots_n, GUARDED_UPDATE, N_STATE, BF16_STORAGE, STATE_Q8,
-                UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA, PREFETCH_L2)
+                UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA,
+                ROW_TELEMETRY)
     else:
         linear_update_tile(
             tl.program_id(0), tl.program_id(1), w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, x_desc, dy_desc, accum_ptr,
@@ -176,7 +167,7 @@ def fused_linear_update_kernel(
             norm_sq_ptr, nonfinite_ptr, scale0_ptr, scale1_ptr, n_blocks, M, N, K, stride_xk, stride_xn,
             stride_dyk, stride_dym, h, grad_scale, seed, rand_stride, rand_base, slots_n, GUARDED_UPDATE, N_STATE, BF16_STORAGE,
             STATE_Q8, UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA,
-            PREFETCH_L2)
+            ROW_TELEMETRY)
 
 
 @triton.jit
@@ -191,20 +182,11 @@ def linear_update_tile(
     UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, HAS_ACCUM: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, USE_TMA: tl.constexpr,
-    PREFETCH_L2: tl.constexpr = False,
+    ROW_TELEMETRY: tl.constexpr = False,
 ):
-    """The tile (pid_m, pid_n): mainloop, epilogue, telemetry slot (the module docstring's pseudocode).
-    PREFETCH_L2: before the mainloop, ask L2 for the lines of W and state the epilogue will read
-    (prefetch_tile_l2), so that their HBM traffic overlaps the mainloop. A hint only: no value moves."""
+    """The tile (pid_m, pid_n): mainloop, epilogue, telemetry slot (the module docstring's pseudocode)."""
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_n = pid_n * BN + tl.arange(0, BN)
-    if PREFETCH_L2 and UPDATE:
-        prefetch_tile_l2(w_ptr, offs_m, pid_n * BN, M, N, BN)
-        if N_STATE >= 1:
-            prefetch_tile_l2(s0_ptr, offs_m, pid_n * BN, M, N, BN)
-        if N_STATE >= 2:
-            prefetch_tile_l2(s1_ptr, offs_m, pid_n * BN, M, N, BN)
-
     in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     offs = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
     if HAS_ACCUM:
@@ -229,7 +211,8 @@ def linear_update_tile(
     else:
         norm_sq, nonfinite = update_columns(
             g, offs_m, pid_n * BN, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed,
-            rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC, EPILOGUE_SPLIT)
+            rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC, EPILOGUE_SPLIT,
+            ROW_TELEMETRY)
 
     slot = pid_m * slots_n + pid_n  # one slot per tile: every slot is written, no fill needed
     tl.store(norm_sq_ptr + slot, norm_sq)
@@ -252,7 +235,8 @@ def row_halves(x, BM: tl.constexpr, BN: tl.constexpr):
 # [BM, BN / EPILOGUE_SPLIT], one after the other, each loading its W and state, applying the rule and
 # storing them (W, S0 and S1 of a whole tile next to the accumulator do not fit in registers: ptxas
 # spilled kilobytes per thread at 128x128; a quarter of them does). Element-wise, so the split
-# changes no bit of W or state; the telemetry partials add up in a balanced tree (pairwise_sum).
+# changes no bit of W or state; the telemetry partials add up in a balanced tree (pairwise_sum), or
+# with ROW_TELEMETRY row by row over the sub-tiles (row_telemetry).
 @triton.jit
 def column_subtiles(g, SPLIT: tl.constexpr):
     """(g[:, 0:SW], g[:, SW:2SW], ...): the SPLIT (1, 2, 4 or 8) column sub-tiles of g [BM, W], SW = W / SPLIT.
@@ -304,8 +288,8 @@ def finish_subtile(
     UPDATE: tl.constexpr, STORE_ACC: tl.constexpr,
 ):
     """The epilogue on the columns [n, n + SW) with their W and state loaded (state = (p, s0, s1)):
-    store g (debug), apply the guarded rule and store W and state; return (Σ g² in fp64, number of
-    non-finite g) over the sub-tile."""
+    store g (debug), apply the guarded rule and store W and state; return row_telemetry of the
+    sub-tile (per row: Σ g² in fp64, number of non-finite g)."""
     offs, in_tile, offs_n = subtile_addresses(offs_m, n, M, N, g.shape[1])
     if STORE_ACC:
         tl.store(acc_out_ptr + offs, g, mask=in_tile)
@@ -316,19 +300,24 @@ def finish_subtile(
                                  GUARDED_UPDATE, N_STATE, BF16_STORAGE)
     else:
         finite = (g == g) & (tl.abs(g) < float("inf"))
-    return tile_telemetry(g, in_tile, finite)
+    return row_telemetry(g, in_tile, finite)
 
 
 @triton.jit
 def update_columns(
     g, offs_m, n0, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride, rand_base,
     GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr,
-    UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, SPLIT: tl.constexpr,
+    UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, SPLIT: tl.constexpr, ROW_TELEMETRY: tl.constexpr = False,
 ):
     """The column epilogue (see above) on the tile g [BM, W] at columns n0."""
     SW: tl.constexpr = g.shape[1] // SPLIT
     subtiles = column_subtiles(g, SPLIT)
     state = None
+    # ROW_TELEMETRY (candidate): the sub-tiles' row partials (row_telemetry) summed row by row as they
+    # come, then one reduction over the rows for the tile; otherwise each sub-tile reduces over its
+    # rows (a cross-warp reduction: shared memory and barriers) and the SPLIT partials add in a tree
+    row_sq = tl.zeros((g.shape[0],), dtype=tl.float64)
+    row_bad = tl.zeros((g.shape[0],), dtype=tl.int32)
     sqs = ()
     bads = ()
     for j in tl.static_range(SPLIT):
@@ -337,9 +326,16 @@ def update_columns(
         sq, bad = finish_subtile(state, subtiles[j], offs_m, n0 + j * SW, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr,
                                  h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE,
                                  UPDATE, STORE_ACC)
-        sqs = sqs + (sq,)
-        bads = bads + (bad,)
-    return pairwise_sum(sqs, SPLIT), pairwise_sum(bads, SPLIT)
+        if ROW_TELEMETRY:
+            row_sq += sq
+            row_bad += bad
+        else:
+            sqs = sqs + (tl.sum(sq, axis=0),)
+            bads = bads + (tl.sum(bad, axis=0),)
+    if ROW_TELEMETRY:
+        return tl.sum(row_sq, axis=0), tl.sum(row_bad, axis=0)
+    else:
+        return pairwise_sum(sqs, SPLIT), pairwise_sum(bads, SPLIT)
 
 
 @triton.jit

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import collections
+import dataclasses
 import inspect
 import json
 import re
@@ -87,8 +88,7 @@ def check_fused(rule_name: str, dtype: str) -> dict:
         sig[k] = "constexpr"
     ptx = compile_ptx(fused_linear_update_kernel, sig, const, {"num_stages": 2})
     return {"rule": rule_name, "dtype": dtype, "ptx": count(ptx), "forbidden": forbidden(ptx),
-            "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "fma_total": len(re.findall(r"fma\.rn\.f32", ptx)),
-            "prefetch_l2": len(re.findall(r"prefetch\.global\.L2", ptx))}
+            "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "fma_total": len(re.findall(r"fma\.rn\.f32", ptx))}
 
 
 def launch_specializations(kernel) -> list:
@@ -129,10 +129,10 @@ def main() -> int:
                                                ("8bit", "bf16", kernels.Q8_CONFIGS[kernels.torch.bfloat16]),
                                                ("8bit", "fp32", kernels.Q8_CONFIGS[kernels.torch.float32]))
                          for c in cfgs],
-           # the L2-prefetching candidates (AdamW, fp32 storage): prefetch instructions in the PTX
-           "prefetch": [dict(label=c.label, BM=c.BM, BN=c.BN, num_warps=c.num_warps,
-                             prefetch_l2=len(re.findall(r"prefetch\.global\.L2", compile_tuned(c, rules.ADAMW, "bf16", "fp32"))))
-                        for c in kernels.CANDIDATE_CONFIGS if c.l2_prefetch],
+           # barriers of the first row-telemetry candidate and of its twin (AdamW, fp32 storage)
+           "row_telemetry": {str(flag): len(re.findall(r"bar\.sync", compile_tuned(
+               dataclasses.replace(next(c for c in kernels.CANDIDATE_CONFIGS if c.row_telemetry), row_telemetry=flag),
+               rules.ADAMW, "bf16", "fp32"))) for flag in (True, False)},
            "labels": {str(c): c.label for c in (*kernels.BF16_CONFIGS, *kernels.IEEE_CONFIGS,
                                                 *kernels.Q8_CONFIGS[kernels.torch.bfloat16],
                                                 *kernels.Q8_CONFIGS[kernels.torch.float32])}}

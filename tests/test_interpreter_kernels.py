@@ -303,9 +303,7 @@ def test_eight_way_split_epilogue():
                   bad_rows=2, precision="bf16-sr"), CPU)
 
 
-# l2_prefetch is off under the interpreter (no PTX to prefetch with), so an L2-prefetching candidate
-# interprets as its twin without the flag: its bits are checked on the GPU (test_gpu_exactness.py).
-@pytest.mark.parametrize("config", [c for c in kernels.CANDIDATE_CONFIGS if not c.l2_prefetch], ids=str)
+@pytest.mark.parametrize("config", kernels.CANDIDATE_CONFIGS, ids=str)
 def test_candidate_configs(config):
     """The benchmark's candidate tiles (kernels.CANDIDATE_CONFIGS) compute the emulator's bits (TMA
     ones on rows the copy engine can address, over several tiles, so that the descriptors run)."""
