@@ -29,7 +29,13 @@ if ls .whl/*.whl >/dev/null 2>&1; then  # the baselines (bitsandbytes, torchao, 
 fi
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
   python3 -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, 'cuda', torch.version.cuda)"
-  git log -1 --format='commit %H %s' 2>/dev/null; date -u +%Y-%m-%dT%H:%M:%SZ; } | tee "$R/env.txt"
+  # the device's copy of the working tree may carry a stale .git (seen in session 9: HEAD was the
+  # session's first commit): the digest of the Python sources says which tree ran; compare it with
+  # the same command run here on a commit
+  git log -1 --format='commit %H %s' 2>/dev/null
+  echo "sources $(find forge_num kernels emulator bench tests proofs examples -name '*.py' | sort | xargs sha1sum | sha1sum | cut -c1-12)" \
+    "(find forge_num kernels emulator bench tests proofs examples -name '*.py' | sort | xargs sha1sum | sha1sum)"
+  date -u +%Y-%m-%dT%H:%M:%SZ; } | tee "$R/env.txt"
 
 run_exactness() {
   timeout -s INT -k 30 "${T_EXACT:-300}" python3 -m pytest -m "exactness or gpu or statistical" -q -rfE \

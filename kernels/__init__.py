@@ -137,17 +137,13 @@ class TileConfig:
     # multiprocessor's 65,536 registers, so one program's epilogue overlaps another's mainloop:
     # 128 registers x 256 threads = two 8-warp programs per SM (ptxas then spills what does not fit).
     max_registers: int = 0
-    # The column epilogue's gradient-norm telemetry summed per row over the sub-tiles and reduced over
-    # the rows once per tile (one cross-warp reduction instead of one per sub-tile; 33 bar.sync in
-    # the 64x128 TMA tile's PTX instead of 51). Another order of the same fp64 sum (proofs/telemetry.md).
-    row_telemetry: bool = False
 
     @property
     def label(self) -> str:
-        """Short name for tables: 64x128x64 w4 s4 e4 [p2] [tma] [r128] [rt]."""
+        """Short name for tables: 64x128x64 w4 s4 e4 [p2] [tma] [r128]."""
         return (f"{self.BM}x{self.BN}x{self.BK} w{self.num_warps} s{self.num_stages} e{self.epilogue_split}"
                 + (f" p{self.persistent}" if self.persistent else "") + (" tma" if self.tma else "")
-                + (f" r{self.max_registers}" if self.max_registers else "") + (" rt" if self.row_telemetry else ""))
+                + (f" r{self.max_registers}" if self.max_registers else ""))
 
     def __post_init__(self):
         for name in ("BM", "BN", "BK"):
@@ -240,11 +236,17 @@ INTERPRETER_Q8_CONFIG = TileConfig(16, 128, 16, num_warps=4, num_stages=1)
 #   nondeterministically (hypothesis could not replay its failure), i.e. a race in the compiler's
 #   partitioning; and they were slower than the default at every point timed (1.8-2.3x its time on
 #   weights of 3072x3072 and up).
-#   Session 9 (bench/results/2026-12-03-h200-s9/): tiles that prefetched their epilogue's W, m and v
-#   into L2 before the mainloop (`prefetch.global.L2` per 128-byte line, no register held; commit
-#   a729915) were dropped: bit-exact on the GPU, but slower than their twins at 26 of 28 fp32 points
-#   at K <= 4096 (the TMA 64x128 by 5-19% at K <= 1024), and ncu saw DRAM throughput and L2 hit
-#   rate unchanged (46.6% / 57% against 45.1% / 58% at 4096x4096, K = 256).
+#   Session 9 (bench/results/2026-12-03-h200-s9/), two epilogue changes, each bit-exact on the GPU
+#   and dropped:
+#   * tiles that prefetched their epilogue's W, m and v into L2 before the mainloop
+#     (`prefetch.global.L2` per 128-byte line, no register held; commit a729915): slower than their
+#     twins at 26 of 28 fp32 points with K <= 4096 (the TMA 64x128 by 5-19% at K <= 1024); ncu saw
+#     DRAM throughput and L2 hit rate unchanged (46.6% / 57% against 45.1% / 58% at 4096x4096, K = 256);
+#   * the column epilogue's telemetry reduced across warps once per tile instead of once per
+#     sub-tile (51 -> 33 bar.sync in the 64x128 TMA tile; commit 0e5b400): within -3..+4% of the
+#     twins on the defaults' own ranges (geometric means 0.97-1.02 over five shapes a K), so the
+#     barriers are not what holds the epilogue back. Only the persistent 128x128 gained at
+#     K <= 2048 (1.02-1.09x), where it is not the default.
 #   8bit: none now (the two row-split tiles were promoted into Q8_CONFIGS in session 5).
 CANDIDATE_CONFIGS = (
     TileConfig(128, 128, 64, num_warps=8, num_stages=3, epilogue_split=8, persistent=2, tma=True, max_registers=128),
@@ -252,16 +254,6 @@ CANDIDATE_CONFIGS = (
     # session 6: 1.05-1.18x faster than the 64x64 default at K = 2048 and 4096, behind the promoted
     # four-per-SM tile (128 registers) at every point.
     TileConfig(64, 64, 64, num_warps=4, num_stages=4, epilogue_split=4, max_registers=168),
-    # Session 9: the four fp32 defaults with the column epilogue's telemetry reduced once per tile
-    # (TileConfig.row_telemetry). ncu on the H200 (session 9, 4096x4096, K = 256): the default
-    # 64x128 runs two 4-warp programs per SM (registers and shared memory), issues an instruction
-    # every 3.8 cycles per scheduler and reaches 45% of DRAM bandwidth: latency-bound, and every
-    # bar.sync stops a program's four warps together. ptxas, sm_90a, AdamW fp32 storage: bar.sync
-    # 51 -> 33 a tile; registers 255; spills 0, 0, 100 (twin 36) and 96 (twin 40) B.
-    TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, tma=True, row_telemetry=True),
-    TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, row_telemetry=True),
-    TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, persistent=1, tma=True, row_telemetry=True),
-    TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4, persistent=2, tma=True, row_telemetry=True),
 )
 CANDIDATE_Q8_CONFIGS: tuple[TileConfig, ...] = ()
 
@@ -496,7 +488,6 @@ def _launch_linear(
             INPUT_PRECISION=precision,
             BM=config.BM, BN=config.BN, BK=config.BK, EPILOGUE_SPLIT=config.epilogue_split,
             PERSISTENT=bool(config.persistent), USE_TMA=x_desc is not None,
-            ROW_TELEMETRY=config.row_telemetry,
             num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers or None,
             enable_fp_fusion=False,
         )

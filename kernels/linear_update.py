@@ -90,19 +90,11 @@ def weight_grad_tile(
 @triton.jit
 def tile_telemetry(g, in_tile, finite):
     """(Σ g² over the tile in fp64, number of non-finite g) -- g² is exact in fp64 (48 bits)."""
-    sq, bad = row_telemetry(g, in_tile, finite)
-    return tl.sum(sq, axis=0), tl.sum(bad, axis=0)
-
-
-@triton.jit
-def row_telemetry(g, in_tile, finite):
-    """Per row of the tile: (Σ g² in fp64 [BM], number of non-finite g [BM]). The sum over a row's
-    columns stays inside a warp (the rows of the accumulator's layout are split over warps, its
-    columns over a warp's lanes); the column epilogue adds its sub-tiles' rows element-wise and
-    reduces over rows, across warps through shared memory and a barrier, once per tile."""
     g64 = g.to(tl.float64)
     sq = tl.where(in_tile, g64 * g64, 0.0)
-    return tl.sum(sq, axis=1), tl.sum(tl.where(in_tile & (finite == 0), 1, 0), axis=1)
+    norm_sq = tl.sum(tl.sum(sq, axis=1), axis=0)
+    nonfinite = tl.sum(tl.sum(tl.where(in_tile & (finite == 0), 1, 0), axis=1), axis=0)
+    return norm_sq, nonfinite
 
 
 # Triton specializes every int argument on its value (== 1, % 16 == 0) and its range (i32, i64,
@@ -138,7 +130,6 @@ def fused_linear_update_kernel(
     INPUT_PRECISION: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
     PERSISTENT: tl.constexpr = False, GROUP_M: tl.constexpr = 8, USE_TMA: tl.constexpr = False,
-    ROW_TELEMETRY: tl.constexpr = False,
 ):
     """One program per tile (grid [cdiv(M, BM), cdiv(N, BN)]), or PERSISTENT: a 1-D grid of fewer
     programs, each walking tiles pid, pid + P, pid + 2P, ... in grouped order (GROUP_M tile rows
@@ -158,16 +149,14 @@ def fused_linear_update_kernel(
                 pid_m, pid_n, w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, x_desc, dy_desc, accum_ptr, acc_out_ptr,
                 norm_sq_ptr, nonfinite_ptr, scale0_ptr, scale1_ptr, n_blocks, M, N, K, stride_xk, stride_xn, stride_dyk,
                 stride_dym, h, grad_scale, seed, rand_stride, rand_base, slots_n, GUARDED_UPDATE, N_STATE, BF16_STORAGE, STATE_Q8,
-                UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA,
-                ROW_TELEMETRY)
+                UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA)
     else:
         linear_update_tile(
             tl.program_id(0), tl.program_id(1), w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, x_desc, dy_desc, accum_ptr,
             acc_out_ptr,
             norm_sq_ptr, nonfinite_ptr, scale0_ptr, scale1_ptr, n_blocks, M, N, K, stride_xk, stride_xn,
             stride_dyk, stride_dym, h, grad_scale, seed, rand_stride, rand_base, slots_n, GUARDED_UPDATE, N_STATE, BF16_STORAGE,
-            STATE_Q8, UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA,
-            ROW_TELEMETRY)
+            STATE_Q8, UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA)
 
 
 @triton.jit
@@ -182,11 +171,11 @@ def linear_update_tile(
     UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, HAS_ACCUM: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, USE_TMA: tl.constexpr,
-    ROW_TELEMETRY: tl.constexpr = False,
 ):
     """The tile (pid_m, pid_n): mainloop, epilogue, telemetry slot (the module docstring's pseudocode)."""
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_n = pid_n * BN + tl.arange(0, BN)
+
     in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     offs = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
     if HAS_ACCUM:
@@ -211,8 +200,7 @@ def linear_update_tile(
     else:
         norm_sq, nonfinite = update_columns(
             g, offs_m, pid_n * BN, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed,
-            rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC, EPILOGUE_SPLIT,
-            ROW_TELEMETRY)
+            rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC, EPILOGUE_SPLIT)
 
     slot = pid_m * slots_n + pid_n  # one slot per tile: every slot is written, no fill needed
     tl.store(norm_sq_ptr + slot, norm_sq)
@@ -235,8 +223,7 @@ def row_halves(x, BM: tl.constexpr, BN: tl.constexpr):
 # [BM, BN / EPILOGUE_SPLIT], one after the other, each loading its W and state, applying the rule and
 # storing them (W, S0 and S1 of a whole tile next to the accumulator do not fit in registers: ptxas
 # spilled kilobytes per thread at 128x128; a quarter of them does). Element-wise, so the split
-# changes no bit of W or state; the telemetry partials add up in a balanced tree (pairwise_sum), or
-# with ROW_TELEMETRY row by row over the sub-tiles (row_telemetry).
+# changes no bit of W or state; the telemetry partials add up in a balanced tree (pairwise_sum).
 @triton.jit
 def column_subtiles(g, SPLIT: tl.constexpr):
     """(g[:, 0:SW], g[:, SW:2SW], ...): the SPLIT (1, 2, 4 or 8) column sub-tiles of g [BM, W], SW = W / SPLIT.
@@ -288,8 +275,8 @@ def finish_subtile(
     UPDATE: tl.constexpr, STORE_ACC: tl.constexpr,
 ):
     """The epilogue on the columns [n, n + SW) with their W and state loaded (state = (p, s0, s1)):
-    store g (debug), apply the guarded rule and store W and state; return row_telemetry of the
-    sub-tile (per row: Σ g² in fp64, number of non-finite g)."""
+    store g (debug), apply the guarded rule and store W and state; return (Σ g² in fp64, number of
+    non-finite g) over the sub-tile."""
     offs, in_tile, offs_n = subtile_addresses(offs_m, n, M, N, g.shape[1])
     if STORE_ACC:
         tl.store(acc_out_ptr + offs, g, mask=in_tile)
@@ -300,24 +287,19 @@ def finish_subtile(
                                  GUARDED_UPDATE, N_STATE, BF16_STORAGE)
     else:
         finite = (g == g) & (tl.abs(g) < float("inf"))
-    return row_telemetry(g, in_tile, finite)
+    return tile_telemetry(g, in_tile, finite)
 
 
 @triton.jit
 def update_columns(
     g, offs_m, n0, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride, rand_base,
     GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr,
-    UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, SPLIT: tl.constexpr, ROW_TELEMETRY: tl.constexpr = False,
+    UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """The column epilogue (see above) on the tile g [BM, W] at columns n0."""
     SW: tl.constexpr = g.shape[1] // SPLIT
     subtiles = column_subtiles(g, SPLIT)
     state = None
-    # ROW_TELEMETRY (candidate): the sub-tiles' row partials (row_telemetry) summed row by row as they
-    # come, then one reduction over the rows for the tile; otherwise each sub-tile reduces over its
-    # rows (a cross-warp reduction: shared memory and barriers) and the SPLIT partials add in a tree
-    row_sq = tl.zeros((g.shape[0],), dtype=tl.float64)
-    row_bad = tl.zeros((g.shape[0],), dtype=tl.int32)
     sqs = ()
     bads = ()
     for j in tl.static_range(SPLIT):
@@ -326,16 +308,9 @@ def update_columns(
         sq, bad = finish_subtile(state, subtiles[j], offs_m, n0 + j * SW, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr,
                                  h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE,
                                  UPDATE, STORE_ACC)
-        if ROW_TELEMETRY:
-            row_sq += sq
-            row_bad += bad
-        else:
-            sqs = sqs + (tl.sum(sq, axis=0),)
-            bads = bads + (tl.sum(bad, axis=0),)
-    if ROW_TELEMETRY:
-        return tl.sum(row_sq, axis=0), tl.sum(row_bad, axis=0)
-    else:
-        return pairwise_sum(sqs, SPLIT), pairwise_sum(bads, SPLIT)
+        sqs = sqs + (sq,)
+        bads = bads + (bad,)
+    return pairwise_sum(sqs, SPLIT), pairwise_sum(bads, SPLIT)
 
 
 @triton.jit

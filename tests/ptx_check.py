@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import collections
-import dataclasses
 import inspect
 import json
 import re
@@ -129,10 +128,6 @@ def main() -> int:
                                                ("8bit", "bf16", kernels.Q8_CONFIGS[kernels.torch.bfloat16]),
                                                ("8bit", "fp32", kernels.Q8_CONFIGS[kernels.torch.float32]))
                          for c in cfgs],
-           # barriers of the first row-telemetry candidate and of its twin (AdamW, fp32 storage)
-           "row_telemetry": {str(flag): len(re.findall(r"bar\.sync", compile_tuned(
-               dataclasses.replace(next(c for c in kernels.CANDIDATE_CONFIGS if c.row_telemetry), row_telemetry=flag),
-               rules.ADAMW, "bf16", "fp32"))) for flag in (True, False)},
            "labels": {str(c): c.label for c in (*kernels.BF16_CONFIGS, *kernels.IEEE_CONFIGS,
                                                 *kernels.Q8_CONFIGS[kernels.torch.bfloat16],
                                                 *kernels.Q8_CONFIGS[kernels.torch.float32])}}

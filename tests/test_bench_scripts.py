@@ -81,6 +81,25 @@ def test_host_time_refuses_without_cuda():
     assert proc.returncode != 0 and "no CUDA device" in proc.stderr + proc.stdout
 
 
+def test_ncu_probe_refuses_without_cuda_and_resolves_tile_labels():
+    """bench/ncu_probe.py only launches for Nsight Compute: without CUDA it says so and fails; its tile
+    labels ('_' for a space, as gpu_session.sh passes them) name the launcher's tiles, and an unknown
+    label is an error that lists the known ones."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "ncu_probe.py")], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, check=False)
+    assert proc.returncode != 0 and "needs CUDA" in proc.stderr + proc.stdout
+    import torch
+
+    from bench import ncu_probe
+    from forge_num import kernels
+
+    tile = ncu_probe.tile_by_label("64x128x64_w4_s4_e4_tma".replace("_", " "), 4096, 4096, 256)
+    assert tile.label == "64x128x64 w4 s4 e4 tma" and tile in kernels.BF16_CONFIGS
+    assert ncu_probe.tile_by_label("default", 4096, 4096, 256) == kernels.default_config(4096, 4096, 256, torch.bfloat16)
+    with pytest.raises(SystemExit, match="unknown tile label"):
+        ncu_probe.tile_by_label("64x128x64 w4 s4 e4 l2", 4096, 4096, 256)
+
+
 def test_host_time_python_part_runs_on_the_cpu(tmp_path):
     """--part python: forge's per-linear Python against nn.Linear + torch AdamW, kernels stubbed;
     on the CPU it runs and reports both step times and the difference per linear."""

@@ -47,12 +47,6 @@ def test_fused_kernels_have_no_approximate_ops(report):
             assert r["wgmma"] == 0 and r["fma_total"] >= 64 * 64 * 16 // 128, r
 
 
-def test_row_telemetry_takes_barriers_out_of_the_epilogue(report):
-    """TileConfig.row_telemetry reduces the telemetry across warps once per tile instead of once per
-    sub-tile: fewer bar.sync in the compiled tile than in its twin (session 9: 33 against 51)."""
-    assert report["row_telemetry"]["True"] < report["row_telemetry"]["False"], report["row_telemetry"]
-
-
 # Spills a configuration may have, by (label, storage regime), each with the measurement that
 # makes it worth them. Every entry must name a configuration the report compiles, so the table
 # cannot outlive its reason. Bytes of spill stores per thread, ptxas of Triton 3.6 for sm_90a.
