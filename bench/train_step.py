@@ -23,6 +23,12 @@ Methods (no gradient clipping anywhere: gradient release cannot clip):
                   enable_gradient_release(); on the CPU (--tiny) quantize=False, master_weight_bits=None,
                   fused=False, since the rest is CUDA only
 
+A method name with the suffix "+cl" (forge+cl, torch_adamw+cl, ...) runs the same method with the
+loss computed by forge_num.linear_cross_entropy (the LM head's logits in row chunks, 2 bytes a
+logit kept for the backward instead of 12: forge_num/loss.py) instead of the model's own loss; the
+head's update is the method's as before. Every method can take it, so its memory and speed are
+compared method by method.
+
 A method that cannot run is reported with its status (unavailable / oom / error / timeout /
 skipped) and the reason; it is never dropped.
 
@@ -100,9 +106,17 @@ FLOOR = {
 }
 
 
+CHUNKED_LOSS = "+cl"
+
+
+def base_method(method: str) -> str:
+    """The optimizer setup of a method name: "forge+cl" -> "forge" (the suffix picks the loss)."""
+    return method[: -len(CHUNKED_LOSS)] if method.endswith(CHUNKED_LOSS) else method
+
+
 def floor_bytes_per_param(method: str) -> float:
     """Weights + optimizer state + gradients kept at once, bytes per parameter (no activations)."""
-    w, s, g, _c, _ = FLOOR[method]
+    w, s, g, _c, _ = FLOOR[base_method(method)]
     return w + s + g
 
 
@@ -138,9 +152,13 @@ def predict_peak_bytes(cfg: dict, method: str, batch: int, seq: int, checkpointi
                     loss, fp32 and bf16 logit gradients: 12 B per logit)
     end of backward: W + S + G + the largest single gradient where gradients are released one by
                     one (the embedding's, fp32 or bf16)
+    With the chunked loss ("+cl") the logits term is the bf16 dY kept for the head (2 B per logit)
+    plus one chunk's temporaries (forge_num.loss.DEFAULT_CHUNK_BYTES).
     Saved activations per token and layer: residual stream only with checkpointing (4h fp32
     regime, 2h bf16) plus one recomputed layer; without, 34h + 8i (fp32 regime) or 24h + 8i (bf16).
     """
+    chunked = method.endswith(CHUNKED_LOSS)
+    method = base_method(method)
     n = count_params(cfg)
     w, s, g, c, dt = FLOOR[method]
     h, i, L, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
@@ -152,7 +170,7 @@ def predict_peak_bytes(cfg: dict, method: str, batch: int, seq: int, checkpointi
     if method in FORGE_PRECISION:
         # fused linears hold no bf16 copy; a tied LM head is an ordinary autocast linear (fp32 regime)
         cache = 2.0 * n["embed"] if cfg.get("tie_word_embeddings") and dt == "fp32" else 0.0
-    logits = 12.0 * T * V
+    logits = 2.0 * T * V + 512 * 2**20 if chunked else 12.0 * T * V
     fwd = (w + s) * n["total"] + cache + act + logits
     released = {"forge": 4.0, "forge_bf16sr": 2.0, "forge_8bit": 2.0, "torch_hooks": 4.0,
                 "flashoptim": 2.0}.get(method, 0.0) * n["embed"]
@@ -168,6 +186,7 @@ _NEEDS = {"bnb_adamw8bit": "bitsandbytes", "ao_adamw8bit": "torchao", "flashopti
 
 
 def unavailable_reason(method: str, cuda: bool) -> str | None:
+    method = base_method(method)
     if method not in METHODS:
         return f"unknown method (known: {', '.join(METHODS)})"
     mod = _NEEDS.get(method)
@@ -360,9 +379,12 @@ def run_spec(spec: dict) -> dict:
     """Runs one measurement in this process; returns the result row (never raises)."""
     import torch
 
+    from forge_num.loss import linear_cross_entropy
+
     cuda = torch.cuda.is_available() and not spec.get("cpu", False)
     device = torch.device("cuda" if cuda else "cpu")
-    method, cfg = spec["method"], spec["config"]
+    method, cfg = base_method(spec["method"]), spec["config"]
+    chunked_loss = spec["method"].endswith(CHUNKED_LOSS)
     batch, seq, ckpt = spec["batch"], spec["seq"], spec["checkpointing"]
     row = {"status": "error", "reason": None, "peak_gib": None, "after_build_gib": None,
            "tokens_per_s": None, "step_s_median": None, "step_s": [], "losses": []}
@@ -390,7 +412,11 @@ def run_spec(spec: dict) -> dict:
 
         def step():
             with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                loss = model(input_ids=ids, labels=ids).loss
+                if chunked_loss:  # the model's next-token loss, its logits in row chunks
+                    hidden = model.model(input_ids=ids).last_hidden_state
+                    loss = linear_cross_entropy(hidden[:, :-1], model.lm_head, ids[:, 1:])
+                else:
+                    loss = model(input_ids=ids, labels=ids).loss
             loss.backward()
             backward_issued.append(time.perf_counter())  # before after(): forge's step() syncs once
             after()
@@ -580,17 +606,19 @@ def _fmt(x, spec="{:.2f}"):
 
 
 def add_ratios(rows: list) -> None:
-    """Each ok row: peak and tokens/s as ratios to torch_adamw's row of the same configuration."""
+    """Each ok row: peak and tokens/s as ratios to torch_adamw's row of the same configuration; a
+    chunked-loss row ("+cl") also to torch_adamw+cl's (the suffix _cl)."""
     key = lambda r: (r["model"], r["batch"], r["seq"], r["checkpointing"])  # noqa: E731
-    ref = {key(r): r for r in rows if r["method"] == "torch_adamw" and r["status"] == "ok"}
-    for r in rows:
-        b = ref.get(key(r))
-        if r["status"] != "ok" or b is None:
-            continue
-        if r.get("peak_gib") and b.get("peak_gib"):
-            r["peak_vs_torch_adamw"] = r["peak_gib"] / b["peak_gib"]
-        if r.get("tokens_per_s") and b.get("tokens_per_s"):
-            r["tokens_per_s_vs_torch_adamw"] = r["tokens_per_s"] / b["tokens_per_s"]
+    for ref_method, suffix in (("torch_adamw", ""), ("torch_adamw" + CHUNKED_LOSS, "_cl")):
+        ref = {key(r): r for r in rows if r["method"] == ref_method and r["status"] == "ok"}
+        for r in rows:
+            b = ref.get(key(r))
+            if r["status"] != "ok" or b is None or (suffix and not r["method"].endswith(CHUNKED_LOSS)):
+                continue
+            if r.get("peak_gib") and b.get("peak_gib"):
+                r["peak_vs_torch_adamw" + suffix] = r["peak_gib"] / b["peak_gib"]
+            if r.get("tokens_per_s") and b.get("tokens_per_s"):
+                r["tokens_per_s_vs_torch_adamw" + suffix] = r["tokens_per_s"] / b["tokens_per_s"]
 
 
 def print_row(r: dict) -> None:
@@ -703,7 +731,10 @@ def main(argv=None) -> int:
             print(f"{r['method']:<14} {r['model']:<9} {r['batch']}x{r['seq']:<5} {ck}  "
                   f"peak x{_fmt(r.get('peak_vs_torch_adamw'))}  "
                   f"tok/s x{_fmt(r.get('tokens_per_s_vs_torch_adamw'))}  "
-                  f"{_fmt(r.get('model_tflops_per_s'), '{:.1f}')} TFLOP/s (model FLOPs)")
+                  + (f"(vs torch_adamw+cl: peak x{_fmt(r.get('peak_vs_torch_adamw_cl'))} "
+                     f"tok/s x{_fmt(r.get('tokens_per_s_vs_torch_adamw_cl'))})  "
+                     if "peak_vs_torch_adamw_cl" in r or "tokens_per_s_vs_torch_adamw_cl" in r else "")
+                  + f"{_fmt(r.get('model_tflops_per_s'), '{:.1f}')} TFLOP/s (model FLOPs)")
     n_ok = sum(r["status"] == "ok" for r in rows)
     print(f"\n{n_ok}/{len(rows)} ran; {time.perf_counter() - t_begin:.0f} s" +
           (f"; wrote {args.out}" if args.out else ""))

@@ -26,3 +26,14 @@ def sum_of_squares_order_bound(n_terms: int, computed_sum: float) -> float:
     """
     g = gamma(max(n_terms - 1, 0))
     return 2 * g * computed_sum / (1 - g)
+
+
+U32 = 2.0**-24  # unit roundoff of binary32
+
+
+def mean_order_bound(n_terms: int, computed_mean: float, u: float = U32) -> float:
+    """Largest possible |a - b| between two means a = fl(S_A / c), b = fl(S_B / c) of the same n
+    nonnegative terms, whose sums S_A, S_B were added in two orders, given a (proofs/loss.md):
+    |a - b| <= |a| (2 gamma_{n-1} (1 + u) / ((1 - gamma_{n-1}) (1 - u)) + 2 u / (1 - u))."""
+    g = gamma(max(n_terms - 1, 0), u)
+    return abs(computed_mean) * (2 * g * (1 + u) / ((1 - g) * (1 - u)) + 2 * u / (1 - u))

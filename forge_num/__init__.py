@@ -20,6 +20,7 @@ _LAZY = {
     "Lion": ("forge_num.optim", "Lion"),
     "prepare": ("forge_num.fused", "prepare"),
     "unprepare": ("forge_num.fused", "unprepare"),
+    "linear_cross_entropy": ("forge_num.loss", "linear_cross_entropy"),
 }
 
 

@@ -163,36 +163,45 @@ class _FusedLinearFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         xc, weight, *kept = ctx.saved_tensors
-        kept_cast = kept[0] if kept else None
-        layer, use, dt = ctx.layer, ctx.use, ctx.dt
-        opt = layer.opt
-        conv = layer.layout == "conv1d"
-        x2 = xc.reshape(-1, xc.shape[-1])
-        dy2 = dy.reshape(-1, dy.shape[-1])
-        if dt is not None and dy2.dtype != dt:
-            dy2 = dy2.to(dt)
-        if kept_cast is not None:
-            wc = kept_cast
+        return (*fused_linear_backward(ctx.layer, ctx.use, ctx.param, xc, weight, kept[0] if kept else None, dy,
+                                       ctx.dt, ctx.x_dtype, ctx.has_bias, ctx.needs_input_grad[:3]), None, None)
+
+
+def fused_linear_backward(layer, use, param, xc, weight, kept_cast, dy, dt, x_dtype, has_bias, needs):
+    """(dX, dW, db) of a fused layer's use, given dY: dX with the pre-update weight first, then dW
+    handed to the optimizer (the fused update; or returned, where the weight takes the materialized
+    path). ``xc`` is the input as the layer computed with it (in the autocast dtype ``dt`` if any),
+    ``weight`` the saved weight, ``kept_cast`` its ``dt`` copy if one was kept, ``needs`` the
+    (input, weight, bias) entries of ``ctx.needs_input_grad``. Shared by the fused layer and by
+    forge_num.loss.linear_cross_entropy, whose LM head hands in the logits' gradient."""
+    opt = layer.opt
+    conv = layer.layout == "conv1d"
+    x2 = xc.reshape(-1, xc.shape[-1])
+    dy2 = dy.reshape(-1, dy.shape[-1])
+    if dt is not None and dy2.dtype != dt:
+        dy2 = dy2.to(dt)
+    if kept_cast is not None:
+        wc = kept_cast
+    else:
+        wc = weight.to(dt) if dt is not None else weight
+    dx = None
+    if needs[0]:  # dX with the pre-update weight, before anything else
+        dx = torch.mm(dy2, wc.t() if conv else wc).view(*xc.shape[:-1], -1).to(x_dtype)
+    db = None
+    if has_bias and needs[2]:
+        db = dy2.sum(0).to(torch.float32)
+    dw = None
+    if needs[1]:
+        if layer.materialize(use):
+            x32, dy32 = x2.to(torch.float32), dy2.to(torch.float32)
+            dw = torch.mm(x32.t(), dy32) if conv else torch.mm(dy32.t(), x32)
+        elif conv:  # weight [in, out] = dyᵀx with the roles of x and dy swapped
+            opt._on_linear_grad(param, dy2, x2)
         else:
-            wc = weight.to(dt) if dt is not None else weight
-        dx = None
-        if ctx.needs_input_grad[0]:  # dX with the pre-update weight, before anything else
-            dx = torch.mm(dy2, wc.t() if conv else wc).view(*xc.shape[:-1], -1).to(ctx.x_dtype)
-        db = None
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = dy2.sum(0).to(torch.float32)
-        dw = None
-        if ctx.needs_input_grad[1]:
-            if layer.materialize(use):
-                x32, dy32 = x2.to(torch.float32), dy2.to(torch.float32)
-                dw = torch.mm(x32.t(), dy32) if conv else torch.mm(dy32.t(), x32)
-            elif conv:  # weight [in, out] = dyᵀx with the roles of x and dy swapped
-                opt._on_linear_grad(ctx.param, dy2, x2)
-            else:
-                opt._on_linear_grad(ctx.param, x2, dy2)
-        if opt._mode != "norm":
-            use.done = True
-        return dx, dw, db, None, None
+            opt._on_linear_grad(param, x2, dy2)
+    if opt._mode != "norm":
+        use.done = True
+    return dx, dw, db
 
 
 def _fused_forward(self, input):

@@ -74,6 +74,30 @@ def test_train_step_tiny(tmp_path):
     assert "UNAVAILABLE" in proc.stdout and "tok/s" in proc.stdout
 
 
+def test_train_step_chunked_loss_rows(tmp_path):
+    """"+cl" runs a method with forge_num.linear_cross_entropy as its loss: the rows run, carry their
+    own ratios to torch_adamw+cl, and the memory model gives them 2 bytes a logit plus one chunk's
+    temporaries instead of 12 bytes a logit."""
+    out = tmp_path / "train_step.json"
+    _run("train_step.py", "--tiny", "--checkpointing", "on", "--methods", "forge,forge+cl,torch_adamw,torch_adamw+cl",
+         "--out", str(out))
+    rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+    for m in ("forge+cl", "torch_adamw+cl"):
+        assert rows[m]["status"] == "ok" and all(math.isfinite(x) for x in rows[m]["losses"]), rows[m]
+        assert rows[m]["tokens_per_s_vs_torch_adamw_cl"] > 0
+    assert rows["torch_adamw+cl"]["tokens_per_s_vs_torch_adamw_cl"] == 1.0
+    assert "tokens_per_s_vs_torch_adamw_cl" not in rows["forge"]
+    cfg = train_step.MODELS["llama-8b"]
+    T, V = 4096, cfg["vocab_size"]
+    diffs = {m: train_step.predict_peak_bytes(cfg, m, 4, 1024, True)
+             - train_step.predict_peak_bytes(cfg, m + "+cl", 4, 1024, True) for m in ("forge", "torch_adamw", "forge_8bit")}
+    # all of it where the forward's end is the peak (forge's), nothing where the backward's end is (AMP's
+    # 16 bytes a parameter at 8B)
+    assert diffs == {"forge": 10 * T * V - 512 * 2**20, "torch_adamw": 0, "forge_8bit": 10 * T * V - 512 * 2**20}
+    assert train_step.unavailable_reason("forge+cl", cuda=False) is None
+    assert "unknown method" in train_step.unavailable_reason("forge+xx", cuda=False)
+
+
 def test_host_time_refuses_without_cuda():
     """bench/host_time.py measures CUDA launches: on the CPU it says so and fails, not a fake number."""
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "host_time.py"), "--part", "launch"],

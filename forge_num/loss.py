@@ -1,0 +1,126 @@
+"""linear_cross_entropy: a language model's head and its cross-entropy loss, computed in row chunks.
+
+Under Hugging Face's loss the logits of a step cost 12 bytes each at their peak: the bf16 logits,
+their fp32 upcast, and the fp32 and bf16 gradients. At 4096 tokens and Llama's 128,256-token
+vocabulary that is 6.3 GB, more than the weight gradients forge_num never materializes at 1B
+parameters. Here the logits exist one chunk of rows at a time:
+
+    forward    loss = Σ_chunks cross_entropy(float(h_c · Wᵀ), y_c, reduction="sum") / count
+    backward   per chunk, again: dL/dlogits_c = autograd of the same chunk, with the scalar
+               grad_loss / count (what torch's mean reduction hands every row: -(grad / total_weight)
+               at the label, in fp32), stored in the logits' dtype (the upcast's backward rounds it
+               to bf16 so) into dY [tokens, vocabulary]; then dX = dY · W and the head's update
+               from dW = dYᵀ h (the fused kernel where the head is a fused layer, else returned
+               to autograd as F.linear would)
+
+so the backward holds 2 bytes per logit (dY, which the head's update needs whole) plus one chunk's
+temporaries. The price is the head's GEMM once more per chunk in the backward.
+
+What is and is not the same as ``F.cross_entropy(model.lm_head(h).float(), y)``: per row, the
+same operations (linear in the autocast dtype, upcast, log-softmax, the label's term). A chunk's
+logits come from a GEMM over fewer rows, which cuBLAS may compute with another algorithm, so the
+logits (and from them the loss and dY) may differ in their last bits from the whole GEMM's; the
+loss sums the chunks' sums in another order than torch's mean. The head's update from dY is the
+fused kernel's, bit-exact as everywhere in forge_num given its dY.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["linear_cross_entropy"]
+
+# Per-chunk temporaries, in bytes per logit: the logits (2, bf16), their fp32 upcast (4), the
+# log-softmax torch saves (4) and the fp32 gradient (4), rounded up to 16.
+_BYTES_PER_CHUNK_LOGIT = 16
+DEFAULT_CHUNK_BYTES = 512 * 2**20
+
+
+def linear_cross_entropy(hidden: torch.Tensor, head: nn.Linear, labels: torch.Tensor, *, ignore_index: int = -100,
+                         chunk_rows: int | None = None) -> torch.Tensor:
+    """Mean cross-entropy of ``head(hidden)`` against ``labels`` over the labels that are not
+    ``ignore_index``, without the full logits (module docstring). ``hidden`` [..., H], ``head`` an
+    nn.Linear [V, H] without bias (a forge_num fused layer or not), ``labels`` [...] integer class
+    indices (shift them for next-token prediction first). ``chunk_rows``: rows of logits computed
+    at once (default: as many as fit DEFAULT_CHUNK_BYTES of temporaries). Returns a 0-d tensor."""
+    from forge_num.fused import _RUNTIME
+
+    if not isinstance(head, nn.Linear):
+        raise TypeError(f"linear_cross_entropy: head must be an nn.Linear, got {type(head).__name__}")
+    if head.bias is not None:
+        raise ValueError("linear_cross_entropy: an LM head with a bias is not supported")
+    if hidden.shape[-1] != head.in_features:
+        raise ValueError(f"linear_cross_entropy: hidden has {hidden.shape[-1]} features, the head takes "
+                         f"{head.in_features}")
+    if labels.shape != hidden.shape[:-1]:
+        raise ValueError(f"linear_cross_entropy: labels of shape {tuple(labels.shape)} do not match hidden's "
+                         f"leading shape {tuple(hidden.shape[:-1])}")
+    if labels.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"linear_cross_entropy: labels must be int64 or int32 class indices, got {labels.dtype}")
+    if hidden.device != head.weight.device or labels.device != hidden.device:
+        raise ValueError(f"linear_cross_entropy: hidden on {hidden.device}, head on {head.weight.device}, labels on "
+                         f"{labels.device}: one device expected")
+    vocab = head.out_features
+    if chunk_rows is None:
+        chunk_rows = max(1, DEFAULT_CHUNK_BYTES // (_BYTES_PER_CHUNK_LOGIT * vocab))
+    if not (isinstance(chunk_rows, int) and chunk_rows >= 1):
+        raise ValueError(f"linear_cross_entropy: chunk_rows must be a positive int, got {chunk_rows!r}")
+    weight = head.weight
+    layer = _RUNTIME.get(head) if torch.is_grad_enabled() and weight.requires_grad else None
+    use = layer.new_use() if layer is not None else None
+    return _LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, labels.reshape(-1).long(), layer,
+                                     use, ignore_index, chunk_rows)
+
+
+def _chunks(n: int, rows: int):
+    return ((r, min(r + rows, n)) for r in range(0, n, rows))
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, layer, use, ignore_index, chunk_rows):
+        from forge_num.fused import _autocast_dtype
+
+        dt = _autocast_dtype(hidden.device.type)
+        hc = hidden.to(dt) if dt is not None else hidden
+        wc = weight.to(dt) if dt is not None else weight
+        # torch's mean reduction divides by the sum of the class weights of the counted rows: their
+        # number, in fp32 (NaN for no counted row, as torch)
+        count = (labels != ignore_index).sum().to(torch.float32)
+        loss_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for r0, r1 in _chunks(hc.shape[0], chunk_rows):
+            logits = F.linear(hc[r0:r1], wc)
+            loss_sum = loss_sum + F.cross_entropy(logits.float(), labels[r0:r1], ignore_index=ignore_index,
+                                                  reduction="sum")
+        ctx.save_for_backward(hc, weight, labels, count)
+        ctx.param, ctx.layer, ctx.use, ctx.dt, ctx.x_dtype = weight, layer, use, dt, hidden.dtype
+        ctx.ignore_index, ctx.chunk_rows = ignore_index, chunk_rows
+        return loss_sum / count
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        from forge_num.fused import fused_linear_backward
+
+        hc, weight, labels, count = ctx.saved_tensors
+        dt = ctx.dt
+        wc = weight.to(dt) if dt is not None else weight
+        # the value torch's mean nll backward writes at each counted label (negated): grad / total_weight
+        row_grad = grad_loss.to(torch.float32) / count
+        dy = torch.empty((hc.shape[0], weight.shape[0]), dtype=hc.dtype, device=hc.device)
+        for r0, r1 in _chunks(hc.shape[0], ctx.chunk_rows):
+            with torch.enable_grad():
+                upcast = F.linear(hc[r0:r1], wc).float().requires_grad_()
+                loss = F.cross_entropy(upcast, labels[r0:r1], ignore_index=ctx.ignore_index, reduction="sum")
+                (d_upcast,) = torch.autograd.grad(loss, upcast, grad_outputs=row_grad)
+            dy[r0:r1] = d_upcast  # rounded to the logits' dtype, as the upcast's backward does
+            del upcast, loss, d_upcast
+        needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], False)
+        if ctx.layer is not None:  # a fused head: dX first, then the update in its backward (or dW where materialized)
+            dx, dw, _ = fused_linear_backward(ctx.layer, ctx.use, ctx.param, hc, weight, None, dy, dt, ctx.x_dtype,
+                                              False, needs)
+        else:  # as autograd for F.linear: both products in the compute dtype, dW cast back to the weight's
+            dx = (dy @ wc).to(ctx.x_dtype) if needs[0] else None
+            dw = (dy.t() @ hc).to(weight.dtype) if needs[1] else None
+        return dx, dw, None, None, None, None, None

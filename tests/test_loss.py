@@ -1,0 +1,140 @@
+"""forge_num.linear_cross_entropy (forge_num/loss.py) against torch's loss, on the CPU.
+
+proofs/loss.md: where the logits are exact (small integers), the chunked loss's dY, dX and dW are
+torch's bit for bit and its value lies within mean_order_bound of torch's; with a fused LM head,
+training equals torch's training on the same chunked loss bit for bit.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import forge_num as fn
+from forge_num.emulator.bounds import mean_order_bound
+from forge_num.fused import prepare
+from tests.torch_reference import ExactSqrt, needs_fused_aten
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+
+def integer_problem(rows, hidden, vocab, seed, ignore_every=0):
+    """Operands whose logits are exact in any order of summation (and in bf16): entries in {-1, 0, 1},
+    so every product is exact and every partial sum an integer of magnitude <= hidden <= 256."""
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randint(-1, 2, (rows, hidden), generator=g).float()
+    head = nn.Linear(hidden, vocab, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(torch.randint(-1, 2, (vocab, hidden), generator=g).float())
+    y = torch.randint(0, vocab, (rows,), generator=g)
+    if ignore_every:
+        y[::ignore_every] = -100
+    return h, head, y
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 3, 7, 64])
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "autocast-bf16"])
+def test_exact_logits_give_torchs_gradients_bit_for_bit(chunk_rows, autocast):
+    h, head, y = integer_problem(rows=23, hidden=16, vocab=37, seed=chunk_rows, ignore_every=5)
+    ref_head = copy.deepcopy(head)
+    h1 = h.clone().requires_grad_()
+    h2 = h.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = fn.linear_cross_entropy(h1, head, y, chunk_rows=chunk_rows)
+        ref = F.cross_entropy(ref_head(h2).float(), y)
+    loss.backward()
+    ref.backward()
+    assert torch.equal(h1.grad, h2.grad)
+    assert torch.equal(head.weight.grad, ref_head.weight.grad)
+    counted = int((y != -100).sum())
+    assert abs(loss.item() - ref.item()) <= mean_order_bound(counted, ref.item())
+
+
+@pytest.mark.parametrize("rows,scale", [(19, 1 / 3), (23, 0.7), (29, 1 / 7), (31, 5 / 9), (37, 0.1)])
+def test_grad_of_a_scaled_loss_is_torchs(rows, scale):
+    """The backward takes the incoming gradient (a loss scaled by 1/accumulation, say) as torch's
+    mean reduction does: grad / count in fp32 (not grad * (1 / count), which rounds twice), then the
+    row-wise backward."""
+    h, head, y = integer_problem(rows=rows, hidden=12, vocab=29, seed=rows)
+    ref_head = copy.deepcopy(head)
+    h1, h2 = h.clone().requires_grad_(), h.clone().requires_grad_()
+    (fn.linear_cross_entropy(h1, head, y, chunk_rows=4) * scale).backward()
+    (F.cross_entropy(ref_head(h2), y) * scale).backward()
+    assert torch.equal(h1.grad, h2.grad) and torch.equal(head.weight.grad, ref_head.weight.grad)
+
+
+def test_leading_dimensions_and_all_ignored():
+    h, head, y = integer_problem(rows=12, hidden=8, vocab=11, seed=4)
+    loss = fn.linear_cross_entropy(h.view(3, 4, 8), head, y.view(3, 4), chunk_rows=5)
+    assert torch.equal(loss, fn.linear_cross_entropy(h, head, y, chunk_rows=5))
+    nothing = fn.linear_cross_entropy(h, head, torch.full_like(y, -100))
+    assert torch.isnan(nothing) and torch.isnan(F.cross_entropy(head(h), torch.full_like(y, -100)))
+
+
+def test_bad_inputs_are_named():
+    h, head, y = integer_problem(rows=4, hidden=8, vocab=11, seed=5)
+    with pytest.raises(ValueError, match="bias"):
+        fn.linear_cross_entropy(h, nn.Linear(8, 11), y)
+    with pytest.raises(ValueError, match="features"):
+        fn.linear_cross_entropy(h[:, :4], head, y)
+    with pytest.raises(ValueError, match="labels of shape"):
+        fn.linear_cross_entropy(h, head, y[:3])
+    with pytest.raises(TypeError, match="int64 or int32"):
+        fn.linear_cross_entropy(h, head, y.float())
+    with pytest.raises(TypeError, match="nn.Linear"):
+        fn.linear_cross_entropy(h, nn.Embedding(11, 8), y)
+    with pytest.raises(ValueError, match="chunk_rows"):
+        fn.linear_cross_entropy(h, head, y, chunk_rows=0)
+
+
+def tiny_llama(tie, seed=0):
+    cfg = transformers.LlamaConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=tie,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(seed)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def chunked_lm_loss(model, ids):
+    """Next-token loss through the model's body and linear_cross_entropy (5 rows a chunk)."""
+    hidden = model.model(input_ids=ids).last_hidden_state
+    return fn.linear_cross_entropy(hidden[:, :-1], model.lm_head, ids[:, 1:], chunk_rows=5)
+
+
+ADAMW = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+
+@needs_fused_aten
+@pytest.mark.parametrize("tie", [False, True], ids=["fused-head", "tied-head"])
+def test_training_with_the_chunked_loss_equals_torch(tie):
+    """A prepared model (its LM head fused, or left unfused where tied to the embedding) trained on the
+    chunked loss equals torch.optim.AdamW on the same loss, bit for bit, after 6 steps."""
+    m1 = tiny_llama(tie)
+    m2 = copy.deepcopy(m1)
+    opt = fn.AdamW(m1.parameters(), **ADAMW)
+    prepare(m1, opt)
+    handle = m1._forge_num_handle
+    assert ("lm_head" in handle.tied) if tie else ("lm_head" in handle.fused)
+    ref = torch.optim.AdamW(m2.parameters(), foreach=False, **ADAMW)
+    g = torch.Generator().manual_seed(7)
+    for _ in range(6):
+        ids = torch.randint(0, 96, (2, 12), generator=g)
+        l1 = chunked_lm_loss(m1, ids)
+        l1.backward()
+        opt.step()
+        opt.zero_grad()
+        l2 = chunked_lm_loss(m2, ids)
+        l2.backward()
+        with ExactSqrt():
+            ref.step()
+        ref.zero_grad(set_to_none=True)
+        assert torch.equal(l1, l2)
+    for (name, a), b in zip(m1.named_parameters(), m2.parameters()):
+        assert torch.equal(a, b), name
+    assert all(p.grad is None for p in m1.parameters())
