@@ -138,3 +138,30 @@ def test_training_with_the_chunked_loss_equals_torch(tie):
     for (name, a), b in zip(m1.named_parameters(), m2.parameters()):
         assert torch.equal(a, b), name
     assert all(p.grad is None for p in m1.parameters())
+
+
+@needs_fused_aten
+def test_exact_clipping_runs_both_passes_through_the_chunked_loss():
+    """Exact clipping with the chunked loss (opt.backward: a norm-only pass, then the update): the update
+    equals torch.optim.AdamW on the same loss's gradients multiplied by forge_num's coefficient, as
+    clip_grad_norm_ applies one (test_training_semantics.py::test_exact_clipping says why not against
+    clip_grad_norm_'s own coefficient bit for bit)."""
+    m1 = tiny_llama(False)
+    m2 = copy.deepcopy(m1)
+    opt = fn.AdamW(m1.parameters(), max_grad_norm=0.05, clipping="exact", **ADAMW)
+    prepare(m1, opt)
+    ref = torch.optim.AdamW(m2.parameters(), foreach=False, **ADAMW)
+    g = torch.Generator().manual_seed(8)
+    for _ in range(3):
+        ids = torch.randint(0, 96, (2, 12), generator=g)
+        opt.backward(chunked_lm_loss(m1, ids))
+        opt.step()
+        coef = opt.stats["clip_coef"]
+        assert coef < 1
+        chunked_lm_loss(m2, ids).backward()
+        torch._foreach_mul_([p.grad for p in m2.parameters()], torch.tensor(coef, dtype=torch.float32))
+        with ExactSqrt():
+            ref.step()
+        ref.zero_grad(set_to_none=True)
+    for (name, a), b in zip(m1.named_parameters(), m2.parameters()):
+        assert torch.equal(a, b), name
