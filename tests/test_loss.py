@@ -165,3 +165,40 @@ def test_exact_clipping_runs_both_passes_through_the_chunked_loss():
         ref.zero_grad(set_to_none=True)
     for (name, a), b in zip(m1.named_parameters(), m2.parameters()):
         assert torch.equal(a, b), name
+
+
+def _peak_cpu_bytes(step) -> int:
+    """The largest total of live CPU tensor memory during step(), from torch.profiler's memory timeline
+    (every category: inputs, parameters, activations, gradients, temporaries)."""
+    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler._memory_profiler import MemoryProfileTimeline
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        step()
+    _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline("cpu")
+    return max(sum(s) for s in sizes)
+
+
+def test_the_backward_keeps_two_bytes_a_logit_where_hf_keeps_twelve():
+    """The point of the chunked loss, measured on the CPU (autocast bf16, as in training): torch's loss
+    peaks at >= 12 bytes a logit (bf16 logits, fp32 upcast, fp32 and bf16 gradients); the chunked one at
+    2 bytes a logit (dY in bf16) plus 16 bytes a logit of one chunk, beside the head's own tensors
+    (fp32 weight, its bf16 cast, fp32 gradient, bf16 dW: 12 bytes a weight) and the hidden states'
+    (fp32, bf16 cast, fp32 gradient: 10 bytes an element)."""
+    rows, hidden, vocab, chunk = 2048, 64, 8192, 128
+    torch.manual_seed(0)
+    head = nn.Linear(hidden, vocab, bias=False)
+    h = torch.randn(rows, hidden, requires_grad=True)
+    y = torch.randint(0, vocab, (rows,))
+
+    def step(chunked):
+        head.weight.grad = h.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = (fn.linear_cross_entropy(h, head, y, chunk_rows=chunk) if chunked
+                    else F.cross_entropy(head(h).float(), y))
+        loss.backward()
+
+    logits = rows * vocab
+    others = 12 * vocab * hidden + 10 * rows * hidden
+    assert _peak_cpu_bytes(lambda: step(False)) >= 12 * logits
+    assert _peak_cpu_bytes(lambda: step(True)) <= 2 * logits + 16 * chunk * vocab + others
