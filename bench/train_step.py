@@ -24,9 +24,9 @@ Methods (no gradient clipping anywhere: gradient release cannot clip):
                   fused=False, since the rest is CUDA only
 
 A method name with the suffix "+cl" (forge+cl, torch_adamw+cl, ...) runs the same method with the
-loss computed by forge_num.linear_cross_entropy (the LM head's logits in row chunks, 2 bytes a
-logit kept for the backward instead of 12: forge_num/loss.py) instead of the model's own loss; the
-head's update is the method's as before. Every method can take it, so its memory and speed are
+loss computed by forge_num.hf.causal_lm_loss (forge_num.linear_cross_entropy: the LM head's logits
+in row chunks, 2 bytes a logit kept for the backward instead of 12: forge_num/loss.py) instead of
+the model's own; the head's update is the method's as before. Every method can take it, so its memory and speed are
 compared method by method.
 
 A method that cannot run is reported with its status (unavailable / oom / error / timeout /
@@ -379,7 +379,7 @@ def run_spec(spec: dict) -> dict:
     """Runs one measurement in this process; returns the result row (never raises)."""
     import torch
 
-    from forge_num.loss import linear_cross_entropy
+    from forge_num.hf import causal_lm_loss
 
     cuda = torch.cuda.is_available() and not spec.get("cpu", False)
     device = torch.device("cuda" if cuda else "cpu")
@@ -413,8 +413,7 @@ def run_spec(spec: dict) -> dict:
         def step():
             with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
                 if chunked_loss:  # the model's next-token loss, its logits in row chunks
-                    hidden = model.model(input_ids=ids).last_hidden_state
-                    loss = linear_cross_entropy(hidden[:, :-1], model.lm_head, ids[:, 1:])
+                    loss = causal_lm_loss(model, ids)
                 else:
                     loss = model(input_ids=ids, labels=ids).loss
             loss.backward()

@@ -32,7 +32,7 @@ from __future__ import annotations
 from forge_num.optim import SGD, Adam, AdamW, ForgeOptimizer, Lion
 from forge_num.fused import prepare
 
-__all__ = ["trainer_optimizers"]
+__all__ = ["trainer_optimizers", "causal_lm_loss"]
 
 _OPTIMIZERS = {"adamw": AdamW, "adam": Adam, "sgd": SGD, "lion": Lion}
 
@@ -129,3 +129,34 @@ def trainer_optimizers(
         scheduler_specific_kwargs=getattr(args, "lr_scheduler_kwargs", None) or {},
     )
     return opt, sched
+
+
+def causal_lm_loss(model, input_ids, labels=None, *, ignore_index: int = -100, chunk_rows: int | None = None,
+                   **model_kwargs):
+    """``model(input_ids, labels=labels).loss`` of a transformers ``*ForCausalLM`` without its logits:
+    the model's body, then forge_num.linear_cross_entropy on its output embedding (the LM head) with
+    the labels shifted as transformers' ForCausalLMLoss shifts them (padded with ``ignore_index`` at
+    the end, then moved one to the left). ``labels`` default to ``input_ids``; ``model_kwargs`` go to
+    the body (attention_mask, position_ids, ...). With ``chunk_rows`` at least batch x sequence the
+    logits come from the same GEMM as the model's own, so every gradient is transformers' bit for bit
+    (tests/test_loss.py); the loss value is within proofs/loss.md's bound of it.
+
+    Models whose head output is transformed before the loss (final logit soft-capping, a logit scale)
+    are refused: their loss is not the cross-entropy of the head's output."""
+    import torch.nn.functional as F
+
+    from forge_num.loss import linear_cross_entropy
+
+    config = getattr(model, "config", None)
+    for name in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
+        value = getattr(config, name, None)
+        if value not in (None, 1, 1.0):
+            raise ValueError(f"causal_lm_loss: {type(model).__name__} sets {name}={value!r}: its loss is not the "
+                             "cross-entropy of the head's output, which is all causal_lm_loss computes")
+    head = model.get_output_embeddings()
+    if head is None:
+        raise ValueError(f"causal_lm_loss: {type(model).__name__} has no output embedding (LM head)")
+    labels = input_ids if labels is None else labels
+    hidden = model.base_model(input_ids=input_ids, **model_kwargs).last_hidden_state
+    shifted = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    return linear_cross_entropy(hidden, head, shifted, ignore_index=ignore_index, chunk_rows=chunk_rows)

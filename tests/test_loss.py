@@ -202,3 +202,41 @@ def test_the_backward_keeps_two_bytes_a_logit_where_hf_keeps_twelve():
     others = 12 * vocab * hidden + 10 * rows * hidden
     assert _peak_cpu_bytes(lambda: step(False)) >= 12 * logits
     assert _peak_cpu_bytes(lambda: step(True)) <= 2 * logits + 16 * chunk * vocab + others
+
+
+@pytest.mark.parametrize("build", ["llama", "gpt2-tied"])
+def test_causal_lm_loss_is_transformers_loss(build):
+    """forge_num.hf.causal_lm_loss with one chunk: every gradient is transformers' own bit for bit, the
+    loss within proofs/loss.md's bound; with several chunks it trains (same loss within the GEMM's
+    rounding: not asserted bit for bit)."""
+    from forge_num.hf import causal_lm_loss
+
+    if build == "llama":
+        m1 = tiny_llama(False)
+    else:
+        cfg = transformers.GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0,
+                                      embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None)
+        torch.manual_seed(0)
+        m1 = transformers.GPT2LMHeadModel(cfg)
+    m2 = copy.deepcopy(m1)
+    ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(9))
+    labels = ids.clone()
+    labels[0, :3] = -100
+    loss = causal_lm_loss(m1, ids, labels, chunk_rows=24)
+    ref = m2(input_ids=ids, labels=labels).loss
+    loss.backward()
+    ref.backward()
+    assert abs(loss.item() - ref.item()) <= mean_order_bound(int((labels[:, 1:] != -100).sum()), ref.item())
+    for (name, a), b in zip(m1.named_parameters(), m2.parameters()):
+        assert torch.equal(a.grad, b.grad), name
+    several = causal_lm_loss(m1, ids, labels, chunk_rows=5)
+    assert torch.isfinite(several)
+
+
+def test_causal_lm_loss_refuses_a_transformed_head_output():
+    from forge_num.hf import causal_lm_loss
+
+    m = tiny_llama(False)
+    m.config.final_logit_softcapping = 30.0
+    with pytest.raises(ValueError, match="final_logit_softcapping"):
+        causal_lm_loss(m, torch.zeros(1, 4, dtype=torch.long))
