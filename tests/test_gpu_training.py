@@ -67,12 +67,12 @@ def _cuda_batches(n, micro=1, **kw):
     return [[ids.to(CUDA) for ids in m] for m in batches(n, micro=micro, **kw)]
 
 
-def _train(model, opt, data, autocast=False):
+def _train(model, opt, data, autocast=False, loss_fn=lm_loss):
     losses = []
     for micro in data:
         for ids in micro:
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-                loss = lm_loss(model, ids) / len(micro)
+                loss = loss_fn(model, ids) / len(micro)
             loss.backward()
             losses.append(loss.item())
         opt.step()
@@ -263,3 +263,30 @@ def test_injected_nonfinite_gradients_leave_weights_finite_and_unchanged_there()
     assert m1.model.layers[1].mlp.down_proj.weight[5].equal(before["model.layers.1.mlp.down_proj.weight"][5])
     _assert_same(m1, o1, m2, o2)  # elsewhere the update of the finite gradient, as materialized
     assert changed > 0
+
+
+CHUNKED_CASES = [("llama", "fp32", True), ("llama", "8bit", False), ("gpt2", "fp32", True)]
+
+
+@pytest.mark.parametrize("model,precision,autocast", CHUNKED_CASES, ids=["-".join(map(str, c)) for c in CHUNKED_CASES])
+def test_chunked_loss_fused_head_equals_materialized(model, precision, autocast):
+    """forge_num.hf.causal_lm_loss (the logits in chunks of 5 rows): the LM head's dY goes to the fused
+    kernel (llama) or to autograd (gpt2's tied head), and training equals the materialized reference
+    on the same loss, bit for bit."""
+    from forge_num.hf import causal_lm_loss
+
+    build = {"llama": tiny_llama, "gpt2": tiny_gpt2}[model]
+    m1 = build().to(CUDA)
+    if precision != "fp32":
+        m1 = m1.to(torch.bfloat16)
+    m2 = copy.deepcopy(m1)
+    extra = {} if precision == "fp32" else {"precision": precision, "seed": 7}
+    o1 = OPTS["adamw"](m1.parameters(), **extra)
+    o2 = OPTS["adamw"](m2.parameters(), backend=Materialized, **extra)
+    prepare(m1, o1)
+    prepare(m2, o2)
+    assert ("lm_head" in m1._forge_num_handle.fused) == (model == "llama")
+    data = _cuda_batches(6)
+    loss = lambda m, ids: causal_lm_loss(m, ids, chunk_rows=5)  # noqa: E731
+    assert _train(m1, o1, data, autocast, loss) == _train(m2, o2, data, autocast, loss)
+    _assert_same(m1, o1, m2, o2)
