@@ -51,6 +51,9 @@ def linear_cross_entropy(hidden: torch.Tensor, head: nn.Linear, labels: torch.Te
         raise TypeError(f"linear_cross_entropy: head must be an nn.Linear, got {type(head).__name__}")
     if head.bias is not None:
         raise ValueError("linear_cross_entropy: an LM head with a bias is not supported")
+    if type(head.weight).__name__ == "DTensor":
+        raise ValueError("linear_cross_entropy: a sharded (DTensor: tensor parallel or FSDP2) LM head is not "
+                         "supported; compute the loss from the model's logits there")
     if hidden.shape[-1] != head.in_features:
         raise ValueError(f"linear_cross_entropy: hidden has {hidden.shape[-1]} features, the head takes "
                          f"{head.in_features}")
