@@ -16,7 +16,7 @@
 #   PYTEST_FILES, PYTEST_K   test files and a -k expression for the exactness part
 #   XDIST         pytest-xdist workers (12)
 #   NCU_POINTS    shape:tokens[:tile,tile] points for bench/ncu_probe.py under Nsight Compute (tile
-#                 labels with "_" for spaces, e.g. 64x128x64_w4_s4_e4_tma_l2)
+#                 labels with "_" for spaces, e.g. 64x128x64_w4_s4_e4_tma)
 #                 ("4096x4096:256 4096x4096:16384"); T_NCU seconds for all of them
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
