@@ -109,6 +109,12 @@ def launch_specializations(kernel) -> list:
     return sorted(json.loads(s) for s in seen)
 
 
+def _gluon_probe_counts() -> dict:
+    from bench import gluon_probe
+
+    return gluon_probe.ptx_counts(gluon_probe.compile_ptx())
+
+
 def main() -> int:
     from forge_num import rules
 
@@ -128,6 +134,8 @@ def main() -> int:
                                                ("8bit", "bf16", kernels.Q8_CONFIGS[kernels.torch.bfloat16]),
                                                ("8bit", "fp32", kernels.Q8_CONFIGS[kernels.torch.float32]))
                          for c in cfgs],
+           # bench/gluon_probe.py: the warp-specialized Gluon skeleton compiles for sm_90 here
+           "gluon_probe": _gluon_probe_counts(),
            "labels": {str(c): c.label for c in (*kernels.BF16_CONFIGS, *kernels.IEEE_CONFIGS,
                                                 *kernels.Q8_CONFIGS[kernels.torch.bfloat16],
                                                 *kernels.Q8_CONFIGS[kernels.torch.float32])}}

@@ -47,6 +47,14 @@ def test_fused_kernels_have_no_approximate_ops(report):
             assert r["wgmma"] == 0 and r["fma_total"] >= 64 * 64 * 16 // 128, r
 
 
+def test_the_warp_specialized_gluon_skeleton_compiles_for_sm_90(report):
+    """bench/gluon_probe.py, the starting point of the overlap kernel: its PTX holds the wgmma chain,
+    the TMA copies (loads of A and B, the store of C), the mbarrier ring and the producer's register
+    cap (setmaxnreg)."""
+    counts = report["gluon_probe"]
+    assert counts["wgmma"] >= 1 and counts["tma"] >= 3 and counts["mbarrier"] >= 4 and counts["setmaxnreg"] >= 1, counts
+
+
 # Spills a configuration may have, by (label, storage regime), each with the measurement that
 # makes it worth them. Every entry must name a configuration the report compiles, so the table
 # cannot outlive its reason. Bytes of spill stores per thread, ptxas of Triton 3.6 for sm_90a.
