@@ -157,6 +157,8 @@ def predict_peak_bytes(cfg: dict, method: str, batch: int, seq: int, checkpointi
     Saved activations per token and layer: residual stream only with checkpointing (4h fp32
     regime, 2h bf16) plus one recomputed layer; without, 34h + 8i (fp32 regime) or 24h + 8i (bf16).
     """
+    from forge_num.loss import DEFAULT_CHUNK_BYTES
+
     chunked = method.endswith(CHUNKED_LOSS)
     method = base_method(method)
     n = count_params(cfg)
@@ -170,7 +172,7 @@ def predict_peak_bytes(cfg: dict, method: str, batch: int, seq: int, checkpointi
     if method in FORGE_PRECISION:
         # fused linears hold no bf16 copy; a tied LM head is an ordinary autocast linear (fp32 regime)
         cache = 2.0 * n["embed"] if cfg.get("tie_word_embeddings") and dt == "fp32" else 0.0
-    logits = 2.0 * T * V + 512 * 2**20 if chunked else 12.0 * T * V
+    logits = 2.0 * T * V + DEFAULT_CHUNK_BYTES if chunked else 12.0 * T * V
     fwd = (w + s) * n["total"] + cache + act + logits
     released = {"forge": 4.0, "forge_bf16sr": 2.0, "forge_8bit": 2.0, "torch_hooks": 4.0,
                 "flashoptim": 2.0}.get(method, 0.0) * n["embed"]

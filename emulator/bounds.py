@@ -6,6 +6,7 @@ NumPy/standard library only.
 from __future__ import annotations
 
 U64 = 2.0**-53  # unit roundoff of binary64
+U32 = 2.0**-24  # unit roundoff of binary32
 
 
 def gamma(k: int, u: float = U64) -> float:
@@ -26,9 +27,6 @@ def sum_of_squares_order_bound(n_terms: int, computed_sum: float) -> float:
     """
     g = gamma(max(n_terms - 1, 0))
     return 2 * g * computed_sum / (1 - g)
-
-
-U32 = 2.0**-24  # unit roundoff of binary32
 
 
 def mean_order_bound(n_terms: int, computed_mean: float, u: float = U32) -> float:

@@ -81,6 +81,17 @@ def _chunks(n: int, rows: int):
     return ((r, min(r + rows, n)) for r in range(0, n, rows))
 
 
+def _chunk_loss(hc, wc, labels, r0, r1, ignore_index, track_grad=False):
+    """(upcast logits, Σ of the rows' cross-entropy terms) of the rows [r0, r1), as torch's loss computes
+    them: the logits in the compute dtype, upcast to fp32, log-softmax and the label's term. One
+    definition for the forward and the backward's recomputation, which must give the same values.
+    ``track_grad``: the upcast requires grad (the backward differentiates the sum by it)."""
+    upcast = F.linear(hc[r0:r1], wc).float()
+    if track_grad:
+        upcast.requires_grad_()
+    return upcast, F.cross_entropy(upcast, labels[r0:r1], ignore_index=ignore_index, reduction="sum")
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, labels, layer, use, ignore_index, chunk_rows):
@@ -94,9 +105,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         count = (labels != ignore_index).sum().to(torch.float32)
         loss_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
         for r0, r1 in _chunks(hc.shape[0], chunk_rows):
-            logits = F.linear(hc[r0:r1], wc)
-            loss_sum = loss_sum + F.cross_entropy(logits.float(), labels[r0:r1], ignore_index=ignore_index,
-                                                  reduction="sum")
+            loss_sum = loss_sum + _chunk_loss(hc, wc, labels, r0, r1, ignore_index)[1]
         ctx.save_for_backward(hc, weight, labels, count)
         ctx.param, ctx.layer, ctx.use, ctx.dt, ctx.x_dtype = weight, layer, use, dt, hidden.dtype
         ctx.ignore_index, ctx.chunk_rows = ignore_index, chunk_rows
@@ -114,8 +123,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         dy = torch.empty((hc.shape[0], weight.shape[0]), dtype=hc.dtype, device=hc.device)
         for r0, r1 in _chunks(hc.shape[0], ctx.chunk_rows):
             with torch.enable_grad():
-                upcast = F.linear(hc[r0:r1], wc).float().requires_grad_()
-                loss = F.cross_entropy(upcast, labels[r0:r1], ignore_index=ctx.ignore_index, reduction="sum")
+                upcast, loss = _chunk_loss(hc, wc, labels, r0, r1, ctx.ignore_index, track_grad=True)
                 (d_upcast,) = torch.autograd.grad(loss, upcast, grad_outputs=row_grad)
             dy[r0:r1] = d_upcast  # rounded to the logits' dtype, as the upcast's backward does
             del upcast, loss, d_upcast

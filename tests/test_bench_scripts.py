@@ -87,13 +87,16 @@ def test_train_step_chunked_loss_rows(tmp_path):
         assert rows[m]["tokens_per_s_vs_torch_adamw_cl"] > 0
     assert rows["torch_adamw+cl"]["tokens_per_s_vs_torch_adamw_cl"] == 1.0
     assert "tokens_per_s_vs_torch_adamw_cl" not in rows["forge"]
+    from forge_num.loss import DEFAULT_CHUNK_BYTES
+
     cfg = train_step.MODELS["llama-8b"]
     T, V = 4096, cfg["vocab_size"]
     diffs = {m: train_step.predict_peak_bytes(cfg, m, 4, 1024, True)
              - train_step.predict_peak_bytes(cfg, m + "+cl", 4, 1024, True) for m in ("forge", "torch_adamw", "forge_8bit")}
     # all of it where the forward's end is the peak (forge's), nothing where the backward's end is (AMP's
     # 16 bytes a parameter at 8B)
-    assert diffs == {"forge": 10 * T * V - 512 * 2**20, "torch_adamw": 0, "forge_8bit": 10 * T * V - 512 * 2**20}
+    saved = 10 * T * V - DEFAULT_CHUNK_BYTES
+    assert diffs == {"forge": saved, "torch_adamw": 0, "forge_8bit": saved}
     assert train_step.unavailable_reason("forge+cl", cuda=False) is None
     assert "unknown method" in train_step.unavailable_reason("forge+xx", cuda=False)
 

@@ -17,10 +17,8 @@ from torch import nn
 import forge_num as fn
 from forge_num.emulator.bounds import mean_order_bound
 from forge_num.fused import prepare
+from tests.test_training_semantics import ADAMW, tiny_gpt2, tiny_llama
 from tests.torch_reference import ExactSqrt, needs_fused_aten
-
-transformers = pytest.importorskip("transformers")
-transformers.logging.set_verbosity_error()
 
 
 def integer_problem(rows, hidden, vocab, seed, ignore_every=0):
@@ -92,22 +90,10 @@ def test_bad_inputs_are_named():
         fn.linear_cross_entropy(h, head, y, chunk_rows=0)
 
 
-def tiny_llama(tie, seed=0):
-    cfg = transformers.LlamaConfig(
-        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=tie,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    torch.manual_seed(seed)
-    return transformers.LlamaForCausalLM(cfg)
-
-
 def chunked_lm_loss(model, ids):
     """Next-token loss through the model's body and linear_cross_entropy (5 rows a chunk)."""
     hidden = model.model(input_ids=ids).last_hidden_state
     return fn.linear_cross_entropy(hidden[:, :-1], model.lm_head, ids[:, 1:], chunk_rows=5)
-
-
-ADAMW = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 
 
 @needs_fused_aten
@@ -115,7 +101,7 @@ ADAMW = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 def test_training_with_the_chunked_loss_equals_torch(tie):
     """A prepared model (its LM head fused, or left unfused where tied to the embedding) trained on the
     chunked loss equals torch.optim.AdamW on the same loss, bit for bit, after 6 steps."""
-    m1 = tiny_llama(tie)
+    m1 = tiny_llama(tie=tie)
     m2 = copy.deepcopy(m1)
     opt = fn.AdamW(m1.parameters(), **ADAMW)
     prepare(m1, opt)
@@ -124,7 +110,7 @@ def test_training_with_the_chunked_loss_equals_torch(tie):
     ref = torch.optim.AdamW(m2.parameters(), foreach=False, **ADAMW)
     g = torch.Generator().manual_seed(7)
     for _ in range(6):
-        ids = torch.randint(0, 96, (2, 12), generator=g)
+        ids = torch.randint(0, 256, (2, 12), generator=g)
         l1 = chunked_lm_loss(m1, ids)
         l1.backward()
         opt.step()
@@ -146,14 +132,14 @@ def test_exact_clipping_runs_both_passes_through_the_chunked_loss():
     equals torch.optim.AdamW on the same loss's gradients multiplied by forge_num's coefficient, as
     clip_grad_norm_ applies one (test_training_semantics.py::test_exact_clipping says why not against
     clip_grad_norm_'s own coefficient bit for bit)."""
-    m1 = tiny_llama(False)
+    m1 = tiny_llama()
     m2 = copy.deepcopy(m1)
     opt = fn.AdamW(m1.parameters(), max_grad_norm=0.05, clipping="exact", **ADAMW)
     prepare(m1, opt)
     ref = torch.optim.AdamW(m2.parameters(), foreach=False, **ADAMW)
     g = torch.Generator().manual_seed(8)
     for _ in range(3):
-        ids = torch.randint(0, 96, (2, 12), generator=g)
+        ids = torch.randint(0, 256, (2, 12), generator=g)
         opt.backward(chunked_lm_loss(m1, ids))
         opt.step()
         coef = opt.stats["clip_coef"]
@@ -211,13 +197,7 @@ def test_causal_lm_loss_is_transformers_loss(build):
     rounding: not asserted bit for bit)."""
     from forge_num.hf import causal_lm_loss
 
-    if build == "llama":
-        m1 = tiny_llama(False)
-    else:
-        cfg = transformers.GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0,
-                                      embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None)
-        torch.manual_seed(0)
-        m1 = transformers.GPT2LMHeadModel(cfg)
+    m1 = tiny_llama() if build == "llama" else tiny_gpt2()
     m2 = copy.deepcopy(m1)
     ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(9))
     labels = ids.clone()
@@ -236,7 +216,7 @@ def test_causal_lm_loss_is_transformers_loss(build):
 def test_causal_lm_loss_refuses_a_transformed_head_output():
     from forge_num.hf import causal_lm_loss
 
-    m = tiny_llama(False)
+    m = tiny_llama()
     m.config.final_logit_softcapping = 30.0
     with pytest.raises(ValueError, match="final_logit_softcapping"):
         causal_lm_loss(m, torch.zeros(1, 4, dtype=torch.long))

@@ -26,7 +26,7 @@ transformers.logging.set_verbosity_error()
 
 
 
-def tiny_llama(seed=0):
+def tiny_llama(seed=0, tie=False):
     cfg = transformers.LlamaConfig(
         vocab_size=256,
         hidden_size=64,
@@ -35,7 +35,7 @@ def tiny_llama(seed=0):
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=64,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie,
         bos_token_id=None,
         eos_token_id=None,
         pad_token_id=None,
