@@ -190,6 +190,28 @@ def test_the_backward_keeps_two_bytes_a_logit_where_hf_keeps_twelve():
     assert _peak_cpu_bytes(lambda: step(True)) <= 2 * logits + 16 * chunk * vocab + others
 
 
+def test_an_unfused_heads_dw_cast_does_not_meet_dy():
+    """Where the head's weights outweigh its logits (an unfused or tied head, few rows), the backward's
+    peak is the head's own 12 bytes a weight (fp32 weight, its bf16 cast, bf16 dW, fp32 dW), not those
+    plus dY's 2 bytes a logit: dY is freed before dW is cast to fp32. Holding dY to the end would
+    exceed the bound below by 2 bytes a logit (4 MiB here) against 1 MiB of chunk temporaries."""
+    rows, hidden, vocab, chunk = 256, 512, 8192, 8
+    torch.manual_seed(0)
+    head = nn.Linear(hidden, vocab, bias=False)
+    h = torch.randn(rows, hidden, requires_grad=True)
+    y = torch.randint(0, vocab, (rows,))
+
+    def step():
+        head.weight.grad = h.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = fn.linear_cross_entropy(h, head, y, chunk_rows=chunk)
+        loss.backward()
+
+    weights, logits = vocab * hidden, rows * vocab
+    assert 2 * logits > 16 * chunk * vocab  # the test can tell dY from one chunk's temporaries
+    assert _peak_cpu_bytes(step) <= 12 * weights + 16 * chunk * vocab + 10 * rows * hidden
+
+
 @pytest.mark.parametrize("build", ["llama", "gpt2-tied"])
 def test_causal_lm_loss_is_transformers_loss(build):
     """forge_num.hf.causal_lm_loss with one chunk: every gradient is transformers' own bit for bit, the
