@@ -1,0 +1,99 @@
+"""The warp-specialized Gluon kernel (kernels/gluon_update.py) beside the Triton kernel's default tile
+and the unfused step, fp32 regime, AdamW, with the floor: the measurement that decides whether it
+replaces the Triton kernel where it applies. Same baselines and floor as bench/kernels.py, in one run.
+
+    python bench/ws_kernel.py [--shapes 4096x4096,14336x4096] [--tokens 256,1024,4096,16384] [--out x.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, for `bench`
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from bench.kernels import HYPER, LLAMA_SHAPES, STATE_BYTES, measure_ceilings  # noqa: E402
+from forge_num import kernels, rules  # noqa: E402
+from forge_num.kernels.gluon_update import WSConfig, fused_linear_update_ws  # noqa: E402
+
+WS_CONFIGS = (
+    WSConfig(),                                # 3 operand stages, a whole tile's state (4 sub-tiles) in flight
+    WSConfig(STAGES=4, SLOTS=2),               # deeper operand ring, half a tile's state
+    WSConfig(num_warps=8),                     # two consumer warp groups: twice the epilogue's issue slots
+    WSConfig(num_warps=8, STAGES=4, SLOTS=2),
+)
+
+
+def bench_point(M: int, N: int, K: int, ceilings: dict) -> dict:
+    torch.manual_seed(0)
+    x = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(K, M, device="cuda", dtype=torch.bfloat16) * 1e-3
+    w = torch.randn(M, N, device="cuda") * 0.02
+    states = [torch.zeros_like(w), torch.zeros_like(w)]
+    h = rules.ADAMW.scalars(HYPER, 1)
+    p = torch.nn.Parameter(w.clone())
+    opt = torch.optim.AdamW([p], fused=True, **HYPER)
+
+    def unfused():
+        p.grad = (dy.t() @ x).float()
+        opt.step()
+        p.grad = None
+
+    bench = lambda f: triton.testing.do_bench(f, warmup=25, rep=150, return_mode="median")  # noqa: E731
+    row = {"M": M, "N": N, "K": K}
+    default = kernels.default_config(M, N, K, torch.bfloat16)
+    row["unfused_ms"] = bench(unfused)
+    row["triton_default_ms"] = bench(lambda: kernels.fused_linear_update(w, x, dy, states, rules.ADAMW, h))
+    row["triton_default"] = default.label
+    row["ws_ms"], row["ws_failed"] = {}, {}
+    for c in WS_CONFIGS:
+        try:
+            row["ws_ms"][c.label] = bench(lambda: fused_linear_update_ws(w, x, dy, states, rules.ADAMW, h, config=c))
+        except Exception as e:  # reported, not fatal
+            row["ws_failed"][c.label] = f"{type(e).__name__}: {str(e)[:200]}"
+    flops = 2.0 * K * M * N
+    min_bytes = 2 * (K * N + K * M) + STATE_BYTES["fp32"] * M * N
+    row["floor_ms"] = 1e3 * max(flops / ceilings["bf16_flops"], min_bytes / ceilings["copy_bytes_per_s"])
+    if row["ws_ms"]:
+        best = min(row["ws_ms"], key=row["ws_ms"].get)
+        row["ws_best"], row["ws_best_ms"] = best, row["ws_ms"][best]
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default=LLAMA_SHAPES)
+    ap.add_argument("--tokens", default="256,1024,4096,16384")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    ceilings = measure_ceilings()
+    rows = []
+    head = f"{'shape':>12} {'K':>6} {'unfused':>8} {'triton':>8} {'ws best':>8} {'floor':>7}  ws/unf  tri/unf  ws/tri  ws/floor  best ws"
+    print(head)
+    for shape in args.shapes.split(","):
+        M, N = (int(v) for v in shape.split("x"))
+        for K in (int(v) for v in args.tokens.split(",")):
+            r = bench_point(M, N, K, ceilings)
+            rows.append(r)
+            if args.out:
+                Path(args.out).write_text(json.dumps({"date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                                                      "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                                      "triton": triton.__version__, "ceilings": ceilings, "rows": rows},
+                                                     indent=1))
+            if "ws_best_ms" in r:
+                u, t, b, f = r["unfused_ms"], r["triton_default_ms"], r["ws_best_ms"], r["floor_ms"]
+                print(f"{shape:>12} {K:>6} {u:8.3f} {t:8.3f} {b:8.3f} {f:7.3f}  {u / b:6.2f}  {u / t:7.2f}  {t / b:6.2f}"
+                      f"  {b / f:8.2f}  {r['ws_best']}", flush=True)
+            else:
+                print(f"{shape:>12} {K:>6} ws failed: {r['ws_failed']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,480 @@
+"""The FORGE kernel written by hand in Gluon for sm_90: a warp-specialized, persistent dW = dYᵀX with
+the update in the epilogue, whose W and state arrive in shared memory while the mainloop runs.
+
+Why (bench/NOTES.md, sessions 4-9): the Triton kernel's time is its mainloop's plus its epilogue's.
+Its epilogue loads W, m and v (12 bytes an element) only when the mainloop ends, and Nsight Compute
+measured it latency-bound (45% of DRAM bandwidth at 4096x4096, K = 256, where torch's fused AdamW
+reaches 79%). Prefetch hints, fewer barriers and a third program per SM did not change that; Triton
+3.6's automatic warp specialization miscompiled the tile (session 8). Here the overlap is explicit:
+
+    partition        warps  work
+    state loader     1      TMA loads of the tile's W, S0, S1 column sub-tiles [BM, SW] into a ring
+                            of SLOTS shared-memory slots, running ahead of the consumer by SLOTS
+                            sub-tiles (a whole tile's state when SLOTS = BN / SW)
+    operand loader   1      TMA loads of the K blocks dY[k0:k0+BK, rows] and X[k0:k0+BK, cols] into
+                            a ring of STAGES slots
+    consumer       4 or 8   per tile: the mainloop (wgmma on each ring slot, in K order), g to shared
+    (default)               memory, then per sub-tile: the guarded rule on (W, g, S0, S1) read from
+                            shared memory, the results written back into the same slot and stored
+                            by TMA, the slot handed back to the state loader once its stores are done
+
+Each program walks tiles pid, pid + P, ... in the grouped order of the Triton kernel's persistent
+mode. Every ring slot has a `ready` barrier (the TMA transaction count) and an `empty` barrier (the
+consumer's arrival); slot i of a ring is used for the n-th time with phase n & 1, and a producer
+waits for `empty` with the opposite phase, so its first pass does not block.
+
+The bits (why they are the Triton kernel's and the emulator's):
+  * mainloop: per element, the chain of k16 wgmma block FMAs over k = 0, 16, ..., in order, from a
+    zero accumulator, the same instructions on the same operands as `tl.dot` in the Triton kernel's
+    TMA mode (BK = 64 there too); TMA fills rows and columns past the tensors' edges with zeros;
+  * epilogue: forge_num.rules.guarded_update around the rule, bound to the op vocabulary below
+    (correctly rounded fp32 ops only; launched with enable_fp_fusion=False), element-wise, so the
+    sub-tile split and the layouts change no bit;
+  * telemetry: Σ g² in fp64 and the non-finite count per tile, in the slot the Triton kernel uses
+    (the sum's order differs: it is bounded, not bit-exact, as there: proofs/telemetry.md).
+
+Scope of this first version (the launcher refuses the rest): the fp32 regime (fp32 weight and
+state), bf16 operands, no gradient accumulation buffer, no debug store of the accumulator.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
+)
+
+from forge_num.rules import Rule
+
+# ---------------------------------------------------------------------------------------------
+# The op vocabulary of forge_num.rules in Gluon (the twin of kernels/ieee.py): + - * round once
+# (add.rn/sub.rn/mul.rn without fp fusion), fma where the rule says fma, IEEE div and sqrt.
+# ---------------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def add(a, b):
+    return a + b
+
+
+@gluon.jit
+def sub(a, b):
+    return a - b
+
+
+@gluon.jit
+def mul(a, b):
+    return a * b
+
+
+@gluon.jit
+def fma(a, b, c):
+    return gl.fma(a, b, c)
+
+
+@gluon.jit
+def div(a, b):
+    return gl.div_rn(a, b)
+
+
+@gluon.jit
+def sqrt(a):
+    return gl.sqrt_rn(a)
+
+
+@gluon.jit
+def neg(a):
+    return -a
+
+
+@gluon.jit
+def sign(a):
+    # +1 / -1 for nonzero a; a itself for +-0 (sign of zero kept) and NaN (propagated)
+    return gl.where(a > 0, 1.0, gl.where(a < 0, -1.0, a))
+
+
+@gluon.jit
+def where(c, a, b):
+    return gl.where(c, a, b)
+
+
+@gluon.jit
+def isfinite(a):
+    # NaN fails a == a; +-inf fails |a| < inf
+    return (a == a) & (gl.abs(a) < float("inf"))
+
+
+NAMESPACE = {"add": add, "sub": sub, "mul": mul, "fma": fma, "div": div, "sqrt": sqrt, "neg": neg, "sign": sign,
+             "where": where, "isfinite": isfinite, "tl": gl}
+
+
+@functools.lru_cache(maxsize=None)
+def guarded_update_gluon(rule: Rule):
+    """forge_num.rules.guarded_update around ``rule``, both bound to the Gluon vocabulary."""
+    return rule.bind_guarded(NAMESPACE, gluon.jit)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scheduling: the tile a persistent program takes next (the Triton kernel's grouped order)
+# ---------------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def tile_coords(tile, tiles_m, tiles_n, GROUP_M: gl.constexpr):
+    """(pid_m, pid_n) of the tile-th tile in grouped order: GROUP_M consecutive tile rows, column by column."""
+    group = tile // (GROUP_M * tiles_n)
+    first_m = group * GROUP_M
+    rows = gl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % (GROUP_M * tiles_n)) % rows
+    pid_n = (tile % (GROUP_M * tiles_n)) // rows
+    return pid_m, pid_n
+
+
+# ---------------------------------------------------------------------------------------------
+# The partitions
+# ---------------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def operand_loader(descs, bufs, bars, M, N, K, GROUP_M: gl.constexpr):
+    """Worker: the K blocks of every tile this program owns, in order, into the operand ring."""
+    dy_desc, x_desc, w_desc, s0_desc, s1_desc = descs
+    dy_bufs, x_bufs, g_smem, w_bufs, s0_bufs, s1_bufs = bufs
+    op_ready, op_empty, st_ready, st_empty = bars
+    BK: gl.constexpr = dy_desc.block_type.shape[0]
+    BM: gl.constexpr = dy_desc.block_type.shape[1]
+    BN: gl.constexpr = x_desc.block_type.shape[1]
+    STAGES: gl.constexpr = dy_bufs.type.shape[0]
+    tiles_m = gl.cdiv(M, BM)
+    tiles_n = gl.cdiv(N, BN)
+    i = 0
+    for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
+        pid_m, pid_n = tile_coords(tile, tiles_m, tiles_n, GROUP_M)
+        for k0 in range(0, K, BK):
+            s = i % STAGES
+            mbarrier.wait(op_empty.index(s), ((i // STAGES) & 1) ^ 1)
+            mbarrier.expect(op_ready.index(s), dy_desc.block_type.nbytes + x_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(dy_desc, [k0, pid_m * BM], op_ready.index(s), dy_bufs.index(s))
+            tma.async_copy_global_to_shared(x_desc, [k0, pid_n * BN], op_ready.index(s), x_bufs.index(s))
+            i += 1
+
+
+@gluon.jit
+def state_loader(descs, bufs, bars, M, N, K, GROUP_M: gl.constexpr):
+    """Worker: W, S0, S1 of every column sub-tile [BM, SW] of every tile this program owns, in order,
+    into the state ring (N_STATE, the number of state tensors, is the number of state descriptors)."""
+    dy_desc, x_desc, w_desc, s0_desc, s1_desc = descs
+    dy_bufs, x_bufs, g_smem, w_bufs, s0_bufs, s1_bufs = bufs
+    op_ready, op_empty, st_ready, st_empty = bars
+    BM: gl.constexpr = w_desc.block_type.shape[0]
+    SW: gl.constexpr = w_desc.block_type.shape[1]
+    BN: gl.constexpr = x_desc.block_type.shape[1]
+    SPLIT: gl.constexpr = BN // SW
+    SLOTS: gl.constexpr = w_bufs.type.shape[0]
+    N_STATE: gl.constexpr = (s0_desc is not None) + (s1_desc is not None)
+    nbytes: gl.constexpr = w_desc.block_type.nbytes * (1 + N_STATE)
+    tiles_m = gl.cdiv(M, BM)
+    tiles_n = gl.cdiv(N, BN)
+    j = 0
+    for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
+        pid_m, pid_n = tile_coords(tile, tiles_m, tiles_n, GROUP_M)
+        for c in gl.static_range(SPLIT):
+            s = j % SLOTS
+            mbarrier.wait(st_empty.index(s), ((j // SLOTS) & 1) ^ 1)
+            mbarrier.expect(st_ready.index(s), nbytes)
+            coord = [pid_m * BM, pid_n * BN + c * SW]
+            tma.async_copy_global_to_shared(w_desc, coord, st_ready.index(s), w_bufs.index(s))
+            if N_STATE >= 1:
+                tma.async_copy_global_to_shared(s0_desc, coord, st_ready.index(s), s0_bufs.index(s))
+            if N_STATE >= 2:
+                tma.async_copy_global_to_shared(s1_desc, coord, st_ready.index(s), s1_bufs.index(s))
+            j += 1
+
+
+@gluon.jit
+def mainloop(dy_bufs, x_bufs, op_ready, op_empty, i, K, mma_layout: gl.constexpr):
+    """acc [BM, BN] = Σ_k dY[k, rows]ᵀ X[k, cols] from a zero accumulator, one ring slot per K block, in
+    order; i counts the ring's uses. The wgmma on a slot is waited for (one left in flight) before
+    the previous slot is handed back to the loader."""
+    BK: gl.constexpr = dy_bufs.type.shape[1]
+    BM: gl.constexpr = dy_bufs.type.shape[2]
+    BN: gl.constexpr = x_bufs.type.shape[2]
+    STAGES: gl.constexpr = dy_bufs.type.shape[0]
+    acc = gl.zeros((BM, BN), dtype=gl.float32, layout=mma_layout)
+    first = i
+    for k0 in range(0, K, BK):
+        s = i % STAGES
+        mbarrier.wait(op_ready.index(s), (i // STAGES) & 1)
+        # A = dY blockᵀ [BM, BK]: a transposed view of the [BK, BM] slot, handed to wgmma as MN-major
+        acc = warpgroup_mma(dy_bufs.index(s).permute((1, 0)), x_bufs.index(s), acc, is_async=True)
+        acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, dy_bufs.index(s), x_bufs.index(s)))
+        mbarrier.arrive(op_empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > first)
+        i += 1
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    mbarrier.arrive(op_empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > first)
+    return acc, i
+
+
+@gluon.jit
+def consumer(descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_ptr,
+             GUARDED_UPDATE: gl.constexpr, GROUP_M: gl.constexpr, num_warps: gl.constexpr):
+    """Default partition: per tile, the mainloop, then the epilogue sub-tile by sub-tile from the
+    state ring, stores by TMA, and the tile's telemetry slot (pid_m * tiles_n + pid_n)."""
+    dy_desc, x_desc, w_desc, s0_desc, s1_desc = descs
+    dy_bufs, x_bufs, g_smem, w_bufs, s0_bufs, s1_bufs = bufs
+    op_ready, op_empty, st_ready, st_empty = bars
+    BM: gl.constexpr = w_desc.block_type.shape[0]
+    SW: gl.constexpr = w_desc.block_type.shape[1]
+    BN: gl.constexpr = x_desc.block_type.shape[1]
+    SPLIT: gl.constexpr = BN // SW
+    SLOTS: gl.constexpr = w_bufs.type.shape[0]
+    N_STATE: gl.constexpr = (s0_desc is not None) + (s1_desc is not None)
+    # wgmma per warp group: 4 warps stacked on the tile's 64 rows; with 8 warps the two warp groups
+    # take a column half each (m64n(BN/2)k16), with 4 one instruction spans the columns (m64nBNk16)
+    GROUPS: gl.constexpr = num_warps // 4
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, GROUPS],
+                                                         instr_shape=[16, BN // GROUPS, 16])
+    # the epilogue's layout: each thread 4 consecutive fp32 of a row (16-byte shared-memory accesses)
+    epi: gl.constexpr = gl.BlockedLayout([1, 4], [32 * 4 // SW, SW // 4], [num_warps, 1], [1, 0])
+    rows_l: gl.constexpr = gl.SliceLayout(1, epi)
+    cols_l: gl.constexpr = gl.SliceLayout(0, epi)
+    tiles_m = gl.cdiv(M, BM)
+    tiles_n = gl.cdiv(N, BN)
+    i = 0
+    j = 0
+    for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
+        pid_m, pid_n = tile_coords(tile, tiles_m, tiles_n, GROUP_M)
+        acc, i = mainloop(dy_bufs, x_bufs, op_ready, op_empty, i, K, mma_layout)
+        g_smem.store(acc)  # read back below sub-tile by sub-tile in the epilogue's layout
+        rows = pid_m * BM + gl.arange(0, BM, layout=rows_l)
+        norm_sq = gl.zeros((BM, SW), dtype=gl.float64, layout=epi)
+        bad = gl.zeros((BM, SW), dtype=gl.int32, layout=epi)
+        for c in gl.static_range(SPLIT):
+            s = j % SLOTS
+            mbarrier.wait(st_ready.index(s), (j // SLOTS) & 1)
+            g = g_smem.slice(c * SW, SW, dim=1).load(epi)
+            p = w_bufs.index(s).load(epi)
+            s0 = p
+            s1 = p
+            if N_STATE >= 1:
+                s0 = s0_bufs.index(s).load(epi)
+            if N_STATE >= 2:
+                s1 = s1_bufs.index(s).load(epi)
+            p, s0, s1, finite = GUARDED_UPDATE(p, g, s0, s1, h, grad_scale)
+            cols = pid_n * BN + c * SW + gl.arange(0, SW, layout=cols_l)
+            in_tile = (rows[:, None] < M) & (cols[None, :] < N)
+            g64 = g.to(gl.float64)
+            norm_sq += gl.where(in_tile, g64 * g64, 0.0)
+            bad += gl.where(in_tile & (finite == 0), 1, 0)
+            # the results go back into the slot they came from, and from there to memory by TMA
+            # (which clips the rows and columns past W's edge)
+            coord = [pid_m * BM, pid_n * BN + c * SW]
+            w_bufs.index(s).store(p)
+            if N_STATE >= 1:
+                s0_bufs.index(s).store(s0)
+            if N_STATE >= 2:
+                s1_bufs.index(s).store(s1)
+            fence_async_shared()
+            tma.async_copy_shared_to_global(w_desc, coord, w_bufs.index(s))
+            if N_STATE >= 1:
+                tma.async_copy_shared_to_global(s0_desc, coord, s0_bufs.index(s))
+            if N_STATE >= 2:
+                tma.async_copy_shared_to_global(s1_desc, coord, s1_bufs.index(s))
+            # the previous sub-tile's stores have read their slot: hand it back to the state loader
+            tma.store_wait(pendings=1 + N_STATE)
+            mbarrier.arrive(st_empty.index((j + SLOTS - 1) % SLOTS), count=1, pred=j > 0)
+            j += 1
+        slot = pid_m * tiles_n + pid_n
+        gl.store(norm_sq_ptr + slot, gl.sum(gl.sum(norm_sq, axis=1), axis=0))
+        gl.store(nonfinite_ptr + slot, gl.sum(gl.sum(bad, axis=1), axis=0))
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def fused_linear_update_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, norm_sq_ptr, nonfinite_ptr,
+                                  M, N, K, h, grad_scale,
+                                  GUARDED_UPDATE: gl.constexpr, STAGES: gl.constexpr, SLOTS: gl.constexpr,
+                                  GROUP_M: gl.constexpr, num_warps: gl.constexpr):
+    """The shared rings and their barriers, then the three partitions (module docstring).
+    dy_desc [K, M] block [BK, BM], x_desc [K, N] block [BK, BN], w/s0/s1_desc [M, N] fp32 block [BM, SW]
+    (s0/s1 None for a rule with fewer states)."""
+    BM: gl.constexpr = w_desc.block_type.shape[0]
+    BN: gl.constexpr = x_desc.block_type.shape[1]
+    dy_bufs = gl.allocate_shared_memory(dy_desc.dtype, [STAGES] + dy_desc.block_type.shape, dy_desc.layout)
+    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+    g_smem = gl.allocate_shared_memory(gl.float32, [BM, BN],
+                                       gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
+    w_bufs = gl.allocate_shared_memory(gl.float32, [SLOTS] + w_desc.block_type.shape, w_desc.layout)
+    s0_bufs = w_bufs
+    s1_bufs = w_bufs
+    if s0_desc is not None:
+        s0_bufs = gl.allocate_shared_memory(gl.float32, [SLOTS] + w_desc.block_type.shape, w_desc.layout)
+    if s1_desc is not None:
+        s1_bufs = gl.allocate_shared_memory(gl.float32, [SLOTS] + w_desc.block_type.shape, w_desc.layout)
+    op_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    op_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    st_ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
+    st_empty = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(op_ready.index(s), count=1)
+        mbarrier.init(op_empty.index(s), count=1)
+    for s in gl.static_range(SLOTS):
+        mbarrier.init(st_ready.index(s), count=1)
+        mbarrier.init(st_empty.index(s), count=1)
+    descs = (dy_desc, x_desc, w_desc, s0_desc, s1_desc)
+    bufs = (dy_bufs, x_bufs, g_smem, w_bufs, s0_bufs, s1_bufs)
+    bars = (op_ready, op_empty, st_ready, st_empty)
+    gl.warp_specialize([
+        (consumer, (descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_ptr, GUARDED_UPDATE, GROUP_M,
+                    num_warps)),
+        (operand_loader, (descs, bufs, bars, M, N, K, GROUP_M)),
+        (state_loader, (descs, bufs, bars, M, N, K, GROUP_M)),
+    ], [1, 1], [24, 24])
+
+
+# ---------------------------------------------------------------------------------------------
+# Launcher
+# ---------------------------------------------------------------------------------------------
+
+
+class WSConfig:
+    """The warp-specialized kernel's tile: BM x BN output tiles, K blocks of BK, column sub-tiles of
+    SW for the epilogue, STAGES operand slots, SLOTS state slots (BN / SW: a whole tile's state in
+    flight), `programs` persistent programs per SM, GROUP_M tile rows per group."""
+
+    __slots__ = ("BM", "BN", "BK", "SW", "STAGES", "SLOTS", "GROUP_M", "programs", "num_warps")
+
+    def __init__(self, BM=64, BN=128, BK=64, SW=32, STAGES=3, SLOTS=4, GROUP_M=8, programs=1, num_warps=4):
+        self.BM, self.BN, self.BK, self.SW = BM, BN, BK, SW
+        self.STAGES, self.SLOTS, self.GROUP_M, self.programs = STAGES, SLOTS, GROUP_M, programs
+        self.num_warps = num_warps  # of the consumer: 4 (one warp group) or 8 (two, a column half each)
+
+    def _key(self):
+        return tuple(getattr(self, k) for k in self.__slots__)
+
+    def __eq__(self, other):
+        return isinstance(other, WSConfig) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+    @property
+    def label(self) -> str:
+        return (f"ws {self.BM}x{self.BN}x{self.BK} w{self.num_warps} sub{self.SW} st{self.STAGES} sl{self.SLOTS}"
+                + (f" p{self.programs}" if self.programs != 1 else ""))
+
+    def __repr__(self):
+        return f"WSConfig({self.label})"
+
+    def shared_bytes(self, n_state: int) -> int:
+        """Shared memory of one program: operand ring, g, state ring (barriers aside)."""
+        return (self.STAGES * self.BK * (self.BM + self.BN) * 2 + self.BM * self.BN * 4
+                + self.SLOTS * (1 + n_state) * self.BM * self.SW * 4)
+
+
+DEFAULT_WS_CONFIG = WSConfig()
+
+
+def _nvmma_desc(t: torch.Tensor, block, dtype):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block),
+                            gl.NVMMASharedLayout.get_default_for(list(block), dtype))
+
+
+def _check_ws_operands(weight, x, dy, states, n_state):
+    """The scope of this kernel (module docstring), each violation named."""
+    if weight.dtype != torch.float32 or any(s.dtype != torch.float32 for s in states):
+        raise TypeError("fused_linear_update_ws: the fp32 regime only (fp32 weight and state), got "
+                        f"weight {weight.dtype}, states {[s.dtype for s in states]}")
+    if x.dtype != torch.bfloat16 or dy.dtype != torch.bfloat16:
+        raise TypeError(f"fused_linear_update_ws: bf16 operands only, got x {x.dtype}, dy {dy.dtype}")
+    if len(states) > n_state:
+        raise ValueError(f"fused_linear_update_ws: the rule keeps at most {n_state} states, got {len(states)}")
+    if x.dim() != 2 or dy.dim() != 2 or weight.dim() != 2:
+        raise ValueError("fused_linear_update_ws: x [K, N], dy [K, M] and weight [M, N] must be 2-D")
+    M, N = weight.shape
+    if x.shape[1] != N or dy.shape[1] != M or x.shape[0] != dy.shape[0]:
+        raise ValueError(f"fused_linear_update_ws: shapes weight {tuple(weight.shape)}, x {tuple(x.shape)}, "
+                         f"dy {tuple(dy.shape)} do not make dW = dyᵀ x of weight's shape")
+    for name, t in (("weight", weight), ("x", x), ("dy", dy), *((f"state {i}", s) for i, s in enumerate(states))):
+        if not t.is_contiguous():
+            raise ValueError(f"fused_linear_update_ws: {name} must be contiguous (TMA), got strides {t.stride()}")
+        if t.data_ptr() % 16:
+            raise ValueError(f"fused_linear_update_ws: {name} must start 16-byte aligned (TMA)")
+        if t.device != weight.device:
+            raise ValueError(f"fused_linear_update_ws: {name} on {t.device}, weight on {weight.device}")
+    for s in states:
+        if s.shape != weight.shape:
+            raise ValueError(f"fused_linear_update_ws: a state of shape {tuple(s.shape)} beside weight "
+                             f"{tuple(weight.shape)}")
+    if x.shape[0] == 0:
+        raise ValueError("fused_linear_update_ws: K = 0 tokens (an empty operand) is not covered; "
+                         "kernels.fused_linear_update handles it")
+    if M % 8 or N % 8:
+        raise ValueError(f"fused_linear_update_ws: M and N must be multiples of 8 (16-byte TMA rows), got {M}x{N}")
+
+
+def fused_linear_update_ws(weight: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, states, rule: Rule, h,
+                           grad_scale: float = 1.0, config: WSConfig = DEFAULT_WS_CONFIG):
+    """weight, states <- the guarded rule applied with g = dyᵀ x, in place (the fp32 regime); returns
+    kernels.UpdateStats, like kernels.fused_linear_update, whose bits it must give."""
+    from forge_num import kernels
+
+    states = list(states)
+    _check_ws_operands(weight, x, dy, states, len(rule.state))
+    h, grad_scale = kernels._check_scalars(rule, h, grad_scale)
+    M, N = weight.shape
+    K = x.shape[0]
+    c = config
+    tiles_m, tiles_n = triton.cdiv(M, c.BM), triton.cdiv(N, c.BN)
+    norm_sq, nonfinite = kernels._telemetry_buffers(max(tiles_m * tiles_n, 1), weight.device, launched=bool(M and N))
+    if M and N:
+        state_descs = [_nvmma_desc(s, (c.BM, c.SW), gl.float32) for s in states] + [None, None]
+        programs = min(tiles_m * tiles_n, c.programs * kernels._sm_count(weight.device))
+        fused_linear_update_ws_kernel[(programs,)](
+            _nvmma_desc(dy, (c.BK, c.BM), gl.bfloat16), _nvmma_desc(x, (c.BK, c.BN), gl.bfloat16),
+            _nvmma_desc(weight, (c.BM, c.SW), gl.float32), state_descs[0], state_descs[1],
+            norm_sq, nonfinite, M, N, K, h, grad_scale,
+            GUARDED_UPDATE=guarded_update_gluon(rule), STAGES=c.STAGES, SLOTS=c.SLOTS, GROUP_M=c.GROUP_M,
+            num_warps=c.num_warps, enable_fp_fusion=False,
+        )
+    return kernels.UpdateStats(norm_sq, nonfinite)
+
+
+def compile_for_sm90(rule: Rule, config: WSConfig = DEFAULT_WS_CONFIG, M: int = 256, N: int = 256, K: int = 128):
+    """The kernel compiled for sm_90 without a GPU (descriptors built on CPU tensors, for their types
+    only): the CompiledKernel, whose .asm holds "ttgir", "ptx" and (with ptxas) "cubin"."""
+    from triton.backends.compiler import BaseBackend, GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import create_function_from_signature
+
+    c = config
+    n_state = len(rule.state)
+    dy = torch.empty(K, M, dtype=torch.bfloat16)
+    x = torch.empty(K, N, dtype=torch.bfloat16)
+    w = torch.empty(M, N)
+    states = [_nvmma_desc(torch.empty(M, N), (c.BM, c.SW), gl.float32) for _ in range(n_state)] + [None, None]
+    args = dict(dy_desc=_nvmma_desc(dy, (c.BK, c.BM), gl.bfloat16), x_desc=_nvmma_desc(x, (c.BK, c.BN), gl.bfloat16),
+                w_desc=_nvmma_desc(w, (c.BM, c.SW), gl.float32), s0_desc=states[0], s1_desc=states[1],
+                norm_sq_ptr=torch.empty(4, dtype=torch.float64), nonfinite_ptr=torch.empty(4, dtype=torch.int32),
+                M=M, N=N, K=K, h=tuple(1.0 for _ in rule.scalar_names), grad_scale=1.0,
+                GUARDED_UPDATE=guarded_update_gluon(rule), STAGES=c.STAGES, SLOTS=c.SLOTS, GROUP_M=c.GROUP_M,
+                num_warps=c.num_warps)
+    kernel = fused_linear_update_ws_kernel
+    binder = create_function_from_signature(kernel.signature, kernel.params, BaseBackend)
+    _, spec, _ = binder(**args)
+    signature = {p.name: s[0] for p, s in zip(kernel.params, spec)}
+    constexprs = {p.name: args[p.name] for p in kernel.params if p.is_constexpr}
+    for name in ("s0_desc", "s1_desc"):
+        if args[name] is None:
+            constexprs[name] = None
+            signature[name] = "constexpr"
+    src = GluonASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": c.num_warps, "enable_fp_fusion": False})

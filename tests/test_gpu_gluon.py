@@ -1,0 +1,127 @@
+"""On the GPU: the warp-specialized Gluon kernel (kernels/gluon_update.py) gives the Triton kernel's
+bits and the emulator's: weight and state bit for bit against kernels.fused_linear_update on the TMA
+64x128x64 tile (the same wgmma chain) and against the emulator's epilogue on the unfused mainloop's
+dW; the non-finite count equal; Σ g² within proofs/telemetry.md's bound. Cases cover edge tiles,
+a partial last K block, several tiles per program (the rings' phases wrapping), non-finite
+gradients and every rule with each number of states.
+
+Its PTX (IEEE ops only, no spills) is checked on the CPU by tests/test_ptx.py.
+"""
+
+from __future__ import annotations
+
+import math
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+
+from forge_num import kernels, rules
+from forge_num.emulator import emulate_elementwise
+from forge_num.emulator.bounds import sum_of_squares_order_bound
+from tests.kernel_cases import same_bits
+
+pytestmark = [pytest.mark.exactness, pytest.mark.gpu]
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+CUDA = torch.device("cuda")
+TRITON_TWIN = kernels.DEFAULT_TMA_CONFIGS["small_k"]  # TMA 64x128x64: the same mainloop instructions
+
+HYPERS = {
+    "adamw": {"lr": 1e-2, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01},
+    "adam": {"lr": 1e-3, "betas": (0.9, 0.99999), "eps": 1e-16, "weight_decay": 0.1},
+    "sgd": {"lr": 0.1, "momentum": 0.9, "dampening": 0.0, "weight_decay": 1e-4, "nesterov": True},
+    "sgd-plain": {"lr": 0.1, "momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": False},
+    "lion": {"lr": 1e-2, "betas": (0.9, 0.99), "weight_decay": 0.1},
+}
+
+
+def _case(rule_name, M, N, K, seed, bad_rows=0, step=3):
+    rule = rules.get_rule(rule_name.split("-")[0])
+    hyper = HYPERS[rule_name]
+    g = torch.Generator().manual_seed(seed)
+
+    def spread(*shape):  # magnitudes over several binades, so that roundings are exercised
+        return torch.randn(*shape, generator=g) * torch.exp2(torch.randint(-6, 7, shape, generator=g).float())
+
+    w = spread(M, N).to(CUDA)
+    states = [spread(M, N).to(CUDA) for _ in range(rule.state_slots(hyper))]
+    if rule.name in ("adam", "adamw"):
+        states[1] = states[1].abs() * 1e-3
+    x = spread(K, N).bfloat16().to(CUDA)
+    dy = spread(K, M).bfloat16().to(CUDA)
+    for r in range(bad_rows):  # a non-finite dY entry makes row r of dW non-finite
+        dy[r % K, (r * 7) % M] = (math.inf, -math.inf, math.nan)[r % 3]
+    return rule, rule.scalars(hyper, step), w, states, x, dy
+
+
+def _check(rule_name, M, N, K, seed, bad_rows=0, grad_scale=1.0, config=None):
+    from forge_num.kernels.gluon_update import DEFAULT_WS_CONFIG, fused_linear_update_ws
+
+    rule, h, w0, s0, x, dy = _case(rule_name, M, N, K, seed, bad_rows)
+    ww, sw = w0.clone(), [s.clone() for s in s0]
+    stats_ws = fused_linear_update_ws(ww, x, dy, sw, rule, h, grad_scale=grad_scale, config=config or DEFAULT_WS_CONFIG)
+    wt, st = w0.clone(), [s.clone() for s in s0]
+    stats_t = kernels.fused_linear_update(wt, x, dy, st, rule, h, grad_scale=grad_scale, config=TRITON_TWIN)
+    assert same_bits(ww, wt), "Gluon weight != Triton weight"
+    for a, b in zip(sw, st):
+        assert same_bits(a, b), "Gluon state != Triton state"
+    assert int(stats_ws.nonfinite) == int(stats_t.nonfinite)
+    # the emulator's epilogue on the unfused mainloop's dW (the same wgmma chain)
+    grad = kernels.linear_mainloop(x, dy, config=TRITON_TWIN).cpu().numpy()
+    p_e, s_e, bad_e = emulate_elementwise(w0.cpu().numpy(), grad, [s.cpu().numpy() for s in s0], rule=rule, h=h,
+                                          grad_scale=np.float32(grad_scale))
+    assert same_bits(p_e, ww), "emulated epilogue != Gluon weight"
+    for a, b in zip(s_e, sw):
+        assert same_bits(a, b), "emulated epilogue != Gluon state"
+    assert bad_e == int(stats_ws.nonfinite) and (bad_rows == 0) == (bad_e == 0)
+    g64 = grad.astype(np.float64)
+    ref = float((g64 * g64).sum())
+    got = float(stats_ws.norm_sq)
+    if math.isfinite(ref):
+        assert abs(got - ref) <= sum_of_squares_order_bound(M * N, ref), (got, ref)
+    else:
+        assert not math.isfinite(got)
+
+
+def _configs():
+    from forge_num.kernels.gluon_update import WSConfig
+
+    return [WSConfig(), WSConfig(num_warps=8, STAGES=4, SLOTS=2)]
+
+
+@pytest.mark.parametrize("config", _configs(), ids=lambda c: c.label)
+@pytest.mark.parametrize("rule_name", sorted(HYPERS))
+@pytest.mark.parametrize("M,N,K", [(64, 128, 64), (200, 264, 150), (8 * 37, 8 * 41, 1024), (512, 384, 8)])
+def test_ws_kernel_gives_the_triton_kernels_bits(rule_name, M, N, K, config):
+    _check(rule_name, M, N, K, seed=M * 7 + N + K, config=config)
+
+
+def test_one_program_walks_every_tile():
+    """With the multiprocessor count taken as 1, the one program walks all 5 x 3 tiles: the operand and
+    state rings wrap many times, with their barriers' phases."""
+    with mock.patch.object(kernels, "_sm_count", lambda device: 1):
+        for config in _configs():
+            _check("adamw", 320, 384, 200, seed=11, config=config)
+            _check("lion", 8 * 37, 8 * 41, 70, seed=12, config=config)
+
+
+def test_nonfinite_gradients_leave_their_elements_and_are_counted():
+    _check("adamw", 200, 264, 150, seed=5, bad_rows=3)
+    _check("sgd", 128, 256, 64, seed=6, bad_rows=2, grad_scale=0.5)
+
+
+def test_refuses_what_it_does_not_cover():
+    from forge_num.kernels.gluon_update import fused_linear_update_ws
+
+    rule, h, w, s, x, dy = _case("adamw", 64, 128, 64, seed=1)
+    with pytest.raises(TypeError, match="fp32 regime"):
+        fused_linear_update_ws(w.bfloat16(), x, dy, s, rule, h)
+    with pytest.raises(TypeError, match="bf16 operands"):
+        fused_linear_update_ws(w, x.float(), dy.float(), s, rule, h)
+    with pytest.raises(ValueError, match="contiguous"):
+        fused_linear_update_ws(w, x.t().contiguous().t(), dy, s, rule, h)
+    with pytest.raises(ValueError, match="multiples of 8"):
+        fused_linear_update_ws(w[:, :100].contiguous(), x[:, :100].contiguous(), dy, [t[:, :100].contiguous() for t in s],
+                               rule, h)
