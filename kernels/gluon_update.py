@@ -144,7 +144,7 @@ def tile_coords(tile, tiles_m, tiles_n, GROUP_M: gl.constexpr):
 def operand_loader(descs, bufs, bars, M, N, K, GROUP_M: gl.constexpr):
     """Worker: the K blocks of every tile this program owns, in order, into the operand ring."""
     dy_desc, x_desc, w_desc, s0_desc, s1_desc = descs
-    dy_bufs, x_bufs, g_smem, w_bufs, s0_bufs, s1_bufs = bufs
+    dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs = bufs
     op_ready, op_empty, st_ready, st_empty = bars
     BK: gl.constexpr = dy_desc.block_type.shape[0]
     BM: gl.constexpr = dy_desc.block_type.shape[1]
@@ -169,7 +169,7 @@ def state_loader(descs, bufs, bars, M, N, K, GROUP_M: gl.constexpr):
     """Worker: W, S0, S1 of every column sub-tile [BM, SW] of every tile this program owns, in order,
     into the state ring (N_STATE, the number of state tensors, is the number of state descriptors)."""
     dy_desc, x_desc, w_desc, s0_desc, s1_desc = descs
-    dy_bufs, x_bufs, g_smem, w_bufs, s0_bufs, s1_bufs = bufs
+    dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs = bufs
     op_ready, op_empty, st_ready, st_empty = bars
     BM: gl.constexpr = w_desc.block_type.shape[0]
     SW: gl.constexpr = w_desc.block_type.shape[1]
@@ -198,100 +198,118 @@ def state_loader(descs, bufs, bars, M, N, K, GROUP_M: gl.constexpr):
 
 @gluon.jit
 def mainloop(dy_bufs, x_bufs, op_ready, op_empty, i, K, mma_layout: gl.constexpr):
-    """acc [BM, BN] = Σ_k dY[k, rows]ᵀ X[k, cols] from a zero accumulator, one ring slot per K block, in
-    order; i counts the ring's uses. The wgmma on a slot is waited for (one left in flight) before
-    the previous slot is handed back to the loader."""
+    """The tile's dW = Σ_k dY[k, rows]ᵀ X[k, cols] from zero accumulators, one ring slot per K block, in
+    order, as four column accumulators [BM, BN/4] (one wgmma m64n(BN/4)k16 chain each, per warp group:
+    the epilogue then takes a column sub-tile straight from its registers). i counts the ring's uses.
+    Each K block's four wgmma are waited for (the next block's left in flight) before its slot is
+    handed back to the loader."""
     BK: gl.constexpr = dy_bufs.type.shape[1]
     BM: gl.constexpr = dy_bufs.type.shape[2]
     BN: gl.constexpr = x_bufs.type.shape[2]
+    SW: gl.constexpr = BN // 4
     STAGES: gl.constexpr = dy_bufs.type.shape[0]
-    acc = gl.zeros((BM, BN), dtype=gl.float32, layout=mma_layout)
+    acc0 = gl.zeros((BM, SW), dtype=gl.float32, layout=mma_layout)
+    acc1 = gl.zeros((BM, SW), dtype=gl.float32, layout=mma_layout)
+    acc2 = gl.zeros((BM, SW), dtype=gl.float32, layout=mma_layout)
+    acc3 = gl.zeros((BM, SW), dtype=gl.float32, layout=mma_layout)
     first = i
     for k0 in range(0, K, BK):
         s = i % STAGES
         mbarrier.wait(op_ready.index(s), (i // STAGES) & 1)
         # A = dY blockᵀ [BM, BK]: a transposed view of the [BK, BM] slot, handed to wgmma as MN-major
-        acc = warpgroup_mma(dy_bufs.index(s).permute((1, 0)), x_bufs.index(s), acc, is_async=True)
-        acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, dy_bufs.index(s), x_bufs.index(s)))
+        a = dy_bufs.index(s).permute((1, 0))
+        b = x_bufs.index(s)
+        acc0 = warpgroup_mma(a, b.slice(0 * SW, SW, dim=1), acc0, is_async=True)
+        acc1 = warpgroup_mma(a, b.slice(1 * SW, SW, dim=1), acc1, is_async=True)
+        acc2 = warpgroup_mma(a, b.slice(2 * SW, SW, dim=1), acc2, is_async=True)
+        acc3 = warpgroup_mma(a, b.slice(3 * SW, SW, dim=1), acc3, is_async=True)
+        acc0, acc1, acc2, acc3, _, _ = warpgroup_mma_wait(num_outstanding=4, deps=(acc0, acc1, acc2, acc3, a, b))
         mbarrier.arrive(op_empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > first)
         i += 1
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    acc0, acc1, acc2, acc3 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1, acc2, acc3))
     mbarrier.arrive(op_empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > first)
-    return acc, i
+    return (acc0, acc1, acc2, acc3), i
+
+
+@gluon.jit
+def update_subtile(g, j, coord, M, N, descs, bufs, bars, h, grad_scale, GUARDED_UPDATE: gl.constexpr):
+    """The epilogue on one column sub-tile g [BM, SW] (in the accumulator's registers) whose W and
+    state are in state slot j % SLOTS: the guarded rule, the results written back into the slot and
+    stored by TMA; the previous slot handed back once its stores have read it. Returns
+    (Σ g² in fp64, number of non-finite g) over the sub-tile's elements inside W."""
+    dy_desc, x_desc, w_desc, s0_desc, s1_desc = descs
+    dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs = bufs
+    op_ready, op_empty, st_ready, st_empty = bars
+    SLOTS: gl.constexpr = w_bufs.type.shape[0]
+    N_STATE: gl.constexpr = (s0_desc is not None) + (s1_desc is not None)
+    s = j % SLOTS
+    mbarrier.wait(st_ready.index(s), (j // SLOTS) & 1)
+    p = w_bufs.index(s).load(g.type.layout)
+    s0 = p
+    s1 = p
+    if N_STATE >= 1:
+        s0 = s0_bufs.index(s).load(g.type.layout)
+    if N_STATE >= 2:
+        s1 = s1_bufs.index(s).load(g.type.layout)
+    p, s0, s1, finite = GUARDED_UPDATE(p, g, s0, s1, h, grad_scale)
+    w_bufs.index(s).store(p)
+    if N_STATE >= 1:
+        s0_bufs.index(s).store(s0)
+    if N_STATE >= 2:
+        s1_bufs.index(s).store(s1)
+    fence_async_shared()
+    # TMA clips the rows and columns past W's edge
+    tma.async_copy_shared_to_global(w_desc, coord, w_bufs.index(s))
+    if N_STATE >= 1:
+        tma.async_copy_shared_to_global(s0_desc, coord, s0_bufs.index(s))
+    if N_STATE >= 2:
+        tma.async_copy_shared_to_global(s1_desc, coord, s1_bufs.index(s))
+    tma.store_wait(pendings=1 + N_STATE)  # the previous sub-tile's stores have read their slot
+    mbarrier.arrive(st_empty.index((j + SLOTS - 1) % SLOTS), count=1, pred=j > 0)
+    rows = coord[0] + gl.arange(0, g.shape[0], layout=gl.SliceLayout(1, g.type.layout))
+    cols = coord[1] + gl.arange(0, g.shape[1], layout=gl.SliceLayout(0, g.type.layout))
+    in_w = (rows[:, None] < M) & (cols[None, :] < N)
+    g64 = g.to(gl.float64)
+    sq = gl.sum(gl.sum(gl.where(in_w, g64 * g64, 0.0), axis=1), axis=0)
+    bad = gl.sum(gl.sum(gl.where(in_w & (finite == 0), 1, 0), axis=1), axis=0)
+    return sq, bad
 
 
 @gluon.jit
 def consumer(descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_ptr,
              GUARDED_UPDATE: gl.constexpr, GROUP_M: gl.constexpr, num_warps: gl.constexpr):
-    """Default partition: per tile, the mainloop, then the epilogue sub-tile by sub-tile from the
-    state ring, stores by TMA, and the tile's telemetry slot (pid_m * tiles_n + pid_n)."""
+    """Default partition: per tile, the mainloop, then the epilogue on the four column sub-tiles from
+    the state ring, and the tile's telemetry slot (pid_m * tiles_n + pid_n)."""
     dy_desc, x_desc, w_desc, s0_desc, s1_desc = descs
-    dy_bufs, x_bufs, g_smem, w_bufs, s0_bufs, s1_bufs = bufs
+    dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs = bufs
     op_ready, op_empty, st_ready, st_empty = bars
     BM: gl.constexpr = w_desc.block_type.shape[0]
     SW: gl.constexpr = w_desc.block_type.shape[1]
     BN: gl.constexpr = x_desc.block_type.shape[1]
-    SPLIT: gl.constexpr = BN // SW
-    SLOTS: gl.constexpr = w_bufs.type.shape[0]
-    N_STATE: gl.constexpr = (s0_desc is not None) + (s1_desc is not None)
-    # wgmma per warp group: 4 warps stacked on the tile's 64 rows; with 8 warps the two warp groups
-    # take a column half each (m64n(BN/2)k16), with 4 one instruction spans the columns (m64nBNk16)
-    GROUPS: gl.constexpr = num_warps // 4
-    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, GROUPS],
-                                                         instr_shape=[16, BN // GROUPS, 16])
-    # the epilogue's layout: each thread 4 consecutive fp32 of a row (16-byte shared-memory accesses)
-    epi: gl.constexpr = gl.BlockedLayout([1, 4], [32 * 4 // SW, SW // 4], [num_warps, 1], [1, 0])
-    rows_l: gl.constexpr = gl.SliceLayout(1, epi)
-    cols_l: gl.constexpr = gl.SliceLayout(0, epi)
+    # the warps stacked on the tile's rows, 16 each (BM = 16 num_warps): each warp group runs the
+    # wgmma of its 64 rows; one instruction spans a column sub-tile (m64nSWk16)
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, SW, 16])
     tiles_m = gl.cdiv(M, BM)
     tiles_n = gl.cdiv(N, BN)
     i = 0
     j = 0
     for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
         pid_m, pid_n = tile_coords(tile, tiles_m, tiles_n, GROUP_M)
-        acc, i = mainloop(dy_bufs, x_bufs, op_ready, op_empty, i, K, mma_layout)
-        g_smem.store(acc)  # read back below sub-tile by sub-tile in the epilogue's layout
-        rows = pid_m * BM + gl.arange(0, BM, layout=rows_l)
-        norm_sq = gl.zeros((BM, SW), dtype=gl.float64, layout=epi)
-        bad = gl.zeros((BM, SW), dtype=gl.int32, layout=epi)
-        for c in gl.static_range(SPLIT):
-            s = j % SLOTS
-            mbarrier.wait(st_ready.index(s), (j // SLOTS) & 1)
-            g = g_smem.slice(c * SW, SW, dim=1).load(epi)
-            p = w_bufs.index(s).load(epi)
-            s0 = p
-            s1 = p
-            if N_STATE >= 1:
-                s0 = s0_bufs.index(s).load(epi)
-            if N_STATE >= 2:
-                s1 = s1_bufs.index(s).load(epi)
-            p, s0, s1, finite = GUARDED_UPDATE(p, g, s0, s1, h, grad_scale)
-            cols = pid_n * BN + c * SW + gl.arange(0, SW, layout=cols_l)
-            in_tile = (rows[:, None] < M) & (cols[None, :] < N)
-            g64 = g.to(gl.float64)
-            norm_sq += gl.where(in_tile, g64 * g64, 0.0)
-            bad += gl.where(in_tile & (finite == 0), 1, 0)
-            # the results go back into the slot they came from, and from there to memory by TMA
-            # (which clips the rows and columns past W's edge)
-            coord = [pid_m * BM, pid_n * BN + c * SW]
-            w_bufs.index(s).store(p)
-            if N_STATE >= 1:
-                s0_bufs.index(s).store(s0)
-            if N_STATE >= 2:
-                s1_bufs.index(s).store(s1)
-            fence_async_shared()
-            tma.async_copy_shared_to_global(w_desc, coord, w_bufs.index(s))
-            if N_STATE >= 1:
-                tma.async_copy_shared_to_global(s0_desc, coord, s0_bufs.index(s))
-            if N_STATE >= 2:
-                tma.async_copy_shared_to_global(s1_desc, coord, s1_bufs.index(s))
-            # the previous sub-tile's stores have read their slot: hand it back to the state loader
-            tma.store_wait(pendings=1 + N_STATE)
-            mbarrier.arrive(st_empty.index((j + SLOTS - 1) % SLOTS), count=1, pred=j > 0)
-            j += 1
+        accs, i = mainloop(dy_bufs, x_bufs, op_ready, op_empty, i, K, mma_layout)
+        # the column sub-tiles in order: the state loader filled the slots in this order
+        sq0, bad0 = update_subtile(accs[0], j, [pid_m * BM, pid_n * BN], M, N, descs, bufs, bars, h, grad_scale,
+                                   GUARDED_UPDATE)
+        sq1, bad1 = update_subtile(accs[1], j + 1, [pid_m * BM, pid_n * BN + SW], M, N, descs, bufs, bars, h,
+                                   grad_scale, GUARDED_UPDATE)
+        sq2, bad2 = update_subtile(accs[2], j + 2, [pid_m * BM, pid_n * BN + 2 * SW], M, N, descs, bufs, bars, h,
+                                   grad_scale, GUARDED_UPDATE)
+        sq3, bad3 = update_subtile(accs[3], j + 3, [pid_m * BM, pid_n * BN + 3 * SW], M, N, descs, bufs, bars, h,
+                                   grad_scale, GUARDED_UPDATE)
+        j += 4
         slot = pid_m * tiles_n + pid_n
-        gl.store(norm_sq_ptr + slot, gl.sum(gl.sum(norm_sq, axis=1), axis=0))
-        gl.store(nonfinite_ptr + slot, gl.sum(gl.sum(bad, axis=1), axis=0))
+        gl.store(norm_sq_ptr + slot, (sq0 + sq1) + (sq2 + sq3))
+        gl.store(nonfinite_ptr + slot, (bad0 + bad1) + (bad2 + bad3))
     tma.store_wait(pendings=0)
 
 
@@ -301,14 +319,10 @@ def fused_linear_update_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, nor
                                   GUARDED_UPDATE: gl.constexpr, STAGES: gl.constexpr, SLOTS: gl.constexpr,
                                   GROUP_M: gl.constexpr, num_warps: gl.constexpr):
     """The shared rings and their barriers, then the three partitions (module docstring).
-    dy_desc [K, M] block [BK, BM], x_desc [K, N] block [BK, BN], w/s0/s1_desc [M, N] fp32 block [BM, SW]
-    (s0/s1 None for a rule with fewer states)."""
-    BM: gl.constexpr = w_desc.block_type.shape[0]
-    BN: gl.constexpr = x_desc.block_type.shape[1]
+    dy_desc [K, M] block [BK, BM], x_desc [K, N] block [BK, BN], w/s0/s1_desc [M, N] fp32 block
+    [BM, BN/4] (s0/s1 None for a rule with fewer states)."""
     dy_bufs = gl.allocate_shared_memory(dy_desc.dtype, [STAGES] + dy_desc.block_type.shape, dy_desc.layout)
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
-    g_smem = gl.allocate_shared_memory(gl.float32, [BM, BN],
-                                       gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
     w_bufs = gl.allocate_shared_memory(gl.float32, [SLOTS] + w_desc.block_type.shape, w_desc.layout)
     s0_bufs = w_bufs
     s1_bufs = w_bufs
@@ -327,7 +341,7 @@ def fused_linear_update_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, nor
         mbarrier.init(st_ready.index(s), count=1)
         mbarrier.init(st_empty.index(s), count=1)
     descs = (dy_desc, x_desc, w_desc, s0_desc, s1_desc)
-    bufs = (dy_bufs, x_bufs, g_smem, w_bufs, s0_bufs, s1_bufs)
+    bufs = (dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs)
     bars = (op_ready, op_empty, st_ready, st_empty)
     gl.warp_specialize([
         (consumer, (descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_ptr, GUARDED_UPDATE, GROUP_M,
@@ -343,16 +357,28 @@ def fused_linear_update_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, nor
 
 
 class WSConfig:
-    """The warp-specialized kernel's tile: BM x BN output tiles, K blocks of BK, column sub-tiles of
-    SW for the epilogue, STAGES operand slots, SLOTS state slots (BN / SW: a whole tile's state in
-    flight), `programs` persistent programs per SM, GROUP_M tile rows per group."""
+    """The warp-specialized kernel's tile: BM x BN output tiles (BM = 64 or 128: one or two consumer
+    warp groups, 16 rows a warp), K blocks of BK, the epilogue on four column sub-tiles of SW = BN / 4;
+    STAGES operand slots, SLOTS state slots (4: a whole tile's state in flight), `programs`
+    persistent programs per SM (2 with a register cap of `max_registers` a thread so that two fit),
+    GROUP_M tile rows per group."""
 
-    __slots__ = ("BM", "BN", "BK", "SW", "STAGES", "SLOTS", "GROUP_M", "programs", "num_warps")
+    __slots__ = ("BM", "BN", "BK", "STAGES", "SLOTS", "GROUP_M", "programs", "max_registers")
 
-    def __init__(self, BM=64, BN=128, BK=64, SW=32, STAGES=3, SLOTS=4, GROUP_M=8, programs=1, num_warps=4):
-        self.BM, self.BN, self.BK, self.SW = BM, BN, BK, SW
+    def __init__(self, BM=64, BN=128, BK=64, STAGES=3, SLOTS=4, GROUP_M=8, programs=1, max_registers=None):
+        if BM not in (64, 128) or BN % 32:
+            raise ValueError(f"WSConfig: BM must be 64 or 128 and BN a multiple of 32, got {BM}x{BN}")
+        self.BM, self.BN, self.BK = BM, BN, BK
         self.STAGES, self.SLOTS, self.GROUP_M, self.programs = STAGES, SLOTS, GROUP_M, programs
-        self.num_warps = num_warps  # of the consumer: 4 (one warp group) or 8 (two, a column half each)
+        self.max_registers = max_registers
+
+    @property
+    def SW(self) -> int:
+        return self.BN // 4
+
+    @property
+    def num_warps(self) -> int:
+        return self.BM // 16
 
     def _key(self):
         return tuple(getattr(self, k) for k in self.__slots__)
@@ -365,16 +391,16 @@ class WSConfig:
 
     @property
     def label(self) -> str:
-        return (f"ws {self.BM}x{self.BN}x{self.BK} w{self.num_warps} sub{self.SW} st{self.STAGES} sl{self.SLOTS}"
-                + (f" p{self.programs}" if self.programs != 1 else ""))
+        return (f"ws {self.BM}x{self.BN}x{self.BK} st{self.STAGES} sl{self.SLOTS}"
+                + (f" p{self.programs}" if self.programs != 1 else "")
+                + (f" r{self.max_registers}" if self.max_registers else ""))
 
     def __repr__(self):
         return f"WSConfig({self.label})"
 
     def shared_bytes(self, n_state: int) -> int:
-        """Shared memory of one program: operand ring, g, state ring (barriers aside)."""
-        return (self.STAGES * self.BK * (self.BM + self.BN) * 2 + self.BM * self.BN * 4
-                + self.SLOTS * (1 + n_state) * self.BM * self.SW * 4)
+        """Shared memory of one program: operand ring and state ring (barriers aside)."""
+        return self.STAGES * self.BK * (self.BM + self.BN) * 2 + self.SLOTS * (1 + n_state) * self.BM * self.SW * 4
 
 
 DEFAULT_WS_CONFIG = WSConfig()
@@ -442,7 +468,7 @@ def fused_linear_update_ws(weight: torch.Tensor, x: torch.Tensor, dy: torch.Tens
             _nvmma_desc(weight, (c.BM, c.SW), gl.float32), state_descs[0], state_descs[1],
             norm_sq, nonfinite, M, N, K, h, grad_scale,
             GUARDED_UPDATE=guarded_update_gluon(rule), STAGES=c.STAGES, SLOTS=c.SLOTS, GROUP_M=c.GROUP_M,
-            num_warps=c.num_warps, enable_fp_fusion=False,
+            num_warps=c.num_warps, maxnreg=c.max_registers, enable_fp_fusion=False,
         )
     return kernels.UpdateStats(norm_sq, nonfinite)
 
@@ -476,5 +502,7 @@ def compile_for_sm90(rule: Rule, config: WSConfig = DEFAULT_WS_CONFIG, M: int = 
             constexprs[name] = None
             signature[name] = "constexpr"
     src = GluonASTSource(fn=kernel, signature=signature, constexprs=constexprs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": c.num_warps, "enable_fp_fusion": False})
+    options = {"num_warps": c.num_warps, "enable_fp_fusion": False}
+    if c.max_registers:
+        options["maxnreg"] = c.max_registers
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
