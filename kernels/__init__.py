@@ -294,6 +294,48 @@ def _check_device(*tensors: torch.Tensor) -> None:
         raise ValueError(f"tensors are on different devices: {sorted(map(str, devices))}")
 
 
+def _check_one_device(*tensors: torch.Tensor) -> None:
+    """_check_device, its common case first: every tensor on the first one's CUDA device. Anything
+    else (the interpreter, another device) goes through _check_device, which raises its errors."""
+    if not _interpreting():
+        device = tensors[0].device
+        if device.type == "cuda":
+            for t in tensors:
+                if t.device != device:
+                    break
+            else:
+                return
+    _check_device(*tensors)
+
+
+_OPERAND_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _plain_linear_ok(weight: torch.Tensor, x, dy, states, rule: Rule) -> bool:
+    """Whether fused_linear_update's tensor checks all pass in their common case, read in few
+    attribute reads: weight 2-D and contiguous (its dtype checked by _check_regime before); x and dy
+    tensors, 2-D, of one dtype, float32 or bfloat16, [K, N] and [K, M], no negative stride
+    (_check_linear_inputs); a list or tuple of at most min(2, len(rule.state)) plain states, none
+    8bit, each of the weight's dtype and shape, contiguous (_check_states). True implies that each
+    of those checks passes; False only sends the call through them (they raise what is wrong)."""
+    if type(states) not in (list, tuple) or len(states) > 2 or len(states) > len(rule.state):
+        return False
+    if not (isinstance(x, torch.Tensor) and isinstance(dy, torch.Tensor)):
+        return False
+    shape, dtype = weight.shape, weight.dtype
+    x_shape, dy_shape, x_dtype = x.shape, dy.shape, x.dtype
+    if (len(shape) != 2 or len(x_shape) != 2 or len(dy_shape) != 2 or dy.dtype != x_dtype
+            or x_dtype not in _OPERAND_DTYPES or x_shape[0] != dy_shape[0] or x_shape[1] != shape[1]
+            or dy_shape[1] != shape[0] or min(x.stride()) < 0 or min(dy.stride()) < 0
+            or not weight.is_contiguous()):
+        return False
+    for st in states:
+        if (not isinstance(st, torch.Tensor) or _is_q8(st) or st.dtype != dtype or st.shape != shape
+                or not st.is_contiguous()):
+            return False
+    return True
+
+
 def _check_fp32_like(name: str, t: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype = torch.float32) -> None:
     if t.dtype != dtype:
         raise TypeError(f"{name} must be {str(dtype).removeprefix('torch.')} like the weight "
@@ -353,13 +395,26 @@ def _check_q8_states(states, weight: torch.Tensor, rule: Rule) -> list:
     return states
 
 
+# (rule, h): the last h that passed _check_scalars as a tuple of exact floats. Such a tuple cannot
+# change, and this reference keeps it alive, so `is` identifies it: the optimizer hands every layer
+# of a group the same h within a step (ForgeOptimizer._prepare_state's memo), checked once.
+_SCALARS_CHECKED: tuple = (None, None)
+
+
 def _check_scalars(rule: Rule, h: Sequence[float], grad_scale: float) -> tuple:
-    h = tuple(float(v) for v in h)
-    if len(h) != len(rule.scalar_names):
-        raise ValueError(f"rule {rule.name} takes {len(rule.scalar_names)} scalars {rule.scalar_names}, got {len(h)}")
-    for name, v in zip(rule.scalar_names, h):
-        if not math.isfinite(v):
-            raise ValueError(f"hyper-parameter scalar {name}={v} is not finite")
+    global _SCALARS_CHECKED
+    checked = _SCALARS_CHECKED
+    if not (h is checked[1] and rule is checked[0]):
+        given = h
+        h = tuple(float(v) for v in h)
+        if len(h) != len(rule.scalar_names):
+            raise ValueError(f"rule {rule.name} takes {len(rule.scalar_names)} scalars {rule.scalar_names}, got {len(h)}")
+        for name, v in zip(rule.scalar_names, h):
+            if not math.isfinite(v):
+                raise ValueError(f"hyper-parameter scalar {name}={v} is not finite")
+        if type(given) is tuple and all(type(v) is float for v in given):
+            _SCALARS_CHECKED = (rule, given)
+            h = given
     grad_scale = float(grad_scale)
     if not (math.isfinite(grad_scale) and grad_scale >= 0.0):
         raise ValueError(f"grad_scale must be finite and >= 0, got {grad_scale}")
@@ -760,22 +815,31 @@ def fused_linear_update(
     if weight.dim() != 2:
         raise ValueError(f"weight must be 2-D [out, in], got shape {tuple(weight.shape)}")
     bf16 = _check_regime("weight", weight, seed)
-    _check_fp32_like("weight", weight, weight, weight.dtype)
-    M, N = weight.shape
-    _check_linear_inputs(x, dy, M, N)
-    q8 = any(_is_q8(st) for st in states)
-    if q8:
-        states = _check_q8_states(states, weight, rule)
-        _check_device(weight, x, dy, *(t for st in states for t in st))
+    if accum is None and acc_out is None and _plain_linear_ok(weight, x, dy, states, rule):
+        # the common case (a training step's call), its tensors checked in few attribute reads; the
+        # scalars and the device as below, in the same order, so that any error is the same one
+        M, N = weight.shape
+        q8, states = False, list(states)
+        h, grad_scale = _check_scalars(rule, h, grad_scale)
+        _check_one_device(weight, x, dy, *states)
     else:
-        states = _check_states(states, weight, rule)
-    h, grad_scale = _check_scalars(rule, h, grad_scale)
-    for name, t in (("accum", accum), ("acc_out", acc_out)):
-        if t is not None:
-            _check_fp32_like(name, t, weight)
-    _check_device(weight, x, dy, *(t for t in (accum, acc_out) if t is not None),
-                  *(states if not q8 else ()))
-    rand_stride, rand_base = _linear_counter(counter, M, N)
+        _check_fp32_like("weight", weight, weight, weight.dtype)
+        M, N = weight.shape
+        _check_linear_inputs(x, dy, M, N)
+        q8 = any(_is_q8(st) for st in states)
+        if q8:
+            states = _check_q8_states(states, weight, rule)
+            _check_device(weight, x, dy, *(t for st in states for t in st))
+        else:
+            states = _check_states(states, weight, rule)
+        h, grad_scale = _check_scalars(rule, h, grad_scale)
+        for name, t in (("accum", accum), ("acc_out", acc_out)):
+            if t is not None:
+                _check_fp32_like(name, t, weight)
+        _check_device(weight, x, dy, *(t for t in (accum, acc_out) if t is not None),
+                      *(states if not q8 else ()))
+    # CounterMap.identity(N) without the call where no counter is given
+    rand_stride, rand_base = (max(N, 1), 0) if counter is None else _linear_counter(counter, M, N)
     return _launch_linear(
         weight, states, x, dy, accum, acc_out, rule, h, grad_scale, update=True, config=config,
         n_state=len(states), seed=seed or 0, bf16=bf16 and not q8, q8=q8, rand=(rand_stride, rand_base),
@@ -849,7 +913,7 @@ def elementwise_update(
         raise ValueError(f"grad must be contiguous, got strides {grad.stride()}")
     states = _check_states(states, param, rule)
     h, grad_scale = _check_scalars(rule, h, grad_scale)
-    _check_device(param, grad, *states)
+    _check_one_device(param, grad, *states)
     numel = param.numel()
     cols, stride, base = CounterMap.of(counter, numel)
     n_prog = max(1, _cdiv(numel, ELEMENTWISE_BLOCK))

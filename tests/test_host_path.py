@@ -191,3 +191,149 @@ def test_training_steps_report_every_layers_telemetry():
             expect = math.sqrt(sum(float(g.square().sum()) for g in grads))
             assert opt.stats["grad_norm"] == pytest.approx(expect, rel=1e-5)
     assert len(POOL._slots[("cpu", None, 0, _tiles(net[0].weight))][1]) == 4
+
+
+# ------------------------------------------------------------------------------------------
+# the checks' fast path
+# ------------------------------------------------------------------------------------------
+
+
+def _detailed_checks(w, x, dy, states, rule, h, grad_scale, seed=None, accum=None):
+    """fused_linear_update's checks as they were before the fast path (commit 452d5f5)."""
+    if w.dim() != 2:
+        raise ValueError(f"weight must be 2-D [out, in], got shape {tuple(w.shape)}")
+    KM._check_regime("weight", w, seed)
+    KM._check_fp32_like("weight", w, w, w.dtype)
+    M, N = w.shape
+    KM._check_linear_inputs(x, dy, M, N)
+    q8 = any(KM._is_q8(st) for st in states)
+    if q8:
+        states = KM._check_q8_states(states, w, rule)
+        KM._check_device(w, x, dy, *(t for st in states for t in st))
+    else:
+        states = KM._check_states(states, w, rule)
+    KM._check_scalars(rule, tuple(h) if not isinstance(h, tuple) else h + (), grad_scale)
+    if accum is not None:
+        KM._check_fp32_like("accum", accum, w)
+    KM._check_device(w, x, dy, *(t for t in (accum,) if t is not None), *(states if not q8 else ()))
+
+
+def _variants():
+    """Arguments of fused_linear_update, each one changed in a way a check must catch (or not)."""
+    M, N, K = 6, 5, 4
+    good = dict(w=torch.zeros(M, N), x=torch.zeros(K, N), dy=torch.zeros(K, M),
+                s=[torch.zeros(M, N), torch.zeros(M, N)], h=H, scale=1.0, seed=None, accum=None)
+    yield "good", {}
+    yield "states as a tuple", dict(s=(torch.zeros(M, N), torch.zeros(M, N)))
+    yield "one state", dict(s=[torch.zeros(M, N)])
+    yield "no state", dict(s=[])
+    yield "bf16 operands", dict(x=torch.zeros(K, N, dtype=torch.bfloat16), dy=torch.zeros(K, M, dtype=torch.bfloat16))
+    yield "strided x", dict(x=torch.zeros(N, K).t())
+    yield "no tokens", dict(x=torch.zeros(0, N), dy=torch.zeros(0, M))
+    yield "weight float64", dict(w=torch.zeros(M, N, dtype=torch.float64))
+    yield "weight 3-D", dict(w=torch.zeros(1, M, N))
+    yield "weight transposed", dict(w=torch.zeros(N, M).t())
+    yield "bf16 weight, no seed", dict(w=torch.zeros(M, N, dtype=torch.bfloat16))
+    yield "bf16 weight and states", dict(w=torch.zeros(M, N, dtype=torch.bfloat16), seed=5,
+                                         s=[torch.zeros(M, N, dtype=torch.bfloat16)] * 2)
+    yield "bf16 weight, fp32 states", dict(w=torch.zeros(M, N, dtype=torch.bfloat16), seed=5)
+    yield "x 3-D", dict(x=torch.zeros(1, K, N))
+    yield "dy 1-D", dict(dy=torch.zeros(K * M))
+    yield "x float16", dict(x=torch.zeros(K, N, dtype=torch.float16), dy=torch.zeros(K, M, dtype=torch.float16))
+    yield "x bf16 dy fp32", dict(x=torch.zeros(K, N, dtype=torch.bfloat16))
+    yield "tokens differ", dict(dy=torch.zeros(K + 1, M))
+    yield "x features", dict(x=torch.zeros(K, N + 1))
+    yield "dy features", dict(dy=torch.zeros(K, M + 1))
+    yield "x and dy swapped", dict(x=torch.zeros(K, M), dy=torch.zeros(K, N))
+    yield "state shape", dict(s=[torch.zeros(M, N), torch.zeros(N, M)])
+    yield "state dtype", dict(s=[torch.zeros(M, N), torch.zeros(M, N, dtype=torch.float64)])
+    yield "state not contiguous", dict(s=[torch.zeros(M, N), torch.zeros(N, M).t()])
+    yield "three states", dict(s=[torch.zeros(M, N)] * 3)
+    yield "state not a tensor", dict(s=[torch.zeros(M, N), 0.0])
+    yield "states as a generator", dict(s=(torch.zeros(M, N) for _ in range(2)))
+    yield "8bit states, fp32 weight", dict(s=[kernels.Q8State.zeros(M, N)] * 2)
+    yield "8bit states", dict(w=torch.zeros(M, N, dtype=torch.bfloat16), seed=5, s=[kernels.Q8State.zeros(M, N)] * 2)
+    yield "scalar inf", dict(h=(math.inf,) + H[1:])
+    yield "scalar nan, a list", dict(h=[math.nan] + list(H[1:]))
+    yield "too few scalars", dict(h=H[:-1])
+    yield "grad_scale nan", dict(scale=math.nan)
+    yield "grad_scale < 0", dict(scale=-1.0)
+    yield "accum", dict(accum=torch.zeros(M, N))
+    yield "accum shape", dict(accum=torch.zeros(N, M))
+    yield "accum bf16", dict(accum=torch.zeros(M, N, dtype=torch.bfloat16))
+    yield "bad scalar and bad state", dict(h=(math.inf,) + H[1:], s=[torch.zeros(M, N), torch.zeros(N, M)])
+    yield "bad x and bad scalar", dict(x=torch.zeros(K, N + 1), scale=math.nan)
+    _ = good
+
+
+VARIANTS = list(_variants())
+
+
+def _args(change):
+    M, N, K = 6, 5, 4
+    a = dict(w=torch.zeros(M, N), x=torch.zeros(K, N), dy=torch.zeros(K, M),
+             s=[torch.zeros(M, N), torch.zeros(M, N)], h=H, scale=1.0, seed=None, accum=None)
+    a.update(change)
+    return a
+
+
+def _error(fn_, *args, **kwargs):
+    try:
+        fn_(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001
+        return type(e), str(e)
+    return None
+
+
+@pytest.mark.parametrize("name,change", VARIANTS, ids=[v[0] for v in VARIANTS])
+def test_every_input_gets_the_detailed_checks_answer(name, change):
+    """The same error (type and message) as the detailed checks, or none where they pass; and the
+    fast path says yes only where every detailed check passes."""
+    a = _args(change)
+    if name == "states as a generator":  # consumed once per call
+        want = _error(_detailed_checks, a["w"], a["x"], a["dy"], list(_args(change)["s"]), rules.ADAMW, a["h"],
+                      a["scale"], a["seed"], a["accum"])
+    else:
+        want = _error(_detailed_checks, a["w"], a["x"], a["dy"], a["s"], rules.ADAMW, a["h"], a["scale"],
+                      a["seed"], a["accum"])
+        if KM._plain_linear_ok(a["w"], a["x"], a["dy"], a["s"], rules.ADAMW):
+            assert a["w"].dim() == 2
+            assert _error(KM._check_fp32_like, "weight", a["w"], a["w"], a["w"].dtype) is None
+            assert _error(KM._check_linear_inputs, a["x"], a["dy"], *a["w"].shape) is None
+            assert _error(KM._check_states, a["s"], a["w"], rules.ADAMW) is None
+    got = _error(kernels.fused_linear_update, a["w"], a["x"], a["dy"], a["s"], rules.ADAMW, a["h"],
+                 grad_scale=a["scale"], seed=a["seed"], accum=a["accum"])
+    assert got == want
+
+
+def test_checks_are_not_remembered_across_calls():
+    """A call that passed does not vouch for the next: the same list of scalars or states, changed
+    in place, is checked again."""
+    w, x, dy, s = _problem(0)
+    h = list(H)
+    kernels.fused_linear_update(w, x, dy, s, rules.ADAMW, h)
+    h[2] = math.inf
+    with pytest.raises(ValueError, match="is not finite"):
+        kernels.fused_linear_update(w, x, dy, s, rules.ADAMW, h)
+    kernels.fused_linear_update(w, x, dy, s, rules.ADAMW, H)  # H is now the remembered tuple
+    with pytest.raises(ValueError, match="is not finite"):
+        kernels.fused_linear_update(w, x, dy, s, rules.ADAMW, (math.nan,) + H[1:])
+    with pytest.raises(ValueError, match="scalars"):
+        kernels.fused_linear_update(w, x, dy, s[:1], rules.SGD, H)  # the same h, another rule
+    s[1] = s[1].t().contiguous().t()  # the same list, a state now strided
+    with pytest.raises(ValueError, match="contiguous"):
+        kernels.fused_linear_update(w, x, dy, s, rules.ADAMW, H)
+    s[1] = torch.zeros_like(w)
+    w.resize_(w.shape[0] + 1, w.shape[1])  # the same weight object, a new shape
+    with pytest.raises(ValueError, match="features"):
+        kernels.fused_linear_update(w, x, dy, s, rules.ADAMW, H)
+
+
+def test_the_device_check_falls_back_to_the_detailed_one(monkeypatch):
+    """Off the interpreter, anything but one CUDA device gets _check_device's error."""
+    monkeypatch.setattr(KM, "_interpreting", lambda: False)
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        KM._check_one_device(torch.zeros(2), torch.zeros(2))
+    meta = torch.zeros(2, device="meta")
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        KM._check_one_device(meta, torch.zeros(2))
