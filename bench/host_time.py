@@ -88,6 +88,11 @@ def part_launch() -> dict:
         f()
     out = {"host_us": {name: host_us(f, calls=200, loops=5) for name, f in fns.items()}}
     out["fused_profile"] = top_functions(lambda: [fns["fused_linear_update (default tile)"]() for _ in range(200)])
+    # the launcher's reused telemetry buffers (kernels._TelemetryPool): after ~3000 launches whose
+    # results are dropped at once, one pair per size is kept where reuse works on this device
+    pool = getattr(kernels, "_TELEMETRY_POOL", None)
+    if pool is not None:
+        out["telemetry_pairs_kept"] = {str(k): len(v[1]) for k, v in pool._slots.items()}
     return out
 
 
@@ -223,6 +228,8 @@ def main(argv=None) -> int:
         res["launch"] = part_launch()
         for name, us in res["launch"]["host_us"].items():
             print(f"host {name:<40} {us:8.1f} us/call", flush=True)
+        if "telemetry_pairs_kept" in res["launch"]:
+            print(f"telemetry pairs kept (device, stream, tiles): {res['launch']['telemetry_pairs_kept']}", flush=True)
         for r in res["launch"]["fused_profile"][:15]:
             print(f"  {r['tottime_ms'] / 200 * 1e3:7.1f} us/call self  {r['cumtime_ms'] / 200 * 1e3:7.1f} cum  "
                   f"{r['calls'] // 200:>3}x  {r['function']}", flush=True)
