@@ -198,20 +198,14 @@ def state_loader(descs, bufs, bars, M, N, K, GROUP_M: gl.constexpr):
 
 @gluon.jit
 def mainloop(dy_bufs, x_bufs, op_ready, op_empty, i, K, mma_layout: gl.constexpr):
-    """The tile's dW = Σ_k dY[k, rows]ᵀ X[k, cols] from zero accumulators, one ring slot per K block, in
-    order, as four column accumulators [BM, BN/4] (one wgmma m64n(BN/4)k16 chain each, per warp group:
-    the epilogue then takes a column sub-tile straight from its registers). i counts the ring's uses.
-    Each K block's four wgmma are waited for (the next block's left in flight) before its slot is
-    handed back to the loader."""
-    BK: gl.constexpr = dy_bufs.type.shape[1]
+    """acc [BM, BN] = Σ_k dY[k, rows]ᵀ X[k, cols] from a zero accumulator, one ring slot per K block, in
+    order; i counts the ring's uses. Each block's wgmma is waited for (the next block's left in
+    flight) before its slot is handed back to the loader."""
     BM: gl.constexpr = dy_bufs.type.shape[2]
+    BK: gl.constexpr = dy_bufs.type.shape[1]
     BN: gl.constexpr = x_bufs.type.shape[2]
-    SW: gl.constexpr = BN // 4
     STAGES: gl.constexpr = dy_bufs.type.shape[0]
-    acc0 = gl.zeros((BM, SW), dtype=gl.float32, layout=mma_layout)
-    acc1 = gl.zeros((BM, SW), dtype=gl.float32, layout=mma_layout)
-    acc2 = gl.zeros((BM, SW), dtype=gl.float32, layout=mma_layout)
-    acc3 = gl.zeros((BM, SW), dtype=gl.float32, layout=mma_layout)
+    acc = gl.zeros((BM, BN), dtype=gl.float32, layout=mma_layout)
     first = i
     for k0 in range(0, K, BK):
         s = i % STAGES
@@ -219,16 +213,22 @@ def mainloop(dy_bufs, x_bufs, op_ready, op_empty, i, K, mma_layout: gl.constexpr
         # A = dY blockᵀ [BM, BK]: a transposed view of the [BK, BM] slot, handed to wgmma as MN-major
         a = dy_bufs.index(s).permute((1, 0))
         b = x_bufs.index(s)
-        acc0 = warpgroup_mma(a, b.slice(0 * SW, SW, dim=1), acc0, is_async=True)
-        acc1 = warpgroup_mma(a, b.slice(1 * SW, SW, dim=1), acc1, is_async=True)
-        acc2 = warpgroup_mma(a, b.slice(2 * SW, SW, dim=1), acc2, is_async=True)
-        acc3 = warpgroup_mma(a, b.slice(3 * SW, SW, dim=1), acc3, is_async=True)
-        acc0, acc1, acc2, acc3, _, _ = warpgroup_mma_wait(num_outstanding=4, deps=(acc0, acc1, acc2, acc3, a, b))
+        acc = warpgroup_mma(a, b, acc, is_async=True)
+        acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a, b))
         mbarrier.arrive(op_empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > first)
         i += 1
-    acc0, acc1, acc2, acc3 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1, acc2, acc3))
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     mbarrier.arrive(op_empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > first)
-    return (acc0, acc1, acc2, acc3), i
+    return acc, i
+
+
+@gluon.jit
+def column_halves(x):
+    """x[:, :W/2], x[:, W/2:] of x [R, W], in registers (reshape to [R, 2, W/2], move the 2 last, split:
+    the halves are register subsets of the wgmma layout, so no data moves)."""
+    R: gl.constexpr = x.shape[0]
+    W: gl.constexpr = x.shape[1]
+    return gl.split(gl.permute(gl.reshape(x, (R, 2, W // 2)), (0, 2, 1)))
 
 
 @gluon.jit
@@ -287,16 +287,20 @@ def consumer(descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_p
     SW: gl.constexpr = w_desc.block_type.shape[1]
     BN: gl.constexpr = x_desc.block_type.shape[1]
     # the warps stacked on the tile's rows, 16 each (BM = 16 num_warps): each warp group runs the
-    # wgmma of its 64 rows; one instruction spans a column sub-tile (m64nSWk16)
+    # wgmma of its 64 rows; one instruction spans the tile's columns (m64nBNk16)
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                         instr_shape=[16, SW, 16])
+                                                         instr_shape=[16, BN, 16])
     tiles_m = gl.cdiv(M, BM)
     tiles_n = gl.cdiv(N, BN)
     i = 0
     j = 0
     for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
         pid_m, pid_n = tile_coords(tile, tiles_m, tiles_n, GROUP_M)
-        accs, i = mainloop(dy_bufs, x_bufs, op_ready, op_empty, i, K, mma_layout)
+        acc, i = mainloop(dy_bufs, x_bufs, op_ready, op_empty, i, K, mma_layout)
+        left, right = column_halves(acc)
+        g0, g1 = column_halves(left)
+        g2, g3 = column_halves(right)
+        accs = (g0, g1, g2, g3)
         # the column sub-tiles in order: the state loader filled the slots in this order
         sq0, bad0 = update_subtile(accs[0], j, [pid_m * BM, pid_n * BN], M, N, descs, bufs, bars, h, grad_scale,
                                    GUARDED_UPDATE)
@@ -393,6 +397,7 @@ class WSConfig:
     def label(self) -> str:
         return (f"ws {self.BM}x{self.BN}x{self.BK} st{self.STAGES} sl{self.SLOTS}"
                 + (f" p{self.programs}" if self.programs != 1 else "")
+                + (f" g{self.GROUP_M}" if self.GROUP_M != 8 else "")
                 + (f" r{self.max_registers}" if self.max_registers else ""))
 
     def __repr__(self):

@@ -101,8 +101,10 @@ def test_ws_kernel_gives_the_triton_kernels_bits(rule_name, M, N, K, config):
 def test_one_program_walks_every_tile():
     """With the multiprocessor count taken as 1, the one program walks all 5 x 3 tiles: the operand and
     state rings wrap many times, with their barriers' phases."""
+    from forge_num.kernels.gluon_update import WSConfig
+
     with mock.patch.object(kernels, "_sm_count", lambda device: 1):
-        for config in _configs():
+        for config in (*_configs(), WSConfig(GROUP_M=1)):
             _check("adamw", 320, 384, 200, seed=11, config=config)
             _check("lion", 8 * 37, 8 * 41, 70, seed=12, config=config)
 
