@@ -87,17 +87,11 @@ def part_launch() -> dict:
     for f in fns.values():  # compile and warm
         f()
     out = {"host_us": {name: host_us(f, calls=200, loops=5) for name, f in fns.items()}}
-    def calls():  # each result dropped at once, as in host_us's loop (a list of all 200 would keep
-        for _ in range(200):  # 200 telemetry pairs alive: the launcher's pool would make new ones)
+    def calls():  # each result dropped at once, as in host_us's loop
+        for _ in range(200):
             fns["fused_linear_update (default tile)"]()
 
     out["fused_profile"] = top_functions(calls)
-    # the launcher's reused telemetry buffers (kernels._TelemetryPool): after ~3000 launches whose
-    # results are dropped at once, one pair per size is kept where reuse works on this device
-    # (the torch and Triton there hold no reference to a launch's buffers)
-    pool = getattr(kernels, "_TELEMETRY_POOL", None)
-    if pool is not None:
-        out["telemetry_pairs_kept"] = {str(k): len(v[1]) for k, v in pool._slots.items()}
     return out
 
 

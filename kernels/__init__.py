@@ -33,8 +33,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import sys
-import threading
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
@@ -456,118 +454,6 @@ def _telemetry_buffers(tiles: int, device, launched: bool) -> tuple[torch.Tensor
     return partials[:tiles], partials[half:].view(torch.int32)[:tiles]
 
 
-class _TelemetryPool:
-    """Telemetry buffers (_telemetry_buffers' pairs of views) reused from launch to launch.
-
-    A fresh pair costs an allocation and three views on the host per launch (~17 us of session 9's
-    75 us per fused_linear_update on the H200 machine's CPU, under cProfile), on the critical path of
-    a training step (bench/NOTES.md, session 9). The pool hands a pair out again only when nothing
-    can read its values any more:
-
-    * nothing but the pool holds either view: their Python reference counts are the ones they had
-      when the pair was made (an UpdateStats, its ``partials`` tuple, the optimizer's list of a
-      step's records, a caller's variable: each counts). A C++ holder of a view (a tensor saved for
-      autograd, a collective's work) counts there too: torch increfs a tensor's Python object while
-      C++ references it (c10/util/intrusive_ptr.h, "PyObject preservation"); _cxx_refs_visible()
-      checks this once and, where a torch version does not, the pool is off (fresh pairs, as before);
-    * no other tensor or storage object shares their memory: a view of a view (``partials[0][1:]``)
-      or an ``untyped_storage()`` kept by someone raises the storage's use count above the pair's own.
-
-    Values written before a pair is reused were read by then, or their reads are enqueued before
-    the next write: a pair is keyed by device and the current CUDA stream, so the next kernel to
-    write it runs on the stream of the last one, after every read enqueued there while a reader held
-    the pair (the caching allocator's rule for a freed block; the interpreter runs synchronously).
-    forge's own readers finish on the host before they let go: ForgeOptimizer._finish_step copies
-    the step's totals to the host (.cpu(), int()) before it drops its records, and
-    weight_grad_norm_sq enqueues its sum before it returns. A reader on another stream must keep a
-    reference until its read is done: ``record_stream`` on a view does not reach the pool. During
-    CUDA graph capture the pool is bypassed (a captured kernel writes its buffer at every replay).
-
-    A key keeps at most CAP pairs (as many as are read at once: one per fused linear of that tile
-    count in a training step); a cursor walks them in the order they were made, so a training step,
-    which launches its layers in the same order every step, finds the next one free at the first
-    look (a held pair at the cursor costs a look at up to PROBES - 1 more before a new pair is
-    made). ``clear()`` gives the memory back to the caching allocator."""
-
-    CAP = 1024
-    PROBES = 2  # entries looked at from the cursor before a new pair is made (each ~2 us when held)
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        # (device, stream, tiles) -> [cursor, [(norm_sq, nonfinite, storage, refs when free)]]
-        self._slots: dict[tuple, list] = {}
-        self._enabled: bool | None = None  # decided at the first take (_cxx_refs_visible)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._slots.clear()
-
-    @staticmethod
-    def _refs(entry) -> tuple[int, int, int, int]:
-        """(Python references of each view and of the storage object, the storage's use count) of an
-        entry (norm_sq, nonfinite, storage, ...), measured the same way every time; an entry is free
-        when they equal the ones measured at its making. The pool keeps the storage object: torch
-        hands out one Python object per storage while it lives, so a caller's ``untyped_storage()``
-        counts in its reference count (or, where each call makes a new object, in the use count)."""
-        return (sys.getrefcount(entry[0]), sys.getrefcount(entry[1]), sys.getrefcount(entry[2]),
-                _storage_use_count(entry[2]._cdata))
-
-    def take(self, tiles: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm_sq float64 [tiles], nonfinite int32 [tiles]) for a launch that writes every slot."""
-        if self._enabled is None:
-            self._enabled = _cxx_refs_visible()
-        if not self._enabled:
-            return _telemetry_buffers(tiles, device, launched=True)
-        if device.type == "cuda":
-            index = device.index if device.index is not None else torch.cuda.current_device()
-            if torch.cuda.is_current_stream_capturing():
-                return _telemetry_buffers(tiles, device, launched=True)
-            key = (device.type, index, torch._C._cuda_getCurrentRawStream(index), tiles)
-        else:
-            key = (device.type, device.index, 0, tiles)
-        with self._lock:
-            slot = self._slots.get(key)
-            if slot is None:
-                slot = self._slots[key] = [0, []]
-            cursor, entries = slot
-            for probe in range(min(len(entries), self.PROBES)):
-                i = (cursor + probe) % len(entries)
-                entry = entries[i]
-                if self._refs(entry) == entry[3]:
-                    slot[0] = i + 1
-                    return entry[0], entry[1]
-            cursor %= max(len(entries), 1)
-            pair = _telemetry_buffers(tiles, device, launched=True)
-            if len(entries) >= self.CAP:  # a caller holds CAP pairs of this size: no more kept
-                return pair
-            entry = (*pair, pair[0].untyped_storage())
-            del pair
-            refs = self._refs(entry)  # measured while one tuple holds the views, as in the entry list
-            entry = (*entry, refs)
-            entries.insert(cursor, entry)
-            slot[0] = cursor + 1
-            return entry[0], entry[1]
-
-
-_storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
-
-
-def _cxx_refs_visible() -> bool:
-    """Whether this torch counts C++ references to a tensor in its Python reference count (and
-    reports a storage's use count): what _TelemetryPool needs to tell that nothing holds a buffer."""
-    if _storage_use_count is None:
-        return False
-    t = torch.zeros(1)
-    before = sys.getrefcount(t)
-    y = torch.zeros(1, requires_grad=True) * t  # autograd saves t: a C++ reference only
-    visible = sys.getrefcount(t) > before
-    del y
-    return visible and sys.getrefcount(t) == before
-
-
-_TELEMETRY_POOL = _TelemetryPool()
-
-
 @functools.lru_cache(maxsize=None)
 def _sm_count_cached(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -625,10 +511,7 @@ def _launch_linear(
         raise ValueError(f"the 8bit regime needs BN a multiple of {QBLOCK} and its epilogue split into 1, 2 or 4 "
                          f"row sub-tiles, got {config}")
     tiles_m, tiles_n = _cdiv(M, config.BM), _cdiv(N, config.BN)
-    if M and N:
-        norm_sq, nonfinite = _TELEMETRY_POOL.take(tiles_m * tiles_n, device)
-    else:  # nothing launched: zero totals, in fresh buffers
-        norm_sq, nonfinite = _telemetry_buffers(1, device, launched=False)
+    norm_sq, nonfinite = _telemetry_buffers(max(tiles_m * tiles_n, 1), device, launched=bool(M and N))
     dummy = norm_sq  # any tensor: pointers of absent operands are never dereferenced
     if q8:
         scales = [st.scales for st in states] + [dummy, dummy]
@@ -918,10 +801,7 @@ def elementwise_update(
     cols, stride, base = CounterMap.of(counter, numel)
     n_prog = max(1, _cdiv(numel, ELEMENTWISE_BLOCK))
     # every program writes its own slot: no fill needed, except when there is no launch at all
-    if numel:
-        norm_sq, nonfinite = _TELEMETRY_POOL.take(n_prog, param.device)
-    else:
-        norm_sq, nonfinite = _telemetry_buffers(1, param.device, launched=False)
+    norm_sq, nonfinite = _telemetry_buffers(n_prog, param.device, launched=bool(numel))
     s = list(states) + [None, None]
     if numel:
         elementwise_update_kernel[(n_prog,)](
