@@ -48,6 +48,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", default="4096x4096", help="MxN of the weight")
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--configs", default="default", help="comma-separated tile labels ('_' for space), or 'default'")
+    ap.add_argument("--ws-configs", default="", help="comma-separated labels of bench/ws_kernel.py's Gluon tiles "
+                    "('_' for space), launched after the Triton tiles")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("ncu_probe needs CUDA")
@@ -61,6 +63,16 @@ def main(argv=None) -> int:
     h = rules.ADAMW.scalars(HYPER, 1)
     # labels hold spaces; "_" stands for one where a shell word cannot hold them (gpu_session.sh)
     tiles = [tile_by_label(c.replace("_", " "), M, N, K) for c in args.configs.split(",")]
+    ws_tiles = []
+    if args.ws_configs:
+        from bench.ws_kernel import WS_CONFIGS
+        from forge_num.kernels.gluon_update import fused_linear_update_ws
+
+        known = {c.label: c for c in WS_CONFIGS}
+        for label in args.ws_configs.split(","):
+            if label.replace("_", " ") not in known:
+                raise SystemExit(f"unknown WS label {label!r}; known: {sorted(known)}")
+            ws_tiles.append(known[label.replace("_", " ")])
     p = torch.nn.Parameter(w.clone())
     opt = torch.optim.AdamW([p], fused=True, **HYPER)
     g = torch.empty(M, N, device="cuda")
@@ -68,6 +80,8 @@ def main(argv=None) -> int:
     def launches():
         for t in tiles:
             kernels.fused_linear_update(w, x, dy, states, rules.ADAMW, h, config=t)
+        for c in ws_tiles:
+            fused_linear_update_ws(w, x, dy, states, rules.ADAMW, h, config=c)
         p.grad = (dy.t() @ x).float()
         opt.step()
         kernels.elementwise_update(w, g, states, rules.ADAMW, h)
