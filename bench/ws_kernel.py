@@ -23,11 +23,11 @@ from forge_num import kernels, rules  # noqa: E402
 from forge_num.kernels.gluon_update import WSConfig, fused_linear_update_ws  # noqa: E402
 
 WS_CONFIGS = (
-    WSConfig(),                                                  # one 4-warp consumer, a whole tile's state in flight
-    WSConfig(STAGES=2, SLOTS=2, programs=2, max_registers=128),  # two programs an SM, 96 KB of rings each
-    WSConfig(STAGES=2, SLOTS=2, programs=2, max_registers=128, GROUP_M=1),  # tiles in row-major order
-    WSConfig(BM=128, STAGES=3, SLOTS=2),                         # two consumer warp groups on a 128-row tile
-    WSConfig(BM=128, STAGES=3, SLOTS=2, GROUP_M=1),
+    WSConfig(),                                       # one 4-warp consumer, a whole tile's state in flight
+    WSConfig(STAGES=2, SLOTS=4, OUT_SLOTS=2),
+    WSConfig(STAGES=2, SLOTS=1, OUT_SLOTS=1, programs=2, max_registers=128),  # two programs an SM
+    WSConfig(BM=128, STAGES=2, SLOTS=2, OUT_SLOTS=1),  # two consumer warp groups on a 128-row tile
+    WSConfig(BM=128, STAGES=3, SLOTS=1, OUT_SLOTS=1),
 )
 
 

@@ -144,7 +144,7 @@ def tile_coords(tile, tiles_m, tiles_n, GROUP_M: gl.constexpr):
 def operand_loader(descs, bufs, bars, M, N, K, GROUP_M: gl.constexpr):
     """Worker: the K blocks of every tile this program owns, in order, into the operand ring."""
     dy_desc, x_desc, w_desc, s0_desc, s1_desc = descs
-    dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs = bufs
+    dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs = bufs
     op_ready, op_empty, st_ready, st_empty = bars
     BK: gl.constexpr = dy_desc.block_type.shape[0]
     BM: gl.constexpr = dy_desc.block_type.shape[1]
@@ -169,7 +169,7 @@ def state_loader(descs, bufs, bars, M, N, K, GROUP_M: gl.constexpr):
     """Worker: W, S0, S1 of every column sub-tile [BM, SW] of every tile this program owns, in order,
     into the state ring (N_STATE, the number of state tensors, is the number of state descriptors)."""
     dy_desc, x_desc, w_desc, s0_desc, s1_desc = descs
-    dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs = bufs
+    dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs = bufs
     op_ready, op_empty, st_ready, st_empty = bars
     BM: gl.constexpr = w_desc.block_type.shape[0]
     SW: gl.constexpr = w_desc.block_type.shape[1]
@@ -234,14 +234,17 @@ def column_halves(x):
 @gluon.jit
 def update_subtile(g, j, coord, M, N, descs, bufs, bars, h, grad_scale, GUARDED_UPDATE: gl.constexpr):
     """The epilogue on one column sub-tile g [BM, SW] (in the accumulator's registers) whose W and
-    state are in state slot j % SLOTS: the guarded rule, the results written back into the slot and
-    stored by TMA; the previous slot handed back once its stores have read it. Returns
-    (Σ g² in fp64, number of non-finite g) over the sub-tile's elements inside W."""
+    state are in state slot j % SLOTS: read into registers and the slot handed back to the state
+    loader at once (its next load is then in flight while this sub-tile computes); the guarded rule;
+    the results through staging slot j % OUT_SLOTS to memory by TMA, once the stores that last used
+    that staging slot have read it. Returns (Σ g² in fp64, number of non-finite g) over the
+    sub-tile's elements inside W."""
     dy_desc, x_desc, w_desc, s0_desc, s1_desc = descs
-    dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs = bufs
+    dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs = bufs
     op_ready, op_empty, st_ready, st_empty = bars
     SLOTS: gl.constexpr = w_bufs.type.shape[0]
     N_STATE: gl.constexpr = (s0_desc is not None) + (s1_desc is not None)
+    OUT_SLOTS: gl.constexpr = out_bufs.type.shape[0] // (1 + N_STATE)
     s = j % SLOTS
     mbarrier.wait(st_ready.index(s), (j // SLOTS) & 1)
     p = w_bufs.index(s).load(g.type.layout)
@@ -251,21 +254,26 @@ def update_subtile(g, j, coord, M, N, descs, bufs, bars, h, grad_scale, GUARDED_
         s0 = s0_bufs.index(s).load(g.type.layout)
     if N_STATE >= 2:
         s1 = s1_bufs.index(s).load(g.type.layout)
+    # the shared-memory reads are ordered before the loader's next TMA write into the slot
+    fence_async_shared()
+    mbarrier.arrive(st_empty.index(s), count=1)
     p, s0, s1, finite = GUARDED_UPDATE(p, g, s0, s1, h, grad_scale)
-    w_bufs.index(s).store(p)
+    # staging slot o holds the sub-tile's (1 + N_STATE) results at out_bufs[o * (1 + N_STATE) + t];
+    # the stores issued from it OUT_SLOTS sub-tiles ago (1 + N_STATE bulk groups each) must have read it
+    o = (j % OUT_SLOTS) * (1 + N_STATE)
+    tma.store_wait(pendings=(OUT_SLOTS - 1) * (1 + N_STATE))
+    out_bufs.index(o).store(p)
     if N_STATE >= 1:
-        s0_bufs.index(s).store(s0)
+        out_bufs.index(o + 1).store(s0)
     if N_STATE >= 2:
-        s1_bufs.index(s).store(s1)
+        out_bufs.index(o + 2).store(s1)
     fence_async_shared()
     # TMA clips the rows and columns past W's edge
-    tma.async_copy_shared_to_global(w_desc, coord, w_bufs.index(s))
+    tma.async_copy_shared_to_global(w_desc, coord, out_bufs.index(o))
     if N_STATE >= 1:
-        tma.async_copy_shared_to_global(s0_desc, coord, s0_bufs.index(s))
+        tma.async_copy_shared_to_global(s0_desc, coord, out_bufs.index(o + 1))
     if N_STATE >= 2:
-        tma.async_copy_shared_to_global(s1_desc, coord, s1_bufs.index(s))
-    tma.store_wait(pendings=1 + N_STATE)  # the previous sub-tile's stores have read their slot
-    mbarrier.arrive(st_empty.index((j + SLOTS - 1) % SLOTS), count=1, pred=j > 0)
+        tma.async_copy_shared_to_global(s1_desc, coord, out_bufs.index(o + 2))
     rows = coord[0] + gl.arange(0, g.shape[0], layout=gl.SliceLayout(1, g.type.layout))
     cols = coord[1] + gl.arange(0, g.shape[1], layout=gl.SliceLayout(0, g.type.layout))
     in_w = (rows[:, None] < M) & (cols[None, :] < N)
@@ -281,7 +289,7 @@ def consumer(descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_p
     """Default partition: per tile, the mainloop, then the epilogue on the four column sub-tiles from
     the state ring, and the tile's telemetry slot (pid_m * tiles_n + pid_n)."""
     dy_desc, x_desc, w_desc, s0_desc, s1_desc = descs
-    dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs = bufs
+    dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs = bufs
     op_ready, op_empty, st_ready, st_empty = bars
     BM: gl.constexpr = w_desc.block_type.shape[0]
     SW: gl.constexpr = w_desc.block_type.shape[1]
@@ -321,7 +329,7 @@ def consumer(descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_p
 def fused_linear_update_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, norm_sq_ptr, nonfinite_ptr,
                                   M, N, K, h, grad_scale,
                                   GUARDED_UPDATE: gl.constexpr, STAGES: gl.constexpr, SLOTS: gl.constexpr,
-                                  GROUP_M: gl.constexpr, num_warps: gl.constexpr):
+                                  OUT_SLOTS: gl.constexpr, GROUP_M: gl.constexpr, num_warps: gl.constexpr):
     """The shared rings and their barriers, then the three partitions (module docstring).
     dy_desc [K, M] block [BK, BM], x_desc [K, N] block [BK, BN], w/s0/s1_desc [M, N] fp32 block
     [BM, BN/4] (s0/s1 None for a rule with fewer states)."""
@@ -334,6 +342,9 @@ def fused_linear_update_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, nor
         s0_bufs = gl.allocate_shared_memory(gl.float32, [SLOTS] + w_desc.block_type.shape, w_desc.layout)
     if s1_desc is not None:
         s1_bufs = gl.allocate_shared_memory(gl.float32, [SLOTS] + w_desc.block_type.shape, w_desc.layout)
+    N_STATE: gl.constexpr = (s0_desc is not None) + (s1_desc is not None)
+    out_bufs = gl.allocate_shared_memory(gl.float32, [OUT_SLOTS * (1 + N_STATE)] + w_desc.block_type.shape,
+                                         w_desc.layout)
     op_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     op_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     st_ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
@@ -345,7 +356,7 @@ def fused_linear_update_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, nor
         mbarrier.init(st_ready.index(s), count=1)
         mbarrier.init(st_empty.index(s), count=1)
     descs = (dy_desc, x_desc, w_desc, s0_desc, s1_desc)
-    bufs = (dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs)
+    bufs = (dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs)
     bars = (op_ready, op_empty, st_ready, st_empty)
     gl.warp_specialize([
         (consumer, (descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_ptr, GUARDED_UPDATE, GROUP_M,
@@ -367,13 +378,15 @@ class WSConfig:
     persistent programs per SM (2 with a register cap of `max_registers` a thread so that two fit),
     GROUP_M tile rows per group."""
 
-    __slots__ = ("BM", "BN", "BK", "STAGES", "SLOTS", "GROUP_M", "programs", "max_registers")
+    __slots__ = ("BM", "BN", "BK", "STAGES", "SLOTS", "OUT_SLOTS", "GROUP_M", "programs", "max_registers")
 
-    def __init__(self, BM=64, BN=128, BK=64, STAGES=3, SLOTS=4, GROUP_M=8, programs=1, max_registers=None):
+    def __init__(self, BM=64, BN=128, BK=64, STAGES=3, SLOTS=4, OUT_SLOTS=2, GROUP_M=8, programs=1,
+                 max_registers=None):
         if BM not in (64, 128) or BN % 32:
             raise ValueError(f"WSConfig: BM must be 64 or 128 and BN a multiple of 32, got {BM}x{BN}")
         self.BM, self.BN, self.BK = BM, BN, BK
         self.STAGES, self.SLOTS, self.GROUP_M, self.programs = STAGES, SLOTS, GROUP_M, programs
+        self.OUT_SLOTS = OUT_SLOTS
         self.max_registers = max_registers
 
     @property
@@ -395,7 +408,7 @@ class WSConfig:
 
     @property
     def label(self) -> str:
-        return (f"ws {self.BM}x{self.BN}x{self.BK} st{self.STAGES} sl{self.SLOTS}"
+        return (f"ws {self.BM}x{self.BN}x{self.BK} st{self.STAGES} sl{self.SLOTS} o{self.OUT_SLOTS}"
                 + (f" p{self.programs}" if self.programs != 1 else "")
                 + (f" g{self.GROUP_M}" if self.GROUP_M != 8 else "")
                 + (f" r{self.max_registers}" if self.max_registers else ""))
@@ -404,8 +417,9 @@ class WSConfig:
         return f"WSConfig({self.label})"
 
     def shared_bytes(self, n_state: int) -> int:
-        """Shared memory of one program: operand ring and state ring (barriers aside)."""
-        return self.STAGES * self.BK * (self.BM + self.BN) * 2 + self.SLOTS * (1 + n_state) * self.BM * self.SW * 4
+        """Shared memory of one program: operand ring, state ring, store staging (barriers aside)."""
+        return (self.STAGES * self.BK * (self.BM + self.BN) * 2
+                + (self.SLOTS + self.OUT_SLOTS) * (1 + n_state) * self.BM * self.SW * 4)
 
 
 DEFAULT_WS_CONFIG = WSConfig()
@@ -472,8 +486,8 @@ def fused_linear_update_ws(weight: torch.Tensor, x: torch.Tensor, dy: torch.Tens
             _nvmma_desc(dy, (c.BK, c.BM), gl.bfloat16), _nvmma_desc(x, (c.BK, c.BN), gl.bfloat16),
             _nvmma_desc(weight, (c.BM, c.SW), gl.float32), state_descs[0], state_descs[1],
             norm_sq, nonfinite, M, N, K, h, grad_scale,
-            GUARDED_UPDATE=guarded_update_gluon(rule), STAGES=c.STAGES, SLOTS=c.SLOTS, GROUP_M=c.GROUP_M,
-            num_warps=c.num_warps, maxnreg=c.max_registers, enable_fp_fusion=False,
+            GUARDED_UPDATE=guarded_update_gluon(rule), STAGES=c.STAGES, SLOTS=c.SLOTS, OUT_SLOTS=c.OUT_SLOTS,
+            GROUP_M=c.GROUP_M, num_warps=c.num_warps, maxnreg=c.max_registers, enable_fp_fusion=False,
         )
     return kernels.UpdateStats(norm_sq, nonfinite)
 
@@ -495,8 +509,8 @@ def compile_for_sm90(rule: Rule, config: WSConfig = DEFAULT_WS_CONFIG, M: int = 
                 w_desc=_nvmma_desc(w, (c.BM, c.SW), gl.float32), s0_desc=states[0], s1_desc=states[1],
                 norm_sq_ptr=torch.empty(4, dtype=torch.float64), nonfinite_ptr=torch.empty(4, dtype=torch.int32),
                 M=M, N=N, K=K, h=tuple(1.0 for _ in rule.scalar_names), grad_scale=1.0,
-                GUARDED_UPDATE=guarded_update_gluon(rule), STAGES=c.STAGES, SLOTS=c.SLOTS, GROUP_M=c.GROUP_M,
-                num_warps=c.num_warps)
+                GUARDED_UPDATE=guarded_update_gluon(rule), STAGES=c.STAGES, SLOTS=c.SLOTS, OUT_SLOTS=c.OUT_SLOTS,
+                GROUP_M=c.GROUP_M, num_warps=c.num_warps)
     kernel = fused_linear_update_ws_kernel
     binder = create_function_from_signature(kernel.signature, kernel.params, BaseBackend)
     _, spec, _ = binder(**args)

@@ -88,7 +88,8 @@ def _check(rule_name, M, N, K, seed, bad_rows=0, grad_scale=1.0, config=None):
 def _configs():
     from forge_num.kernels.gluon_update import WSConfig
 
-    return [WSConfig(), WSConfig(BM=128, STAGES=3, SLOTS=2), WSConfig(STAGES=2, SLOTS=2, programs=2, max_registers=128)]
+    return [WSConfig(), WSConfig(BM=128, STAGES=2, SLOTS=2, OUT_SLOTS=1),
+            WSConfig(STAGES=2, SLOTS=1, OUT_SLOTS=1, programs=2, max_registers=128)]
 
 
 @pytest.mark.parametrize("config", _configs(), ids=lambda c: c.label)
