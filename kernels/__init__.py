@@ -601,6 +601,10 @@ def _launch_linear(
 #   BF16_SR_LARGE_K = 8192, measured in session 6: at K = 4096 the capped TMA 128x128 was slower
 #   than the capped 64x64 (0.587 against 0.564 ms on 4096x4096, 2.155 against 2.019 on
 #   14336x4096); at 8192 it was 1.31x and 1.39x faster.
+# The fp32 regime on sm_90 with bf16 operands TMA can address, below LARGE_K tokens and from 2^33
+#   = M N K: not a Triton tile but the warp-specialized Gluon kernel (kernels/gluon_update.py,
+#   config_for; session 10: 1.21-1.28x this default at K = 256 and 1.05-1.20x at 1024 on the
+#   Llama-8B/70B shapes, with the same bits); fused_linear_update routes there when no tile is given.
 # All keep BK = 64, so the unfused comparator's mainloop (fp32 regime default) walks K in the same
 # blocks as the fused kernel in either regime, and a checkpoint resumes with the same bits whatever
 # tile a step's K selects.
@@ -721,12 +725,31 @@ def fused_linear_update(
                 _check_fp32_like(name, t, weight)
         _check_device(weight, x, dy, *(t for t in (accum, acc_out) if t is not None),
                       *(states if not q8 else ()))
+    if config is None and accum is None and acc_out is None and not bf16 and not q8 and not _interpreting():
+        ws = _ws_route(weight, x, dy, states)
+        if ws is not None:  # the warp-specialized Gluon kernel, where measured faster: the same bits
+            from . import gluon_update
+
+            return gluon_update.launch(weight, x, dy, states, rule, h, grad_scale, ws)
     # CounterMap.identity(N) without the call where no counter is given
     rand_stride, rand_base = (max(N, 1), 0) if counter is None else _linear_counter(counter, M, N)
     return _launch_linear(
         weight, states, x, dy, accum, acc_out, rule, h, grad_scale, update=True, config=config,
         n_state=len(states), seed=seed or 0, bf16=bf16 and not q8, q8=q8, rand=(rand_stride, rand_base),
     )
+
+
+def _ws_route(weight, x, dy, states):
+    """The tile of kernels/gluon_update.py for this fp32-regime update where that kernel is the
+    measured default (its route_config: sm_90, bf16 operands, K below 4096, enough work), else None.
+    Where Gluon cannot be imported (a Triton without it), None: the Triton kernel, the same bits."""
+    if weight.device.type != "cuda":
+        return None
+    try:
+        from . import gluon_update
+    except ImportError:
+        return None
+    return gluon_update.route_config(weight, x, dy, states)
 
 
 def _linear_counter(counter, M: int, N: int) -> tuple[int, int]:

@@ -8,15 +8,24 @@ reaches 79%). Prefetch hints, fewer barriers and a third program per SM did not 
 3.6's automatic warp specialization miscompiled the tile (session 8). Here the overlap is explicit:
 
     partition        warps  work
-    state loader     1      TMA loads of the tile's W, S0, S1 column sub-tiles [BM, SW] into a ring
-                            of SLOTS shared-memory slots, running ahead of the consumer by SLOTS
-                            sub-tiles (a whole tile's state when SLOTS = BN / SW)
+    state loader     1      TMA loads of the tile's W, S0, S1 column sub-tiles [BM, BN/4] into a ring
+                            of SLOTS shared-memory slots, each slot refilled as soon as the consumer
+                            has read it
     operand loader   1      TMA loads of the K blocks dY[k0:k0+BK, rows] and X[k0:k0+BK, cols] into
                             a ring of STAGES slots
-    consumer       4 or 8   per tile: the mainloop (wgmma on each ring slot, in K order), g to shared
-    (default)               memory, then per sub-tile: the guarded rule on (W, g, S0, S1) read from
-                            shared memory, the results written back into the same slot and stored
-                            by TMA, the slot handed back to the state loader once its stores are done
+    consumer       4 or 8   per tile: the mainloop (one m64nBNk16 wgmma chain per warp group, in K
+    (default)               order), its accumulator split into four column sub-tiles in registers;
+                            per sub-tile: W and state read from their slot (which goes back to the
+                            loader at once), the guarded rule, the results through OUT_SLOTS staging
+                            slots to memory by TMA stores that nothing waits for until the staging
+                            slot comes round again
+
+Measured on the H200 (bench/NOTES.md, "v11", session 10): 1.21-1.28x the Triton kernel's default
+tile at K = 256 and 1.05-1.20x at 1024 on the Llama-8B/70B shapes, 0.92-1.03x from 4096 tokens on;
+kernels.fused_linear_update routes to it where it is faster (config_for below). Its versions: the
+first stored g through shared memory and ran one program an SM (0.67-1.04x); the fourth hands a
+state slot back when it is read instead of after the next sub-tile's stores (the loads had never
+run ahead with two slots: ncu put it at 50% of DRAM bandwidth).
 
 Each program walks tiles pid, pid + P, ... in the grouped order of the Triton kernel's persistent
 mode. Every ring slot has a `ready` barrier (the TMA transaction count) and an `empty` barrier (the
@@ -33,8 +42,9 @@ The bits (why they are the Triton kernel's and the emulator's):
   * telemetry: Σ g² in fp64 and the non-finite count per tile, in the slot the Triton kernel uses
     (the sum's order differs: it is bounded, not bit-exact, as there: proofs/telemetry.md).
 
-Scope of this first version (the launcher refuses the rest): the fp32 regime (fp32 weight and
-state), bf16 operands, no gradient accumulation buffer, no debug store of the accumulator.
+Scope (fused_linear_update_ws refuses the rest, and the launcher routes nothing else here): the fp32
+regime (fp32 weight and state), bf16 operands TMA can address (contiguous, 16-byte aligned, M and
+N multiples of 8), K > 0, no gradient accumulation buffer, no debug store of the accumulator.
 """
 
 from __future__ import annotations
@@ -474,6 +484,14 @@ def fused_linear_update_ws(weight: torch.Tensor, x: torch.Tensor, dy: torch.Tens
     states = list(states)
     _check_ws_operands(weight, x, dy, states, len(rule.state))
     h, grad_scale = kernels._check_scalars(rule, h, grad_scale)
+    return launch(weight, x, dy, states, rule, h, grad_scale, config)
+
+
+def launch(weight, x, dy, states, rule: Rule, h: tuple, grad_scale: float, config: WSConfig):
+    """The launch itself, for operands already checked (fused_linear_update_ws, or the Triton
+    launcher's checks and route_config)."""
+    from forge_num import kernels
+
     M, N = weight.shape
     K = x.shape[0]
     c = config
@@ -490,6 +508,54 @@ def fused_linear_update_ws(weight: torch.Tensor, x: torch.Tensor, dy: torch.Tens
             GROUP_M=c.GROUP_M, num_warps=c.num_warps, maxnreg=c.max_registers, enable_fp_fusion=False,
         )
     return kernels.UpdateStats(norm_sq, nonfinite)
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the launcher uses this kernel (kernels.fused_linear_update with no tile given)
+# ---------------------------------------------------------------------------------------------
+# Measured on the H200 (bench/results/2026-12-03-h200-s10/callG/ws_kernel.json, CUDA-graph times,
+# the five Llama shapes of issue 5, against the Triton default of the same run):
+#   K <= ROUTE_SMALL_K: two 64x128 programs an SM (96 KB of rings each, 128 registers): 1.21-1.28x
+#     the Triton default at K = 256 on four shapes (1.40-1.48x the unfused step); on 28672x8192 the
+#     128-row tile was 2% faster;
+#   ROUTE_SMALL_K < K < ROUTE_MAX_K: one 128x128 program an SM (two consumer warp groups): 1.05-1.20x
+#     at K = 1024 (1.19-1.27x unfused); at K = 4096 0.96-1.03x, so from ROUTE_MAX_K on the Triton
+#     persistent 128x128 stays (0.92-0.99x of it at 16384).
+# Below ROUTE_MIN_WORK = M N K the step is host-bound (the Triton launcher's SMALL_WORK, session 7),
+# and this launch costs the host ~30-40 us more (five TMA descriptors built per call).
+ROUTE_SMALL_K_CONFIG = WSConfig(STAGES=2, SLOTS=1, OUT_SLOTS=1, programs=2, max_registers=128)
+ROUTE_MID_K_CONFIG = WSConfig(BM=128, STAGES=3, SLOTS=1, OUT_SLOTS=1)
+ROUTE_CONFIGS = (ROUTE_SMALL_K_CONFIG, ROUTE_MID_K_CONFIG)
+ROUTE_SMALL_K = 256
+ROUTE_MAX_K = 4096
+ROUTE_MIN_WORK = 2**33
+
+
+def config_for(M: int, N: int, K: int) -> WSConfig | None:
+    """The tile the launcher routes a (M, N, K) fp32-regime update to, or None (the Triton kernel):
+    the measured ranges above; M and N multiples of 8 (TMA's 16-byte rows of bf16 operands)."""
+    if K == 0 or K >= ROUTE_MAX_K or M * N * K < ROUTE_MIN_WORK or M % 8 or N % 8:
+        return None
+    return ROUTE_SMALL_K_CONFIG if K <= ROUTE_SMALL_K else ROUTE_MID_K_CONFIG
+
+
+@functools.lru_cache(maxsize=None)
+def _is_sm90(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) == (9, 0)
+
+
+def route_config(weight: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, states) -> WSConfig | None:
+    """config_for, for operands that passed the Triton launcher's checks in the fp32 regime (fp32
+    weight and plain states, no accumulation buffer): None unless on an sm_90 GPU, with bf16
+    operands, every tensor contiguous and 16-byte aligned (what the TMA descriptors need)."""
+    if weight.device.type != "cuda" or x.dtype != torch.bfloat16 or weight.dtype != torch.float32:
+        return None
+    if not _is_sm90(weight.device.index if weight.device.index is not None else torch.cuda.current_device()):
+        return None
+    for t in (weight, x, dy, *states):
+        if not t.is_contiguous() or t.data_ptr() % 16 or t.dtype not in (torch.float32, torch.bfloat16):
+            return None
+    return config_for(weight.shape[0], weight.shape[1], x.shape[0])
 
 
 def compile_for_sm90(rule: Rule, config: WSConfig = DEFAULT_WS_CONFIG, M: int = 256, N: int = 256, K: int = 128):

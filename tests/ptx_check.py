@@ -109,24 +109,30 @@ def launch_specializations(kernel) -> list:
     return sorted(json.loads(s) for s in seen)
 
 
-def check_gluon_ws(rule_name: str) -> dict:
-    """The warp-specialized Gluon kernel (kernels/gluon_update.py) for sm_90, default tile: IEEE op
-    counts (each vocabulary op of the rule once per element a thread updates), the wgmma chain,
-    TMA copies, the partitions' register caps, ptxas resources and shared memory."""
+def check_gluon_ws(rule_name: str, config) -> dict:
+    """The warp-specialized Gluon kernel (kernels/gluon_update.py) for sm_90 with one tile: IEEE op
+    counts (each vocabulary op of the rule once per element a consumer thread updates), the wgmma
+    chain, TMA copies, the partitions' register caps, ptxas resources and shared memory."""
     from bench.registers import resource_usage
     from forge_num import rules
-    from forge_num.kernels.gluon_update import DEFAULT_WS_CONFIG as c, compile_for_sm90
+    from forge_num.kernels.gluon_update import compile_for_sm90
 
     rule = rules.get_rule(rule_name)
-    compiled = compile_for_sm90(rule)
+    compiled = compile_for_sm90(rule, config)
     ptx = compiled.asm["ptx"]
     calls = vocabulary_calls(rule.update) + vocabulary_calls(rules.guarded_update)
-    per_thread = c.BM * c.BN // 128  # elements of a tile each of the consumer's 128 threads updates
-    return {"rule": rule_name, "ptx": count(ptx), "forbidden": forbidden(ptx),
+    per_thread = config.BM * config.BN // (32 * config.num_warps)  # elements a consumer thread updates
+    return {"rule": rule_name, "config": config.label, "ptx": count(ptx), "forbidden": forbidden(ptx),
             "expected": {op: calls.get(op, 0) * per_thread for op in PTX_OP},
             "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "tma": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
             "setmaxnreg": len(re.findall(r"setmaxnreg", ptx)), "shared": int(compiled.metadata.shared),
-            "shared_model": c.shared_bytes(len(rule.state)), **resource_usage(ptx)}
+            "shared_model": config.shared_bytes(len(rule.state)), **resource_usage(ptx)}
+
+
+def _gluon_ws_configs():
+    from forge_num.kernels.gluon_update import DEFAULT_WS_CONFIG, ROUTE_CONFIGS
+
+    return (DEFAULT_WS_CONFIG, *ROUTE_CONFIGS)
 
 
 def main() -> int:
@@ -148,7 +154,7 @@ def main() -> int:
                                                ("8bit", "bf16", kernels.Q8_CONFIGS[kernels.torch.bfloat16]),
                                                ("8bit", "fp32", kernels.Q8_CONFIGS[kernels.torch.float32]))
                          for c in cfgs],
-           "gluon_ws": [check_gluon_ws(r) for r in ("adamw", "lion", "sgd")],
+           "gluon_ws": [check_gluon_ws(r, c) for r in ("adamw", "lion", "sgd") for c in _gluon_ws_configs()],
            "labels": {str(c): c.label for c in (*kernels.BF16_CONFIGS, *kernels.IEEE_CONFIGS,
                                                 *kernels.Q8_CONFIGS[kernels.torch.bfloat16],
                                                 *kernels.Q8_CONFIGS[kernels.torch.float32])}}

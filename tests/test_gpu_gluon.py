@@ -88,8 +88,9 @@ def _check(rule_name, M, N, K, seed, bad_rows=0, grad_scale=1.0, config=None):
 def _configs():
     from forge_num.kernels.gluon_update import WSConfig
 
-    return [WSConfig(), WSConfig(BM=128, STAGES=2, SLOTS=2, OUT_SLOTS=1),
-            WSConfig(STAGES=2, SLOTS=1, OUT_SLOTS=1, programs=2, max_registers=128)]
+    from forge_num.kernels.gluon_update import ROUTE_CONFIGS
+
+    return [WSConfig(), WSConfig(BM=128, STAGES=2, SLOTS=2, OUT_SLOTS=1), *ROUTE_CONFIGS]
 
 
 @pytest.mark.parametrize("config", _configs(), ids=lambda c: c.label)
@@ -128,3 +129,67 @@ def test_refuses_what_it_does_not_cover():
     with pytest.raises(ValueError, match="multiples of 8"):
         fused_linear_update_ws(w[:, :100].contiguous(), x[:, :100].contiguous(), dy, [t[:, :100].contiguous() for t in s],
                                rule, h)
+
+
+@pytest.mark.parametrize("M,N,K", [(4096, 8192, 256), (4096, 4096, 1024), (4096, 4096, 4096)])
+def test_the_launcher_routes_where_measured_faster(M, N, K):
+    """kernels.fused_linear_update with no tile given takes the Gluon kernel on the ranges of
+    gluon_update.config_for (here: K = 256 and 1024, not 4096), and its weight and state are the
+    Triton kernel's bit for bit."""
+    from forge_num.kernels import gluon_update
+
+    rule, h, w0, s0, x, dy = _case("adamw", M, N, K, seed=K)
+    expect = gluon_update.config_for(M, N, K)
+    assert (expect is not None) == (K < gluon_update.ROUTE_MAX_K)
+    used = []
+    real = gluon_update.launch
+
+    def spy(*args):
+        used.append(args[-1])
+        return real(*args)
+
+    wr, sr = w0.clone(), [s.clone() for s in s0]
+    with mock.patch.object(gluon_update, "launch", spy):
+        kernels.fused_linear_update(wr, x, dy, sr, rule, h)
+    assert used == ([expect] if expect is not None else [])
+    wt, st = w0.clone(), [s.clone() for s in s0]
+    kernels.fused_linear_update(wt, x, dy, st, rule, h, config=TRITON_TWIN)
+    assert same_bits(wr, wt) and all(same_bits(a, b) for a, b in zip(sr, st))
+
+
+def test_training_a_routed_layer_equals_the_materialized_reference():
+    """A layer large enough to be routed (4096 -> 8192 features, 256 tokens a step: M N K = 2^33),
+    trained for three steps under autocast: forge_num's fused path (through the Gluon kernel) gives
+    the weights and state of its materialized backend bit for bit."""
+    import copy
+
+    import forge_num as fn
+    from forge_num.fused import prepare
+    from forge_num.kernels import gluon_update
+    from tests.test_gpu_training import Materialized, _assert_same
+    from tests.test_training_semantics import ADAMW
+
+    torch.manual_seed(0)
+    m1 = torch.nn.Sequential(torch.nn.Linear(4096, 8192, bias=False)).to(CUDA)
+    m2 = copy.deepcopy(m1)
+    o1, o2 = fn.AdamW(m1.parameters(), **ADAMW), fn.AdamW(m2.parameters(), backend=Materialized, **ADAMW)
+    prepare(m1, o1)
+    prepare(m2, o2)
+    used = []
+    real = gluon_update.launch
+
+    def spy(*args):
+        used.append(args[-1])
+        return real(*args)
+
+    with mock.patch.object(gluon_update, "launch", spy):
+        for _ in range(3):
+            x = torch.randn(256, 4096, device=CUDA)
+            for m, o in ((m1, o1), (m2, o2)):
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = m(x).float().square().mean()
+                loss.backward()
+                o.step()
+                o.zero_grad()
+    assert used == [gluon_update.ROUTE_SMALL_K_CONFIG] * 3
+    _assert_same(m1, o1, m2, o2)

@@ -47,16 +47,33 @@ def test_fused_kernels_have_no_approximate_ops(report):
             assert r["wgmma"] == 0 and r["fma_total"] >= 64 * 64 * 16 // 128, r
 
 
+# Spills of the Gluon tiles the launcher routes to (kernels/gluon_update.py, ROUTE_CONFIGS), by
+# (label, rule), bytes of spill stores per thread (ptxas of Triton 3.6, sm_90a), each with the
+# measurement that makes it worth them; every other (tile, rule) compiles without a spill.
+GLUON_SPILL_EXCEPTIONS = {
+    # two programs an SM need the 128-register cap: 1.21-1.28x the Triton default at K = 256
+    # (bench/results/2026-12-03-h200-s10/callG/ws_kernel.json); AdamW's two states spill 32 B
+    ("ws 64x128x64 st2 sl1 o1 p2 r128", "adamw"): 32,
+    # the 128-row tile (two consumer warp groups), 1.05-1.20x at K = 1024 there: 8 B for AdamW
+    ("ws 128x128x64 st3 sl1 o1", "adamw"): 8,
+}
+
+
 def test_the_warp_specialized_gluon_kernel_compiles_to_ieee_ops_for_sm_90(report):
-    """kernels/gluon_update.py: each op of the rule once per element a consumer thread updates, in its
-    correctly rounded form and nothing approximate; the mainloop on wgmma (4 m64n128k16 a K block of
-    64); TMA loads and stores; the loaders' register caps (setmaxnreg); no spill; its shared
+    """kernels/gluon_update.py, its default tile and the routed ones: each op of the rule once per
+    element a consumer thread updates, in its correctly rounded form and nothing approximate; the
+    mainloop on wgmma (4 m64n128k16 a K block of 64, per warp group); TMA loads and stores; the
+    loaders' register caps (setmaxnreg); spills only as GLUON_SPILL_EXCEPTIONS states; shared
     memory as WSConfig.shared_bytes counts it (plus barriers), within the H200's 227 KB a block."""
+    seen = set()
     for r in report["gluon_ws"]:
+        key = (r["config"], r["rule"])
+        seen.add(key)
         assert r["forbidden"] == [] and r["ptx"] == r["expected"], r
         assert r["wgmma"] == 4 and r["tma"] >= 4 and r["setmaxnreg"] >= 2, r
-        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
+        assert r["spill_stores"] <= GLUON_SPILL_EXCEPTIONS.get(key, 0), r
         assert 0 <= r["shared"] - r["shared_model"] <= 1024 and r["shared"] <= 227 * 1024, r
+    assert set(GLUON_SPILL_EXCEPTIONS) <= seen, "an exception names a tile the report no longer compiles"
 
 
 # Spills a configuration may have, by (label, storage regime), each with the measurement that

@@ -1,0 +1,53 @@
+"""Where kernels.fused_linear_update sends an fp32-regime update to the warp-specialized Gluon kernel
+(kernels/gluon_update.py: config_for, route_config), checked on the CPU: the measured ranges, and
+never off an sm_90 GPU (here, the CPU and the interpreter take the Triton kernel)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from forge_num import kernels, rules
+
+gluon_update = pytest.importorskip("forge_num.kernels.gluon_update")
+
+
+@pytest.mark.parametrize("M,N,K,expect", [
+    (4096, 8192, 256, "small"), (8192, 8192, 256, "small"),   # 4096 x 8192 x 256 = 2^33: the least routed work
+    (4096, 4096, 512, "mid"),
+    (8192, 8192, 257, "mid"), (14336, 4096, 1024, "mid"), (4096, 4096, 4095, "mid"),
+    (4096, 4096, 4096, None), (8192, 8192, 16384, None),      # the Triton persistent 128x128 from 4096 tokens
+    (2048, 2048, 1024, None), (4096, 4096, 256, None),        # less work than ROUTE_MIN_WORK: host-bound
+    (4100, 8192, 1024, None), (8192, 4100, 1024, None),       # rows TMA cannot take in bf16 (not multiples of 8)
+    (8192, 8192, 0, None),
+])
+def test_config_for_the_measured_ranges(M, N, K, expect):
+    got = gluon_update.config_for(M, N, K)
+    want = {"small": gluon_update.ROUTE_SMALL_K_CONFIG, "mid": gluon_update.ROUTE_MID_K_CONFIG, None: None}[expect]
+    assert got == want
+
+
+def test_route_configs_fit_an_sm():
+    """Each routed tile's programs fit the H200's shared memory (227 KB a block, 228 KB an SM)."""
+    for c in gluon_update.ROUTE_CONFIGS:
+        per_program = c.shared_bytes(2) + 1024  # + barriers and the block's reserved kilobyte
+        assert c.programs * per_program <= 228 * 1024, c
+
+
+def test_no_route_off_the_gpu():
+    w = torch.zeros(4096, 4096)
+    x = torch.zeros(512, 4096, dtype=torch.bfloat16)
+    dy = torch.zeros(512, 4096, dtype=torch.bfloat16)
+    assert gluon_update.route_config(w, x, dy, [torch.zeros_like(w)] * 2) is None
+    assert kernels._ws_route(w, x, dy, [torch.zeros_like(w)] * 2) is None
+
+
+def test_an_interpreted_launch_takes_the_triton_kernel(monkeypatch):
+    """Under TRITON_INTERPRET the launcher never asks for the route (the Gluon kernel does not run
+    on the interpreter); a route that would be taken raises here."""
+    monkeypatch.setattr(kernels, "_ws_route", lambda *a: (_ for _ in ()).throw(AssertionError("routed")))
+    monkeypatch.setattr(kernels, "_interpreting", lambda: True)
+    w = torch.zeros(16, 16)
+    kernels.fused_linear_update(w, torch.zeros(4, 16), torch.zeros(4, 16), [torch.zeros_like(w)] * 2, rules.ADAMW,
+                                rules.ADAMW.scalars({"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8,
+                                                     "weight_decay": 0.0}, 1))
