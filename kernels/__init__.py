@@ -742,8 +742,10 @@ def fused_linear_update(
 def _ws_route(weight, x, dy, states):
     """The tile of kernels/gluon_update.py for this fp32-regime update where that kernel is the
     measured default (its route_config: sm_90, bf16 operands, K below 4096, enough work), else None.
-    Where Gluon cannot be imported (a Triton without it), None: the Triton kernel, the same bits."""
-    if weight.device.type != "cuda":
+    Where Gluon cannot be imported (a Triton without it), or with FORGE_NUM_GLUON=0 in the
+    environment (read at each call: an A/B switch for benchmarks, and a way out should the Gluon
+    kernel misbehave on some Triton), None: the Triton kernel, the same bits."""
+    if weight.device.type != "cuda" or os.environ.get("FORGE_NUM_GLUON", "1") == "0":
         return None
     try:
         from . import gluon_update

@@ -155,6 +155,11 @@ def test_the_launcher_routes_where_measured_faster(M, N, K):
     wt, st = w0.clone(), [s.clone() for s in s0]
     kernels.fused_linear_update(wt, x, dy, st, rule, h, config=TRITON_TWIN)
     assert same_bits(wr, wt) and all(same_bits(a, b) for a, b in zip(sr, st))
+    # FORGE_NUM_GLUON=0: no route
+    used.clear()
+    with mock.patch.dict("os.environ", {"FORGE_NUM_GLUON": "0"}), mock.patch.object(gluon_update, "launch", spy):
+        kernels.fused_linear_update(w0.clone(), x, dy, [s.clone() for s in s0], rule, h)
+    assert used == []
 
 
 def test_training_a_routed_layer_equals_the_materialized_reference():
