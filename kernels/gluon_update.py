@@ -50,6 +50,7 @@ N multiples of 8), K > 0, no gradient accumulation buffer, no debug store of the
 from __future__ import annotations
 
 import functools
+import types
 
 import torch
 import triton
@@ -61,66 +62,23 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from forge_num.rules import Rule
 
+from .ieee import NAMESPACE as IEEE_NAMESPACE
+
 # ---------------------------------------------------------------------------------------------
-# The op vocabulary of forge_num.rules in Gluon (the twin of kernels/ieee.py): + - * round once
-# (add.rn/sub.rn/mul.rn without fp fusion), fma where the rule says fma, IEEE div and sqrt.
+# The op vocabulary of forge_num.rules in Gluon: kernels/ieee.py's functions, their `tl` bound to
+# Gluon's language (which has the same fma, div_rn, sqrt_rn, where and abs), so that the one text
+# of each op runs in both kernels: + - * round once (add.rn/sub.rn/mul.rn without fp fusion), fma
+# where the rule says fma, IEEE div and sqrt.
 # ---------------------------------------------------------------------------------------------
 
 
-@gluon.jit
-def add(a, b):
-    return a + b
+def _in_gluon(op):
+    fn = op.fn  # the Python function under kernels/ieee.py's triton.jit
+    return gluon.jit(types.FunctionType(fn.__code__, {**fn.__globals__, "tl": gl}, fn.__name__, fn.__defaults__,
+                                        fn.__closure__))
 
 
-@gluon.jit
-def sub(a, b):
-    return a - b
-
-
-@gluon.jit
-def mul(a, b):
-    return a * b
-
-
-@gluon.jit
-def fma(a, b, c):
-    return gl.fma(a, b, c)
-
-
-@gluon.jit
-def div(a, b):
-    return gl.div_rn(a, b)
-
-
-@gluon.jit
-def sqrt(a):
-    return gl.sqrt_rn(a)
-
-
-@gluon.jit
-def neg(a):
-    return -a
-
-
-@gluon.jit
-def sign(a):
-    # +1 / -1 for nonzero a; a itself for +-0 (sign of zero kept) and NaN (propagated)
-    return gl.where(a > 0, 1.0, gl.where(a < 0, -1.0, a))
-
-
-@gluon.jit
-def where(c, a, b):
-    return gl.where(c, a, b)
-
-
-@gluon.jit
-def isfinite(a):
-    # NaN fails a == a; +-inf fails |a| < inf
-    return (a == a) & (gl.abs(a) < float("inf"))
-
-
-NAMESPACE = {"add": add, "sub": sub, "mul": mul, "fma": fma, "div": div, "sqrt": sqrt, "neg": neg, "sign": sign,
-             "where": where, "isfinite": isfinite, "tl": gl}
+NAMESPACE = {**{name: _in_gluon(op) for name, op in IEEE_NAMESPACE.items() if name != "tl"}, "tl": gl}
 
 
 @functools.lru_cache(maxsize=None)
