@@ -20,7 +20,7 @@ import triton  # noqa: E402
 
 from bench.kernels import HYPER, LLAMA_SHAPES, STATE_BYTES, graph_ms, host_us, measure_ceilings  # noqa: E402
 from forge_num import kernels, rules  # noqa: E402
-from forge_num.kernels.gluon_update import WSConfig, fused_linear_update_ws  # noqa: E402
+from forge_num.kernels.gluon_update import SPLIT_CANDIDATES, WSConfig, fused_linear_update_ws  # noqa: E402
 
 WS_CONFIGS = (
     WSConfig(),                                       # one 4-warp consumer, a whole tile's state in flight
@@ -28,6 +28,7 @@ WS_CONFIGS = (
     WSConfig(STAGES=2, SLOTS=1, OUT_SLOTS=1, programs=2, max_registers=128),  # two programs an SM
     WSConfig(BM=128, STAGES=2, SLOTS=2, OUT_SLOTS=1),  # two consumer warp groups on a 128-row tile
     WSConfig(BM=128, STAGES=3, SLOTS=1, OUT_SLOTS=1),
+    *SPLIT_CANDIDATES,                                # one MMA warp group beside eight epilogue warps
 )
 
 

@@ -13,7 +13,9 @@ reaches 79%). Prefetch hints, fewer barriers and a third program per SM did not 
                             has read it
     operand loader   1      TMA loads of the K blocks dY[k0:k0+BK, rows] and X[k0:k0+BK, cols] into
                             a ring of STAGES slots
-    consumer       4 or 8   per tile: the mainloop (one m64nBNk16 wgmma chain per warp group, in K
+    consumer       4 or 8   (split_mma: an MMA warp group and eight epilogue warps, g between them in
+                            shared memory; a candidate, not yet run on a GPU)
+                            per tile: the mainloop (one m64nBNk16 wgmma chain per warp group, in K
     (default)               order), its accumulator split into four column sub-tiles in registers;
                             per sub-tile: W and state read from their slot (which goes back to the
                             loader at once), the guarded rule, the results through OUT_SLOTS staging
@@ -112,8 +114,8 @@ def tile_coords(tile, tiles_m, tiles_n, GROUP_M: gl.constexpr):
 def operand_loader(descs, bufs, bars, M, N, K, GROUP_M: gl.constexpr):
     """Worker: the K blocks of every tile this program owns, in order, into the operand ring."""
     dy_desc, x_desc, w_desc, s0_desc, s1_desc = descs
-    dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs = bufs
-    op_ready, op_empty, st_ready, st_empty = bars
+    dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs, g_bufs = bufs
+    op_ready, op_empty, st_ready, st_empty, g_ready, g_empty = bars
     BK: gl.constexpr = dy_desc.block_type.shape[0]
     BM: gl.constexpr = dy_desc.block_type.shape[1]
     BN: gl.constexpr = x_desc.block_type.shape[1]
@@ -137,8 +139,8 @@ def state_loader(descs, bufs, bars, M, N, K, GROUP_M: gl.constexpr):
     """Worker: W, S0, S1 of every column sub-tile [BM, SW] of every tile this program owns, in order,
     into the state ring (N_STATE, the number of state tensors, is the number of state descriptors)."""
     dy_desc, x_desc, w_desc, s0_desc, s1_desc = descs
-    dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs = bufs
-    op_ready, op_empty, st_ready, st_empty = bars
+    dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs, g_bufs = bufs
+    op_ready, op_empty, st_ready, st_empty, g_ready, g_empty = bars
     BM: gl.constexpr = w_desc.block_type.shape[0]
     SW: gl.constexpr = w_desc.block_type.shape[1]
     BN: gl.constexpr = x_desc.block_type.shape[1]
@@ -208,8 +210,8 @@ def update_subtile(g, j, coord, M, N, descs, bufs, bars, h, grad_scale, GUARDED_
     that staging slot have read it. Returns (Σ g² in fp64, number of non-finite g) over the
     sub-tile's elements inside W."""
     dy_desc, x_desc, w_desc, s0_desc, s1_desc = descs
-    dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs = bufs
-    op_ready, op_empty, st_ready, st_empty = bars
+    dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs, g_bufs = bufs
+    op_ready, op_empty, st_ready, st_empty, g_ready, g_empty = bars
     SLOTS: gl.constexpr = w_bufs.type.shape[0]
     N_STATE: gl.constexpr = (s0_desc is not None) + (s1_desc is not None)
     OUT_SLOTS: gl.constexpr = out_bufs.type.shape[0] // (1 + N_STATE)
@@ -257,8 +259,8 @@ def consumer(descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_p
     """Default partition: per tile, the mainloop, then the epilogue on the four column sub-tiles from
     the state ring, and the tile's telemetry slot (pid_m * tiles_n + pid_n)."""
     dy_desc, x_desc, w_desc, s0_desc, s1_desc = descs
-    dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs = bufs
-    op_ready, op_empty, st_ready, st_empty = bars
+    dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs, g_bufs = bufs
+    op_ready, op_empty, st_ready, st_empty, g_ready, g_empty = bars
     BM: gl.constexpr = w_desc.block_type.shape[0]
     SW: gl.constexpr = w_desc.block_type.shape[1]
     BN: gl.constexpr = x_desc.block_type.shape[1]
@@ -294,10 +296,83 @@ def consumer(descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_p
 
 
 @gluon.jit
+def mma_worker(descs, bufs, bars, M, N, K, GROUP_M: gl.constexpr):
+    """Worker (one warp group) of the split design: per tile, the mainloop, then the accumulator's
+    four column sub-tiles into g buffer t % 2 (double buffered: the next tile's mainloop runs while
+    the epilogue warps work on this one), handed over by g_ready and taken back by g_empty."""
+    dy_desc, x_desc, w_desc, s0_desc, s1_desc = descs
+    dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs, g_bufs = bufs
+    op_ready, op_empty, st_ready, st_empty, g_ready, g_empty = bars
+    BM: gl.constexpr = w_desc.block_type.shape[0]
+    BN: gl.constexpr = x_desc.block_type.shape[1]
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, BN, 16])
+    tiles_m = gl.cdiv(M, BM)
+    tiles_n = gl.cdiv(N, BN)
+    i = 0
+    t = 0
+    for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
+        acc, i = mainloop(dy_bufs, x_bufs, op_ready, op_empty, i, K, mma_layout)
+        left, right = column_halves(acc)
+        g0, g1 = column_halves(left)
+        g2, g3 = column_halves(right)
+        b = t % 2
+        mbarrier.wait(g_empty.index(b), ((t // 2) & 1) ^ 1)
+        g_bufs.index(4 * b).store(g0)
+        g_bufs.index(4 * b + 1).store(g1)
+        g_bufs.index(4 * b + 2).store(g2)
+        g_bufs.index(4 * b + 3).store(g3)
+        mbarrier.arrive(g_ready.index(b), count=1)
+        t += 1
+
+
+@gluon.jit
+def epilogue_consumer(descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_ptr,
+                      GUARDED_UPDATE: gl.constexpr, GROUP_M: gl.constexpr, num_warps: gl.constexpr):
+    """Default partition of the split design (num_warps epilogue warps, no mainloop): per tile, the
+    four column sub-tiles of g from g buffer t % 2, each through update_subtile, the g buffer handed
+    back, and the tile's telemetry slot."""
+    dy_desc, x_desc, w_desc, s0_desc, s1_desc = descs
+    dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs, g_bufs = bufs
+    op_ready, op_empty, st_ready, st_empty, g_ready, g_empty = bars
+    BM: gl.constexpr = w_desc.block_type.shape[0]
+    SW: gl.constexpr = w_desc.block_type.shape[1]
+    BN: gl.constexpr = x_desc.block_type.shape[1]
+    # each thread 4 consecutive fp32 of a row (16-byte shared-memory reads), warps stacked on rows
+    epi: gl.constexpr = gl.BlockedLayout([1, 4], [32 * 4 // SW, SW // 4], [num_warps, 1], [1, 0])
+    tiles_m = gl.cdiv(M, BM)
+    tiles_n = gl.cdiv(N, BN)
+    j = 0
+    t = 0
+    for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
+        pid_m, pid_n = tile_coords(tile, tiles_m, tiles_n, GROUP_M)
+        b = t % 2
+        mbarrier.wait(g_ready.index(b), (t // 2) & 1)
+        m0 = pid_m * BM
+        n0 = pid_n * BN
+        sq0, bad0 = update_subtile(g_bufs.index(4 * b).load(epi), j, [m0, n0], M, N, descs, bufs, bars, h,
+                                   grad_scale, GUARDED_UPDATE)
+        sq1, bad1 = update_subtile(g_bufs.index(4 * b + 1).load(epi), j + 1, [m0, n0 + SW], M, N, descs, bufs,
+                                   bars, h, grad_scale, GUARDED_UPDATE)
+        sq2, bad2 = update_subtile(g_bufs.index(4 * b + 2).load(epi), j + 2, [m0, n0 + 2 * SW], M, N, descs, bufs,
+                                   bars, h, grad_scale, GUARDED_UPDATE)
+        sq3, bad3 = update_subtile(g_bufs.index(4 * b + 3).load(epi), j + 3, [m0, n0 + 3 * SW], M, N, descs, bufs,
+                                   bars, h, grad_scale, GUARDED_UPDATE)
+        mbarrier.arrive(g_empty.index(b), count=1)
+        j += 4
+        t += 1
+        slot = pid_m * tiles_n + pid_n
+        gl.store(norm_sq_ptr + slot, (sq0 + sq1) + (sq2 + sq3))
+        gl.store(nonfinite_ptr + slot, (bad0 + bad1) + (bad2 + bad3))
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
 def fused_linear_update_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, norm_sq_ptr, nonfinite_ptr,
                                   M, N, K, h, grad_scale,
                                   GUARDED_UPDATE: gl.constexpr, STAGES: gl.constexpr, SLOTS: gl.constexpr,
-                                  OUT_SLOTS: gl.constexpr, GROUP_M: gl.constexpr, num_warps: gl.constexpr):
+                                  OUT_SLOTS: gl.constexpr, GROUP_M: gl.constexpr, SPLIT_MMA: gl.constexpr,
+                                  num_warps: gl.constexpr):
     """The shared rings and their barriers, then the three partitions (module docstring).
     dy_desc [K, M] block [BK, BM], x_desc [K, N] block [BK, BN], w/s0/s1_desc [M, N] fp32 block
     [BM, BN/4] (s0/s1 None for a rule with fewer states)."""
@@ -324,14 +399,33 @@ def fused_linear_update_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, nor
         mbarrier.init(st_ready.index(s), count=1)
         mbarrier.init(st_empty.index(s), count=1)
     descs = (dy_desc, x_desc, w_desc, s0_desc, s1_desc)
-    bufs = (dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs)
-    bars = (op_ready, op_empty, st_ready, st_empty)
-    gl.warp_specialize([
-        (consumer, (descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_ptr, GUARDED_UPDATE, GROUP_M,
-                    num_warps)),
-        (operand_loader, (descs, bufs, bars, M, N, K, GROUP_M)),
-        (state_loader, (descs, bufs, bars, M, N, K, GROUP_M)),
-    ], [1, 1], [24, 24])
+    if SPLIT_MMA:
+        # g between the MMA warp group and the epilogue warps: two tiles' four column sub-tiles
+        g_bufs = gl.allocate_shared_memory(gl.float32, [8] + w_desc.block_type.shape, w_desc.layout)
+        g_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        g_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for b in gl.static_range(2):
+            mbarrier.init(g_ready.index(b), count=1)
+            mbarrier.init(g_empty.index(b), count=1)
+        bufs = (dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs, g_bufs)
+        bars = (op_ready, op_empty, st_ready, st_empty, g_ready, g_empty)
+        gl.warp_specialize([
+            (epilogue_consumer, (descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_ptr,
+                                 GUARDED_UPDATE, GROUP_M, num_warps)),
+            (operand_loader, (descs, bufs, bars, M, N, K, GROUP_M)),
+            (state_loader, (descs, bufs, bars, M, N, K, GROUP_M)),
+            (mma_worker, (descs, bufs, bars, M, N, K, GROUP_M)),
+        ], [1, 1, 4], [24, 24, 152])
+    else:
+        # (the g slots and barriers of the split design are not used: placeholders keep one tuple shape)
+        bufs = (dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs, out_bufs)
+        bars = (op_ready, op_empty, st_ready, st_empty, op_ready, op_empty)
+        gl.warp_specialize([
+            (consumer, (descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_ptr, GUARDED_UPDATE, GROUP_M,
+                        num_warps)),
+            (operand_loader, (descs, bufs, bars, M, N, K, GROUP_M)),
+            (state_loader, (descs, bufs, bars, M, N, K, GROUP_M)),
+        ], [1, 1], [24, 24])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,12 +440,19 @@ class WSConfig:
     persistent programs per SM (2 with a register cap of `max_registers` a thread so that two fit),
     GROUP_M tile rows per group."""
 
-    __slots__ = ("BM", "BN", "BK", "STAGES", "SLOTS", "OUT_SLOTS", "GROUP_M", "programs", "max_registers")
+    __slots__ = ("BM", "BN", "BK", "STAGES", "SLOTS", "OUT_SLOTS", "GROUP_M", "programs", "max_registers",
+                 "split_mma")
 
     def __init__(self, BM=64, BN=128, BK=64, STAGES=3, SLOTS=4, OUT_SLOTS=2, GROUP_M=8, programs=1,
-                 max_registers=None):
+                 max_registers=None, split_mma=False):
         if BM not in (64, 128) or BN % 32:
             raise ValueError(f"WSConfig: BM must be 64 or 128 and BN a multiple of 32, got {BM}x{BN}")
+        if split_mma and (BM != 64 or programs != 1 or max_registers != 128):
+            raise ValueError("WSConfig: the split design runs one 64-row program an SM, its 16 warps capped at "
+                             f"128 registers at launch, got {BM=}, {programs=}, {max_registers=}")
+        # split_mma: one warp group runs the mainloop (a worker) and eight epilogue warps (the default
+        # partition) the update, through a double-buffered g in shared memory
+        self.split_mma = split_mma
         self.BM, self.BN, self.BK = BM, BN, BK
         self.STAGES, self.SLOTS, self.GROUP_M, self.programs = STAGES, SLOTS, GROUP_M, programs
         self.OUT_SLOTS = OUT_SLOTS
@@ -363,7 +464,9 @@ class WSConfig:
 
     @property
     def num_warps(self) -> int:
-        return self.BM // 16
+        """Warps of the default partition: the consumer's (16 a row block), or the split design's
+        eight epilogue warps."""
+        return 8 if self.split_mma else self.BM // 16
 
     def _key(self):
         return tuple(getattr(self, k) for k in self.__slots__)
@@ -379,7 +482,7 @@ class WSConfig:
         return (f"ws {self.BM}x{self.BN}x{self.BK} st{self.STAGES} sl{self.SLOTS} o{self.OUT_SLOTS}"
                 + (f" p{self.programs}" if self.programs != 1 else "")
                 + (f" g{self.GROUP_M}" if self.GROUP_M != 8 else "")
-                + (f" r{self.max_registers}" if self.max_registers else ""))
+                + (f" r{self.max_registers}" if self.max_registers else "") + (" split" if self.split_mma else ""))
 
     def __repr__(self):
         return f"WSConfig({self.label})"
@@ -387,7 +490,8 @@ class WSConfig:
     def shared_bytes(self, n_state: int) -> int:
         """Shared memory of one program: operand ring, state ring, store staging (barriers aside)."""
         return (self.STAGES * self.BK * (self.BM + self.BN) * 2
-                + (self.SLOTS + self.OUT_SLOTS) * (1 + n_state) * self.BM * self.SW * 4)
+                + (self.SLOTS + self.OUT_SLOTS) * (1 + n_state) * self.BM * self.SW * 4
+                + (8 * self.BM * self.SW * 4 if self.split_mma else 0))
 
 
 DEFAULT_WS_CONFIG = WSConfig()
@@ -463,7 +567,8 @@ def launch(weight, x, dy, states, rule: Rule, h: tuple, grad_scale: float, confi
             _nvmma_desc(weight, (c.BM, c.SW), gl.float32), state_descs[0], state_descs[1],
             norm_sq, nonfinite, M, N, K, h, grad_scale,
             GUARDED_UPDATE=guarded_update_gluon(rule), STAGES=c.STAGES, SLOTS=c.SLOTS, OUT_SLOTS=c.OUT_SLOTS,
-            GROUP_M=c.GROUP_M, num_warps=c.num_warps, maxnreg=c.max_registers, enable_fp_fusion=False,
+            GROUP_M=c.GROUP_M, SPLIT_MMA=c.split_mma, num_warps=c.num_warps, maxnreg=c.max_registers,
+            enable_fp_fusion=False,
         )
     return kernels.UpdateStats(norm_sq, nonfinite)
 
@@ -484,6 +589,11 @@ def launch(weight, x, dy, states, rule: Rule, h: tuple, grad_scale: float, confi
 ROUTE_SMALL_K_CONFIG = WSConfig(STAGES=2, SLOTS=1, OUT_SLOTS=1, programs=2, max_registers=128)
 ROUTE_MID_K_CONFIG = WSConfig(BM=128, STAGES=3, SLOTS=1, OUT_SLOTS=1)
 ROUTE_CONFIGS = (ROUTE_SMALL_K_CONFIG, ROUTE_MID_K_CONFIG)
+# Not routed, not yet run on a GPU (written after session 10's last call): the split design, one
+# MMA warp group beside eight epilogue warps (bench/NOTES.md, "v12 candidate"); bench/ws_kernel.py
+# times it and tests/test_gpu_gluon.py checks its bits, and it is promoted only after both.
+SPLIT_CANDIDATES = (WSConfig(STAGES=3, SLOTS=2, OUT_SLOTS=1, max_registers=128, split_mma=True),
+                    WSConfig(STAGES=2, SLOTS=2, OUT_SLOTS=2, max_registers=128, split_mma=True))
 ROUTE_SMALL_K = 256
 ROUTE_MAX_K = 4096
 ROUTE_MIN_WORK = 2**33
@@ -534,7 +644,7 @@ def compile_for_sm90(rule: Rule, config: WSConfig = DEFAULT_WS_CONFIG, M: int = 
                 norm_sq_ptr=torch.empty(4, dtype=torch.float64), nonfinite_ptr=torch.empty(4, dtype=torch.int32),
                 M=M, N=N, K=K, h=tuple(1.0 for _ in rule.scalar_names), grad_scale=1.0,
                 GUARDED_UPDATE=guarded_update_gluon(rule), STAGES=c.STAGES, SLOTS=c.SLOTS, OUT_SLOTS=c.OUT_SLOTS,
-                GROUP_M=c.GROUP_M, num_warps=c.num_warps)
+                GROUP_M=c.GROUP_M, SPLIT_MMA=c.split_mma, num_warps=c.num_warps)
     kernel = fused_linear_update_ws_kernel
     binder = create_function_from_signature(kernel.signature, kernel.params, BaseBackend)
     _, spec, _ = binder(**args)
