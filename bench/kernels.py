@@ -119,14 +119,20 @@ class LaunchRecorder:
 RECORDER = LaunchRecorder(kernels.fused_linear_update_kernel)  # installed by main(), not on import
 
 
-def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32") -> dict:
+def adamw_problem(M: int, N: int, K: int):
+    """(x [K, N] bf16, dy [K, M] bf16, w [M, N] fp32, [m, v] zeros, AdamW's step-1 scalars): the update
+    every kernel benchmark times (bench/ws_kernel.py and bench/ncu_probe.py too), seeded."""
     torch.manual_seed(0)
     x = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn(K, M, device="cuda", dtype=torch.bfloat16) * 1e-3
-    w32 = torch.randn(M, N, device="cuda") * 0.02
-    h = rules.ADAMW.scalars(HYPER, 1)
+    w = torch.randn(M, N, device="cuda") * 0.02
+    return x, dy, w, [torch.zeros_like(w), torch.zeros_like(w)], rules.ADAMW.scalars(HYPER, 1)
+
+
+def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32") -> dict:
+    x, dy, w32, fp32_states, h = adamw_problem(M, N, K)
     if precision == "fp32":
-        w, states, seed = w32, [torch.zeros_like(w32), torch.zeros_like(w32)], None
+        w, states, seed = w32, fp32_states, None
     elif precision == "bf16-sr":
         w = w32.bfloat16()
         states, seed = [torch.zeros_like(w), torch.zeros_like(w)], 12345

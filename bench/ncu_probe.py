@@ -28,9 +28,8 @@ import torch
 _HERE, _ROOT = str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])
 sys.path[:] = [p for p in sys.path if p not in (_HERE, _ROOT)] + [_ROOT]  # tests/conftest.py says why
 
+from bench.kernels import HYPER, adamw_problem  # noqa: E402
 from forge_num import kernels, rules  # noqa: E402
-
-HYPER = {"lr": 1e-4, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
 
 
 def tile_by_label(label: str, M: int, N: int, K: int):
@@ -55,12 +54,7 @@ def main(argv=None) -> int:
         raise SystemExit("ncu_probe needs CUDA")
     M, N = (int(s) for s in args.shape.split("x"))
     K = args.tokens
-    torch.manual_seed(0)
-    x = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
-    dy = torch.randn(K, M, device="cuda", dtype=torch.bfloat16) * 1e-3
-    w = torch.randn(M, N, device="cuda") * 0.02
-    states = [torch.zeros_like(w), torch.zeros_like(w)]
-    h = rules.ADAMW.scalars(HYPER, 1)
+    x, dy, w, states, h = adamw_problem(M, N, K)
     # labels hold spaces; "_" stands for one where a shell word cannot hold them (gpu_session.sh)
     tiles = [tile_by_label(c.replace("_", " "), M, N, K) for c in args.configs.split(",")]
     ws_tiles = []

@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from bench.kernels import HYPER, LLAMA_SHAPES, STATE_BYTES, graph_ms, host_us, measure_ceilings  # noqa: E402
+from bench.kernels import (HYPER, LLAMA_SHAPES, STATE_BYTES, adamw_problem, graph_ms, host_us,  # noqa: E402
+                           measure_ceilings)
 from forge_num import kernels, rules  # noqa: E402
 from forge_num.kernels.gluon_update import SPLIT_CANDIDATES, WSConfig, fused_linear_update_ws  # noqa: E402
 
@@ -33,12 +34,7 @@ WS_CONFIGS = (
 
 
 def bench_point(M: int, N: int, K: int, ceilings: dict) -> dict:
-    torch.manual_seed(0)
-    x = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
-    dy = torch.randn(K, M, device="cuda", dtype=torch.bfloat16) * 1e-3
-    w = torch.randn(M, N, device="cuda") * 0.02
-    states = [torch.zeros_like(w), torch.zeros_like(w)]
-    h = rules.ADAMW.scalars(HYPER, 1)
+    x, dy, w, states, h = adamw_problem(M, N, K)
     p = torch.nn.Parameter(w.clone())
     opt = torch.optim.AdamW([p], fused=True, **HYPER)
 

@@ -202,6 +202,15 @@ def column_halves(x):
 
 
 @gluon.jit
+def column_quarters(x):
+    """The four column sub-tiles of x [R, W], in order, in registers (column_halves twice)."""
+    left, right = column_halves(x)
+    g0, g1 = column_halves(left)
+    g2, g3 = column_halves(right)
+    return g0, g1, g2, g3
+
+
+@gluon.jit
 def update_subtile(g, j, coord, M, N, descs, bufs, bars, h, grad_scale, GUARDED_UPDATE: gl.constexpr):
     """The epilogue on one column sub-tile g [BM, SW] (in the accumulator's registers) whose W and
     state are in state slot j % SLOTS: read into registers and the slot handed back to the state
@@ -254,6 +263,27 @@ def update_subtile(g, j, coord, M, N, descs, bufs, bars, h, grad_scale, GUARDED_
 
 
 @gluon.jit
+def update_tile(gs, j, pid_m, pid_n, tiles_n, M, N, descs, bufs, bars, h, grad_scale, norm_sq_ptr, nonfinite_ptr,
+                GUARDED_UPDATE: gl.constexpr):
+    """The epilogue of tile (pid_m, pid_n) on its four column sub-tiles gs (in order: the state loader
+    filled the slots j, j + 1, ... in this order), then its telemetry slot pid_m * tiles_n + pid_n."""
+    BM: gl.constexpr = gs[0].shape[0]
+    SW: gl.constexpr = gs[0].shape[1]
+    BN: gl.constexpr = 4 * SW
+    sq0, bad0 = update_subtile(gs[0], j, [pid_m * BM, pid_n * BN], M, N, descs, bufs, bars, h, grad_scale,
+                               GUARDED_UPDATE)
+    sq1, bad1 = update_subtile(gs[1], j + 1, [pid_m * BM, pid_n * BN + SW], M, N, descs, bufs, bars, h,
+                               grad_scale, GUARDED_UPDATE)
+    sq2, bad2 = update_subtile(gs[2], j + 2, [pid_m * BM, pid_n * BN + 2 * SW], M, N, descs, bufs, bars, h,
+                               grad_scale, GUARDED_UPDATE)
+    sq3, bad3 = update_subtile(gs[3], j + 3, [pid_m * BM, pid_n * BN + 3 * SW], M, N, descs, bufs, bars, h,
+                               grad_scale, GUARDED_UPDATE)
+    slot = pid_m * tiles_n + pid_n
+    gl.store(norm_sq_ptr + slot, (sq0 + sq1) + (sq2 + sq3))
+    gl.store(nonfinite_ptr + slot, (bad0 + bad1) + (bad2 + bad3))
+
+
+@gluon.jit
 def consumer(descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_ptr,
              GUARDED_UPDATE: gl.constexpr, GROUP_M: gl.constexpr, num_warps: gl.constexpr):
     """Default partition: per tile, the mainloop, then the epilogue on the four column sub-tiles from
@@ -262,7 +292,6 @@ def consumer(descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_p
     dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs, g_bufs = bufs
     op_ready, op_empty, st_ready, st_empty, g_ready, g_empty = bars
     BM: gl.constexpr = w_desc.block_type.shape[0]
-    SW: gl.constexpr = w_desc.block_type.shape[1]
     BN: gl.constexpr = x_desc.block_type.shape[1]
     # the warps stacked on the tile's rows, 16 each (BM = 16 num_warps): each warp group runs the
     # wgmma of its 64 rows; one instruction spans the tile's columns (m64nBNk16)
@@ -275,23 +304,9 @@ def consumer(descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_p
     for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
         pid_m, pid_n = tile_coords(tile, tiles_m, tiles_n, GROUP_M)
         acc, i = mainloop(dy_bufs, x_bufs, op_ready, op_empty, i, K, mma_layout)
-        left, right = column_halves(acc)
-        g0, g1 = column_halves(left)
-        g2, g3 = column_halves(right)
-        accs = (g0, g1, g2, g3)
-        # the column sub-tiles in order: the state loader filled the slots in this order
-        sq0, bad0 = update_subtile(accs[0], j, [pid_m * BM, pid_n * BN], M, N, descs, bufs, bars, h, grad_scale,
-                                   GUARDED_UPDATE)
-        sq1, bad1 = update_subtile(accs[1], j + 1, [pid_m * BM, pid_n * BN + SW], M, N, descs, bufs, bars, h,
-                                   grad_scale, GUARDED_UPDATE)
-        sq2, bad2 = update_subtile(accs[2], j + 2, [pid_m * BM, pid_n * BN + 2 * SW], M, N, descs, bufs, bars, h,
-                                   grad_scale, GUARDED_UPDATE)
-        sq3, bad3 = update_subtile(accs[3], j + 3, [pid_m * BM, pid_n * BN + 3 * SW], M, N, descs, bufs, bars, h,
-                                   grad_scale, GUARDED_UPDATE)
+        update_tile(column_quarters(acc), j, pid_m, pid_n, tiles_n, M, N, descs, bufs, bars, h, grad_scale,
+                    norm_sq_ptr, nonfinite_ptr, GUARDED_UPDATE)
         j += 4
-        slot = pid_m * tiles_n + pid_n
-        gl.store(norm_sq_ptr + slot, (sq0 + sq1) + (sq2 + sq3))
-        gl.store(nonfinite_ptr + slot, (bad0 + bad1) + (bad2 + bad3))
     tma.store_wait(pendings=0)
 
 
@@ -313,9 +328,7 @@ def mma_worker(descs, bufs, bars, M, N, K, GROUP_M: gl.constexpr):
     t = 0
     for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
         acc, i = mainloop(dy_bufs, x_bufs, op_ready, op_empty, i, K, mma_layout)
-        left, right = column_halves(acc)
-        g0, g1 = column_halves(left)
-        g2, g3 = column_halves(right)
+        g0, g1, g2, g3 = column_quarters(acc)
         b = t % 2
         mbarrier.wait(g_empty.index(b), ((t // 2) & 1) ^ 1)
         g_bufs.index(4 * b).store(g0)
@@ -330,8 +343,7 @@ def mma_worker(descs, bufs, bars, M, N, K, GROUP_M: gl.constexpr):
 def epilogue_consumer(descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_ptr,
                       GUARDED_UPDATE: gl.constexpr, GROUP_M: gl.constexpr, num_warps: gl.constexpr):
     """Default partition of the split design (num_warps epilogue warps, no mainloop): per tile, the
-    four column sub-tiles of g from g buffer t % 2, each through update_subtile, the g buffer handed
-    back, and the tile's telemetry slot."""
+    four column sub-tiles of g read from g buffer t % 2, the buffer handed back, then update_tile."""
     dy_desc, x_desc, w_desc, s0_desc, s1_desc = descs
     dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs, g_bufs = bufs
     op_ready, op_empty, st_ready, st_empty, g_ready, g_empty = bars
@@ -348,22 +360,13 @@ def epilogue_consumer(descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, no
         pid_m, pid_n = tile_coords(tile, tiles_m, tiles_n, GROUP_M)
         b = t % 2
         mbarrier.wait(g_ready.index(b), (t // 2) & 1)
-        m0 = pid_m * BM
-        n0 = pid_n * BN
-        sq0, bad0 = update_subtile(g_bufs.index(4 * b).load(epi), j, [m0, n0], M, N, descs, bufs, bars, h,
-                                   grad_scale, GUARDED_UPDATE)
-        sq1, bad1 = update_subtile(g_bufs.index(4 * b + 1).load(epi), j + 1, [m0, n0 + SW], M, N, descs, bufs,
-                                   bars, h, grad_scale, GUARDED_UPDATE)
-        sq2, bad2 = update_subtile(g_bufs.index(4 * b + 2).load(epi), j + 2, [m0, n0 + 2 * SW], M, N, descs, bufs,
-                                   bars, h, grad_scale, GUARDED_UPDATE)
-        sq3, bad3 = update_subtile(g_bufs.index(4 * b + 3).load(epi), j + 3, [m0, n0 + 3 * SW], M, N, descs, bufs,
-                                   bars, h, grad_scale, GUARDED_UPDATE)
-        mbarrier.arrive(g_empty.index(b), count=1)
+        gs = (g_bufs.index(4 * b).load(epi), g_bufs.index(4 * b + 1).load(epi), g_bufs.index(4 * b + 2).load(epi),
+              g_bufs.index(4 * b + 3).load(epi))
+        mbarrier.arrive(g_empty.index(b), count=1)  # g is in registers: the MMA warp group may refill it
+        update_tile(gs, j, pid_m, pid_n, tiles_n, M, N, descs, bufs, bars, h, grad_scale, norm_sq_ptr, nonfinite_ptr,
+                    GUARDED_UPDATE)
         j += 4
         t += 1
-        slot = pid_m * tiles_n + pid_n
-        gl.store(norm_sq_ptr + slot, (sq0 + sq1) + (sq2 + sq3))
-        gl.store(nonfinite_ptr + slot, (bad0 + bad1) + (bad2 + bad3))
     tma.store_wait(pendings=0)
 
 
@@ -620,8 +623,8 @@ def route_config(weight: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, states
         return None
     if not _is_sm90(weight.device.index if weight.device.index is not None else torch.cuda.current_device()):
         return None
-    for t in (weight, x, dy, *states):
-        if not t.is_contiguous() or t.data_ptr() % 16 or t.dtype not in (torch.float32, torch.bfloat16):
+    for t in (weight, x, dy, *states):  # dtypes: the launcher's checks (states as weight, dy as x)
+        if not t.is_contiguous() or t.data_ptr() % 16:
             return None
     return config_for(weight.shape[0], weight.shape[1], x.shape[0])
 
