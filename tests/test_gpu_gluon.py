@@ -131,6 +131,18 @@ def test_refuses_what_it_does_not_cover():
                                rule, h)
 
 
+def _spied_launch():
+    """gluon_update.launch, wrapped: the launches run, and the mock records them."""
+    from forge_num.kernels import gluon_update
+
+    return mock.patch.object(gluon_update, "launch", wraps=gluon_update.launch)
+
+
+def _tiles(launch):
+    """The WSConfig of each recorded launch (launch's last argument)."""
+    return [c.args[-1] for c in launch.call_args_list]
+
+
 @pytest.mark.parametrize("M,N,K", [(4096, 8192, 256), (4096, 4096, 1024), (4096, 4096, 4096)])
 def test_the_launcher_routes_where_measured_faster(M, N, K):
     """kernels.fused_linear_update with no tile given takes the Gluon kernel on the ranges of
@@ -141,25 +153,17 @@ def test_the_launcher_routes_where_measured_faster(M, N, K):
     rule, h, w0, s0, x, dy = _case("adamw", M, N, K, seed=K)
     expect = gluon_update.config_for(M, N, K)
     assert (expect is not None) == (K < gluon_update.ROUTE_MAX_K)
-    used = []
-    real = gluon_update.launch
-
-    def spy(*args):
-        used.append(args[-1])
-        return real(*args)
-
     wr, sr = w0.clone(), [s.clone() for s in s0]
-    with mock.patch.object(gluon_update, "launch", spy):
+    with _spied_launch() as launch:
         kernels.fused_linear_update(wr, x, dy, sr, rule, h)
-    assert used == ([expect] if expect is not None else [])
+    assert _tiles(launch) == ([expect] if expect is not None else [])
     wt, st = w0.clone(), [s.clone() for s in s0]
     kernels.fused_linear_update(wt, x, dy, st, rule, h, config=TRITON_TWIN)
     assert same_bits(wr, wt) and all(same_bits(a, b) for a, b in zip(sr, st))
     # FORGE_NUM_GLUON=0: no route
-    used.clear()
-    with mock.patch.dict("os.environ", {"FORGE_NUM_GLUON": "0"}), mock.patch.object(gluon_update, "launch", spy):
+    with mock.patch.dict("os.environ", {"FORGE_NUM_GLUON": "0"}), _spied_launch() as launch:
         kernels.fused_linear_update(w0.clone(), x, dy, [s.clone() for s in s0], rule, h)
-    assert used == []
+    assert _tiles(launch) == []
 
 
 def test_training_a_routed_layer_equals_the_materialized_reference():
@@ -180,14 +184,7 @@ def test_training_a_routed_layer_equals_the_materialized_reference():
     o1, o2 = fn.AdamW(m1.parameters(), **ADAMW), fn.AdamW(m2.parameters(), backend=Materialized, **ADAMW)
     prepare(m1, o1)
     prepare(m2, o2)
-    used = []
-    real = gluon_update.launch
-
-    def spy(*args):
-        used.append(args[-1])
-        return real(*args)
-
-    with mock.patch.object(gluon_update, "launch", spy):
+    with _spied_launch() as launch:
         for _ in range(3):
             x = torch.randn(256, 4096, device=CUDA)
             for m, o in ((m1, o1), (m2, o2)):
@@ -196,5 +193,5 @@ def test_training_a_routed_layer_equals_the_materialized_reference():
                 loss.backward()
                 o.step()
                 o.zero_grad()
-    assert used == [gluon_update.ROUTE_SMALL_K_CONFIG] * 3
+    assert _tiles(launch) == [gluon_update.ROUTE_SMALL_K_CONFIG] * 3
     _assert_same(m1, o1, m2, o2)
