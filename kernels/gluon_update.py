@@ -500,11 +500,17 @@ class WSConfig:
 DEFAULT_WS_CONFIG = WSConfig()
 
 
+@functools.lru_cache(maxsize=None)
+def _nvmma_layout(block: tuple, dtype):
+    """The shared-memory layout (swizzle) of a TMA block: a function of its shape and dtype only, so
+    computed once (6 of the 9 us a descriptor took on the host, five descriptors a launch)."""
+    return gl.NVMMASharedLayout.get_default_for(list(block), dtype)
+
+
 def _nvmma_desc(t: torch.Tensor, block, dtype):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block),
-                            gl.NVMMASharedLayout.get_default_for(list(block), dtype))
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), _nvmma_layout(tuple(block), dtype))
 
 
 def _check_ws_operands(weight, x, dy, states, n_state):
@@ -579,24 +585,37 @@ def launch(weight, x, dy, states, rule: Rule, h: tuple, grad_scale: float, confi
 # ---------------------------------------------------------------------------------------------
 # Where the launcher uses this kernel (kernels.fused_linear_update with no tile given)
 # ---------------------------------------------------------------------------------------------
-# Measured on the H200 (bench/results/2026-12-03-h200-s10/callG/ws_kernel.json, CUDA-graph times,
-# the five Llama shapes of issue 5, against the Triton default of the same run):
+# Measured on the H200 (bench/results/2026-12-03-h200-s10/callG/ws_kernel.json, session 11's
+# call2/ and call4/ws_kernel.json; CUDA-graph times, the five Llama shapes of issue 5, against the
+# Triton kernel's default tile in the same run):
 #   K <= ROUTE_SMALL_K: two 64x128 programs an SM (96 KB of rings each, 128 registers): 1.21-1.28x
 #     the Triton default at K = 256 on four shapes (1.40-1.48x the unfused step); on 28672x8192 the
 #     128-row tile was 2% faster;
 #   ROUTE_SMALL_K < K < ROUTE_MAX_K: one 128x128 program an SM (two consumer warp groups): 1.05-1.20x
-#     at K = 1024 (1.19-1.27x unfused); at K = 4096 0.96-1.03x, so from ROUTE_MAX_K on the Triton
-#     persistent 128x128 stays (0.92-0.99x of it at 16384).
+#     at K = 1024, equal at 2048 (1.05-1.11x unfused); at K = 4096 0.96-1.03x, so from ROUTE_MAX_K
+#     on the Triton persistent 128x128 stays (0.92-0.99x of it at 16384).
 # Below ROUTE_MIN_WORK = M N K the step is host-bound (the Triton launcher's SMALL_WORK, session 7),
-# and this launch costs the host ~30-40 us more (five TMA descriptors built per call).
+# and this launch costs the host more (five TMA descriptors built per call: 1.46x the Triton
+# launch's host time in session 11's call 1, 1.17x with the layouts computed once, call 4).
 ROUTE_SMALL_K_CONFIG = WSConfig(STAGES=2, SLOTS=1, OUT_SLOTS=1, programs=2, max_registers=128)
 ROUTE_MID_K_CONFIG = WSConfig(BM=128, STAGES=3, SLOTS=1, OUT_SLOTS=1)
 ROUTE_CONFIGS = (ROUTE_SMALL_K_CONFIG, ROUTE_MID_K_CONFIG)
-# Not routed, not yet run on a GPU (written after session 10's last call): the split design, one
-# MMA warp group beside eight epilogue warps (bench/NOTES.md, "v12 candidate"); bench/ws_kernel.py
-# times it and tests/test_gpu_gluon.py checks its bits, and it is promoted only after both.
-SPLIT_CANDIDATES = (WSConfig(STAGES=3, SLOTS=2, OUT_SLOTS=1, max_registers=128, split_mma=True),
-                    WSConfig(STAGES=2, SLOTS=2, OUT_SLOTS=2, max_registers=128, split_mma=True))
+# Not routed: measured beside the routed tiles (bench/ws_kernel.py) and checked bit for bit on the
+# GPU (tests/test_gpu_gluon.py), each exact on the H200 (session 11, calls 1-4):
+#   the split design (one MMA warp group handing g through shared memory to eight epilogue warps):
+#     at K = 1024 1.03-1.08x the 128x128 on four shapes in call 2 but 0.94-1.05x in call 4 (slower
+#     on three), 0.90-0.96x the two-program tile at K = 256, 0.88-0.93x the 128x128 at 2048: not
+#     reproducibly faster anywhere;
+#   the two-program tile on K blocks of 32 with a second state slot: 1.00-1.05x the routed one at
+#     K = 256 in its one run (call 4), slower from 512 on.
+# (Refuted in call 4 and dropped, K blocks of 32: with two operand stages on the two-program tile,
+# 6-11% slower at K = 256; with three state slots on the split design, 1-11% slower at K = 1024 on
+# four shapes and 2% faster on 28672x8192; with two on the 128x128, 2-10% slower at K = 512-2048.)
+SPLIT_CONFIG = WSConfig(STAGES=3, SLOTS=2, OUT_SLOTS=1, max_registers=128, split_mma=True)
+CANDIDATE_CONFIGS = (
+    SPLIT_CONFIG,
+    WSConfig(BK=32, STAGES=3, SLOTS=2, OUT_SLOTS=1, programs=2, max_registers=128),
+)
 ROUTE_SMALL_K = 256
 ROUTE_MAX_K = 4096
 ROUTE_MIN_WORK = 2**33

@@ -130,9 +130,9 @@ def check_gluon_ws(rule_name: str, config) -> dict:
 
 
 def _gluon_ws_configs():
-    from forge_num.kernels.gluon_update import DEFAULT_WS_CONFIG, ROUTE_CONFIGS, SPLIT_CANDIDATES
+    from forge_num.kernels.gluon_update import DEFAULT_WS_CONFIG, ROUTE_CONFIGS, SPLIT_CONFIG
 
-    return (DEFAULT_WS_CONFIG, *ROUTE_CONFIGS, SPLIT_CANDIDATES[0])
+    return (DEFAULT_WS_CONFIG, *ROUTE_CONFIGS, SPLIT_CONFIG)
 
 
 def main() -> int:

@@ -14,8 +14,8 @@ gluon_update = pytest.importorskip("forge_num.kernels.gluon_update")
 
 @pytest.mark.parametrize("M,N,K,expect", [
     (4096, 8192, 256, "small"), (8192, 8192, 256, "small"),   # 4096 x 8192 x 256 = 2^33: the least routed work
-    (4096, 4096, 512, "mid"),
-    (8192, 8192, 257, "mid"), (14336, 4096, 1024, "mid"), (4096, 4096, 4095, "mid"),
+    (4096, 4096, 512, "mid"), (8192, 8192, 257, "mid"), (14336, 4096, 1024, "mid"), (4096, 4096, 2048, "mid"),
+    (4096, 4096, 4095, "mid"),
     (4096, 4096, 4096, None), (8192, 8192, 16384, None),      # the Triton persistent 128x128 from 4096 tokens
     (2048, 2048, 1024, None), (4096, 4096, 256, None),        # less work than ROUTE_MIN_WORK: host-bound
     (4100, 8192, 1024, None), (8192, 4100, 1024, None),       # rows TMA cannot take in bf16 (not multiples of 8)

@@ -88,9 +88,9 @@ def _check(rule_name, M, N, K, seed, bad_rows=0, grad_scale=1.0, config=None):
 def _configs():
     from forge_num.kernels.gluon_update import WSConfig
 
-    from forge_num.kernels.gluon_update import ROUTE_CONFIGS, SPLIT_CANDIDATES
+    from forge_num.kernels.gluon_update import CANDIDATE_CONFIGS, ROUTE_CONFIGS
 
-    return [WSConfig(), WSConfig(BM=128, STAGES=2, SLOTS=2, OUT_SLOTS=1), *ROUTE_CONFIGS, *SPLIT_CANDIDATES]
+    return [WSConfig(), WSConfig(BM=128, STAGES=2, SLOTS=2, OUT_SLOTS=1), *ROUTE_CONFIGS, *CANDIDATE_CONFIGS]
 
 
 @pytest.mark.parametrize("config", _configs(), ids=lambda c: c.label)
