@@ -205,7 +205,7 @@ def unavailable_reason(method: str, cuda: bool) -> str | None:
 # (category, regular expression on the kernel name, or the aten op name on the CPU), first match
 # wins: the copy kernels are element-wise kernels too, so casts come before the element-wise rest.
 KERNEL_CATEGORIES = (
-    ("forge fused dW + update", r"fused_linear_update_kernel"),
+    ("forge fused dW + update", r"fused_linear_update_(ws_)?kernel"),  # the Triton and the Gluon kernel
     ("forge element-wise update", r"elementwise_update_kernel"),
     ("optimizer step", r"multi_tensor_apply|fused_adam|adamw?_?8bit|optimizer|flashoptim|_step_kernel"),
     ("GEMM", r"gemm|xmma|nvjet|cutlass|cublas|^aten::(mm|addmm|bmm|matmul|linear)$"),
@@ -404,6 +404,15 @@ def run_spec(spec: dict) -> dict:
         row["n_params"] = sum(p.numel() for p in model.parameters())
         amp_dtype, after = _setup(method, model, cuda)
         ids = torch.randint(0, cfg["vocab_size"], (batch, seq), device=device)
+        if spec.get("gc", "default") == "freeze":
+            # A full (generation 2) collection walks every object of the process: with transformers, torch
+            # and an 8B model built, one took ~0.3 s inside a timed step (session 11, call 1: forge's first
+            # timed step 0.71 s against 0.37 s, the step with the run's one full collection; session 10's
+            # 0.70x AMP median at 8B was such steps). Frozen once built, they are never walked again.
+            import gc
+
+            gc.collect()
+            gc.freeze()
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -653,6 +662,10 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=None, help="override num_hidden_layers of every model")
     ap.add_argument("--tiny", action="store_true", help="the tiny config on the CPU (smoke test)")
     ap.add_argument("--profile", action="store_true", help="one more step under torch.profiler: time by kernel kind")
+    ap.add_argument("--gc", choices=["freeze", "default"], default="freeze",
+                    help="freeze: gc.collect() and gc.freeze() once the model and optimizer are built, for every "
+                         "method (as torchtitan manages Python's collector), so that a full collection inside a "
+                         "timed step walks only what the steps allocate; default: Python's collector untouched")
     ap.add_argument("--isolation", choices=["subprocess", "fork"], default=None,
                     help="default: subprocess with CUDA, fork on the CPU")
     ap.add_argument("--run-timeout", type=float, default=300.0, help="seconds per measurement")
@@ -683,7 +696,7 @@ def main(argv=None) -> int:
         raise SystemExit("--isolation fork is CPU only (CUDA cannot be used in a forked child)")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     meta = environment(cuda)
-    meta.update({"device": "cuda" if cuda else "cpu", "isolation": isolation, "warmup": args.warmup,
+    meta.update({"device": "cuda" if cuda else "cpu", "isolation": isolation, "gc": args.gc, "warmup": args.warmup,
                  "steps": args.steps, "floor_bytes_per_param": {m: floor_bytes_per_param(m)
                                                                for m in METHODS}})
     print(f"# {meta['gpu'] or 'CPU'}  torch {meta['torch']}  transformers {meta['transformers']}  "
@@ -718,7 +731,8 @@ def main(argv=None) -> int:
                     else:
                         spec = {"method": method, "config": cfg, "batch": batch, "seq": seq,
                                 "checkpointing": ckpt, "warmup": args.warmup, "steps": args.steps,
-                                "cpu": not cuda, "threads": 1 if args.tiny else None, "profile": args.profile}
+                                "cpu": not cuda, "threads": 1 if args.tiny else None, "profile": args.profile,
+                                "gc": args.gc}
                         row.update(run_isolated(spec, isolation, args.run_timeout))
                     rows.append(row)
                     print_row(row)

@@ -3,6 +3,12 @@ and the unfused step, fp32 regime, AdamW, with the floor: the measurement that d
 replaces the Triton kernel where it applies. Same baselines and floor as bench/kernels.py, in one run.
 
     python bench/ws_kernel.py [--shapes 4096x4096,14336x4096] [--tokens 256,1024,4096,16384] [--out x.json]
+
+Columns: "triton" is the Triton kernel's default tile (kernels.default_config, given explicitly),
+"routed" what kernels.fused_linear_update does with no tile given (the Gluon kernel where
+gluon_update.config_for routes, else that same Triton tile), "ws best" the fastest of WS_CONFIGS; the
+line under each row gives every WS config's time. (Until session 11's first call the "triton" column
+called the launcher without a tile, so after the route landed it timed the routed kernel.)
 """
 
 from __future__ import annotations
@@ -21,15 +27,12 @@ import triton  # noqa: E402
 from bench.kernels import (HYPER, LLAMA_SHAPES, STATE_BYTES, adamw_problem, graph_ms, host_us,  # noqa: E402
                            measure_ceilings)
 from forge_num import kernels, rules  # noqa: E402
-from forge_num.kernels.gluon_update import SPLIT_CANDIDATES, WSConfig, fused_linear_update_ws  # noqa: E402
+from forge_num.kernels import gluon_update  # noqa: E402
+from forge_num.kernels.gluon_update import fused_linear_update_ws  # noqa: E402
 
 WS_CONFIGS = (
-    WSConfig(),                                       # one 4-warp consumer, a whole tile's state in flight
-    WSConfig(STAGES=2, SLOTS=4, OUT_SLOTS=2),
-    WSConfig(STAGES=2, SLOTS=1, OUT_SLOTS=1, programs=2, max_registers=128),  # two programs an SM
-    WSConfig(BM=128, STAGES=2, SLOTS=2, OUT_SLOTS=1),  # two consumer warp groups on a 128-row tile
-    WSConfig(BM=128, STAGES=3, SLOTS=1, OUT_SLOTS=1),
-    *SPLIT_CANDIDATES,                                # one MMA warp group beside eight epilogue warps
+    *gluon_update.ROUTE_CONFIGS,      # what the launcher routes to (config_for)
+    *gluon_update.CANDIDATE_CONFIGS,  # measured beside them, not routed
 )
 
 
@@ -47,7 +50,11 @@ def bench_point(M: int, N: int, K: int, ceilings: dict) -> dict:
     row = {"M": M, "N": N, "K": K}
     default = kernels.default_config(M, N, K, torch.bfloat16)
     row["unfused_ms"] = bench(unfused)
-    row["triton_default_ms"] = bench(lambda: kernels.fused_linear_update(w, x, dy, states, rules.ADAMW, h))
+    # the Triton kernel's default tile named explicitly: with no tile given the launcher routes these
+    # shapes to the Gluon kernel itself (kernels.fused_linear_update -> gluon_update.route_config)
+    triton_default = lambda: kernels.fused_linear_update(w, x, dy, states, rules.ADAMW, h, config=default)  # noqa: E731
+    routed = lambda: kernels.fused_linear_update(w, x, dy, states, rules.ADAMW, h)  # noqa: E731
+    row["triton_default_ms"] = bench(triton_default)
     row["triton_default"] = default.label
     row["ws_ms"], row["ws_graph_ms"], row["ws_failed"] = {}, {}, {}
     for c in WS_CONFIGS:
@@ -67,8 +74,11 @@ def bench_point(M: int, N: int, K: int, ceilings: dict) -> dict:
         p_cap.grad = None
 
     row["unfused_graph_ms"] = graph_ms(unfused_capturable)
-    row["triton_default_graph_ms"] = graph_ms(lambda: kernels.fused_linear_update(w, x, dy, states, rules.ADAMW, h))
-    row["triton_host_us"] = host_us(lambda: kernels.fused_linear_update(w, x, dy, states, rules.ADAMW, h))
+    row["triton_default_graph_ms"] = graph_ms(triton_default)
+    row["triton_host_us"] = host_us(triton_default)
+    route = gluon_update.config_for(M, N, K)
+    row["routed"] = route.label if route is not None else default.label
+    row["routed_graph_ms"] = graph_ms(routed)
     row["ws_host_us"] = host_us(lambda: fused_linear_update_ws(w, x, dy, states, rules.ADAMW, h))
     flops = 2.0 * K * M * N
     min_bytes = 2 * (K * N + K * M) + STATE_BYTES["fp32"] * M * N
@@ -88,8 +98,8 @@ def main(argv=None) -> int:
     ceilings = measure_ceilings()
     rows = []
     print("device times from CUDA-graph replay (ms); ratios of them")
-    head = (f"{'shape':>12} {'K':>6} {'unfused':>8} {'triton':>8} {'ws best':>8} {'floor':>7}  ws/unf  tri/unf  ws/tri"
-            f"  ws/floor  host us tri/ws  best ws")
+    head = (f"{'shape':>12} {'K':>6} {'unfused':>8} {'triton':>8} {'routed':>8} {'ws best':>8} {'floor':>7}  ws/unf"
+            f"  tri/unf  rt/unf  ws/tri  ws/floor  host us tri/ws  best ws")
     print(head)
     for shape in args.shapes.split(","):
         M, N = (int(v) for v in shape.split("x"))
@@ -103,8 +113,12 @@ def main(argv=None) -> int:
                                                      indent=1))
             if "ws_best_graph_ms" in r:
                 u, t, b, f = r["unfused_graph_ms"], r["triton_default_graph_ms"], r["ws_best_graph_ms"], r["floor_ms"]
-                print(f"{shape:>12} {K:>6} {u:8.3f} {t:8.3f} {b:8.3f} {f:7.3f}  {u / b:6.2f}  {u / t:7.2f}  {t / b:6.2f}"
-                      f"  {b / f:8.2f}  {r['triton_host_us']:5.0f}/{r['ws_host_us']:<5.0f} {r['ws_best']}", flush=True)
+                rt = r["routed_graph_ms"]
+                print(f"{shape:>12} {K:>6} {u:8.3f} {t:8.3f} {rt:8.3f} {b:8.3f} {f:7.3f}  {u / b:6.2f}  {u / t:7.2f}"
+                      f"  {u / rt:6.2f}  {t / b:6.2f}  {b / f:8.2f}  {r['triton_host_us']:5.0f}/{r['ws_host_us']:<5.0f}"
+                      f" {r['ws_best']}", flush=True)
+                print("      " + "  ".join(f"{lab.removeprefix('ws ')} {ms:.3f}" for lab, ms in r["ws_graph_ms"].items()),
+                      flush=True)
             else:
                 print(f"{shape:>12} {K:>6} ws failed: {r['ws_failed']}", flush=True)
     return 0
