@@ -60,10 +60,10 @@ GLUON_SPILL_EXCEPTIONS = {
 
 
 def test_the_warp_specialized_gluon_kernel_compiles_to_ieee_ops_for_sm_90(report):
-    """kernels/gluon_update.py, its default tile, the routed ones and the split design:
-    each op of the rule once per element a consumer (or epilogue) thread updates, in its correctly
-    rounded form and nothing approximate; the mainloop on wgmma (4 m64n128k16 a K block of 64, per warp group); TMA loads and stores; the
-    loaders' register caps (setmaxnreg); spills only as GLUON_SPILL_EXCEPTIONS states; shared
+    """kernels/gluon_update.py, its default tile, the routed ones and the split design: each op of
+    the rule once per element a consumer (or epilogue) thread updates, in its correctly rounded form
+    and nothing approximate; the mainloop on wgmma (4 m64n128k16 a K block of 64, per warp group);
+    TMA loads and stores; the loaders' register caps (setmaxnreg); spills only as GLUON_SPILL_EXCEPTIONS states; shared
     memory as WSConfig.shared_bytes counts it (plus barriers), within the H200's 227 KB a block."""
     seen = set()
     for r in report["gluon_ws"]:
