@@ -33,9 +33,14 @@ from torch import nn
 __all__ = ["linear_cross_entropy"]
 
 # Per-chunk temporaries, in bytes per logit: the logits (2, bf16), their fp32 upcast (4), the
-# log-softmax torch saves (4) and the fp32 gradient (4), rounded up to 16.
+# log-softmax torch saves (4) and the fp32 gradient (4), rounded up to 16. They sit on top of the
+# backward's dY (2 bytes a logit, all rows) at the step's peak (bench/train_step.py's memory model;
+# Llama-8B at 4x1024: dY 0.98 GiB): 256 MiB of them (128 rows of Llama's 128,256-token vocabulary)
+# instead of 512 takes 0.25 GiB off that peak for twice the chunks, each GEMM still whole
+# 128-row tiles (_CHUNK_ROW_TILE).
 _BYTES_PER_CHUNK_LOGIT = 16
-DEFAULT_CHUNK_BYTES = 512 * 2**20
+DEFAULT_CHUNK_BYTES = 256 * 2**20
+_CHUNK_ROW_TILE = 128
 
 
 def linear_cross_entropy(hidden: torch.Tensor, head: nn.Linear, labels: torch.Tensor, *, ignore_index: int = -100,
@@ -44,7 +49,7 @@ def linear_cross_entropy(hidden: torch.Tensor, head: nn.Linear, labels: torch.Te
     ``ignore_index``, without the full logits (module docstring). ``hidden`` [..., H], ``head`` an
     nn.Linear [V, H] without bias (a forge_num fused layer or not), ``labels`` [...] integer class
     indices (shift them for next-token prediction first). ``chunk_rows``: rows of logits computed
-    at once (default: as many as fit DEFAULT_CHUNK_BYTES of temporaries). Returns a 0-d tensor."""
+    at once (default: default_chunk_rows(vocabulary)). Returns a 0-d tensor."""
     from forge_num.fused import _RUNTIME
 
     if not isinstance(head, nn.Linear):
@@ -67,7 +72,7 @@ def linear_cross_entropy(hidden: torch.Tensor, head: nn.Linear, labels: torch.Te
                          f"{labels.device}: one device expected")
     vocab = head.out_features
     if chunk_rows is None:
-        chunk_rows = max(1, DEFAULT_CHUNK_BYTES // (_BYTES_PER_CHUNK_LOGIT * vocab))
+        chunk_rows = default_chunk_rows(vocab)
     if not (isinstance(chunk_rows, int) and chunk_rows >= 1):
         raise ValueError(f"linear_cross_entropy: chunk_rows must be a positive int, got {chunk_rows!r}")
     weight = head.weight
@@ -75,6 +80,13 @@ def linear_cross_entropy(hidden: torch.Tensor, head: nn.Linear, labels: torch.Te
     use = layer.new_use() if layer is not None else None
     return _LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, labels.reshape(-1).long(), layer,
                                      use, ignore_index, chunk_rows)
+
+
+def default_chunk_rows(vocab: int) -> int:
+    """Rows of logits a chunk computes by default: as many as DEFAULT_CHUNK_BYTES of temporaries
+    hold, rounded down to whole row tiles of the chunk's GEMM where there is at least one."""
+    rows = max(1, DEFAULT_CHUNK_BYTES // (_BYTES_PER_CHUNK_LOGIT * vocab))
+    return rows - rows % _CHUNK_ROW_TILE if rows >= _CHUNK_ROW_TILE else rows
 
 
 def _chunks(n: int, rows: int):
