@@ -36,8 +36,8 @@ __all__ = ["linear_cross_entropy"]
 # log-softmax torch saves (4) and the fp32 gradient (4), rounded up to 16. They sit on top of the
 # backward's dY (2 bytes a logit, all rows) at the step's peak (bench/train_step.py's memory model;
 # Llama-8B at 4x1024: dY 0.98 GiB): 256 MiB of them (128 rows of Llama's 128,256-token vocabulary)
-# instead of 512 takes 0.25 GiB off that peak for twice the chunks, each GEMM still whole
-# 128-row tiles (_CHUNK_ROW_TILE).
+# instead of 512 should take 0.25 GiB off that peak for twice the chunks (bench/NOTES.md, "v14":
+# predicted, not yet measured), each chunk's GEMM whole 128-row tiles (_CHUNK_ROW_TILE).
 _BYTES_PER_CHUNK_LOGIT = 16
 DEFAULT_CHUNK_BYTES = 256 * 2**20
 _CHUNK_ROW_TILE = 128

@@ -592,7 +592,7 @@ def launch(weight, x, dy, states, rule: Rule, h: tuple, grad_scale: float, confi
 #     the Triton default at K = 256 on four shapes (1.40-1.48x the unfused step); on 28672x8192 the
 #     128-row tile was 2% faster;
 #   ROUTE_SMALL_K < K < ROUTE_MAX_K: one 128x128 program an SM (two consumer warp groups): 1.05-1.20x
-#     at K = 1024, equal at 2048 (1.05-1.11x unfused); at K = 4096 0.96-1.03x, so from ROUTE_MAX_K
+#     at K = 1024, equal at 2048 (1.03-1.11x unfused there); at K = 4096 0.96-1.03x, so from ROUTE_MAX_K
 #     on the Triton persistent 128x128 stays (0.92-0.99x of it at 16384).
 # Below ROUTE_MIN_WORK = M N K the step is host-bound (the Triton launcher's SMALL_WORK, session 7),
 # and this launch costs the host more (five TMA descriptors built per call: 1.46x the Triton
