@@ -14,7 +14,8 @@ reaches 79%). Prefetch hints, fewer barriers and a third program per SM did not 
     operand loader   1      TMA loads of the K blocks dY[k0:k0+BK, rows] and X[k0:k0+BK, cols] into
                             a ring of STAGES slots
     consumer       4 or 8   (split_mma: an MMA warp group and eight epilogue warps, g between them in
-                            shared memory; a candidate, not yet run on a GPU)
+                            shared memory; pingpong: two 4-warp consumers on alternate tiles, one's
+                            update beside the other's mainloop; candidates, not routed)
                             per tile: the mainloop (one m64nBNk16 wgmma chain per warp group, in K
     (default)               order), its accumulator split into four column sub-tiles in registers;
                             per sub-tile: W and state read from their slot (which goes back to the
@@ -371,11 +372,42 @@ def epilogue_consumer(descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, no
 
 
 @gluon.jit
+def pingpong_consumer(descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_ptr,
+                      GUARDED_UPDATE: gl.constexpr, GROUP_M: gl.constexpr, PARITY: gl.constexpr):
+    """One of the ping-pong design's two consumer warp groups (PARITY 0: the default partition, 1: a
+    worker): consumer's per-tile work on the tiles of this program whose local index lt (tile =
+    pid + lt P) has lt % 2 == PARITY. The loaders fill both rings in tile order, so this group's K
+    blocks are the operand ring's uses lt nk ... (nk = cdiv(K, BK)) and its sub-tiles the state
+    ring's uses 4 lt ...; one group's mainloop takes the next tile's blocks while the other's update
+    streams its state. Its store staging slots (bufs' out_bufs) are its own: a TMA store group is
+    waited for by the thread that issued it."""
+    dy_desc, x_desc, w_desc, s0_desc, s1_desc = descs
+    dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs, g_bufs = bufs
+    op_ready, op_empty, st_ready, st_empty, g_ready, g_empty = bars
+    BM: gl.constexpr = w_desc.block_type.shape[0]
+    BN: gl.constexpr = x_desc.block_type.shape[1]
+    BK: gl.constexpr = dy_desc.block_type.shape[0]
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, BN, 16])
+    tiles_m = gl.cdiv(M, BM)
+    tiles_n = gl.cdiv(N, BN)
+    nk = gl.cdiv(K, BK)
+    lt = PARITY
+    for tile in range(gl.program_id(0) + PARITY * gl.num_programs(0), tiles_m * tiles_n, 2 * gl.num_programs(0)):
+        pid_m, pid_n = tile_coords(tile, tiles_m, tiles_n, GROUP_M)
+        acc, _ = mainloop(dy_bufs, x_bufs, op_ready, op_empty, lt * nk, K, mma_layout)
+        update_tile(column_quarters(acc), lt * 4, pid_m, pid_n, tiles_n, M, N, descs, bufs, bars, h, grad_scale,
+                    norm_sq_ptr, nonfinite_ptr, GUARDED_UPDATE)
+        lt += 2
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
 def fused_linear_update_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, norm_sq_ptr, nonfinite_ptr,
                                   M, N, K, h, grad_scale,
                                   GUARDED_UPDATE: gl.constexpr, STAGES: gl.constexpr, SLOTS: gl.constexpr,
                                   OUT_SLOTS: gl.constexpr, GROUP_M: gl.constexpr, SPLIT_MMA: gl.constexpr,
-                                  num_warps: gl.constexpr):
+                                  PINGPONG: gl.constexpr, PINGPONG_REGS: gl.constexpr, num_warps: gl.constexpr):
     """The shared rings and their barriers, then the three partitions (module docstring).
     dy_desc [K, M] block [BK, BM], x_desc [K, N] block [BK, BN], w/s0/s1_desc [M, N] fp32 block
     [BM, BN/4] (s0/s1 None for a rule with fewer states)."""
@@ -419,6 +451,21 @@ def fused_linear_update_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, nor
             (state_loader, (descs, bufs, bars, M, N, K, GROUP_M)),
             (mma_worker, (descs, bufs, bars, M, N, K, GROUP_M)),
         ], [1, 1, 4], [24, 24, 152])
+    elif PINGPONG:
+        # the second consumer's own store staging slots (the g slots of the split design: placeholders)
+        out_b = gl.allocate_shared_memory(gl.float32, [OUT_SLOTS * (1 + N_STATE)] + w_desc.block_type.shape,
+                                          w_desc.layout)
+        bufs = (dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs, out_bufs)
+        bufs_b = (dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_b, out_b)
+        bars = (op_ready, op_empty, st_ready, st_empty, op_ready, op_empty)
+        gl.warp_specialize([
+            (pingpong_consumer, (descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_ptr,
+                                 GUARDED_UPDATE, GROUP_M, 0)),
+            (operand_loader, (descs, bufs, bars, M, N, K, GROUP_M)),
+            (state_loader, (descs, bufs, bars, M, N, K, GROUP_M)),
+            (pingpong_consumer, (descs, bufs_b, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_ptr,
+                                 GUARDED_UPDATE, GROUP_M, 1)),
+        ], [1, 1, 4], [24, 24, PINGPONG_REGS])
     else:
         # (the g slots and barriers of the split design are not used: placeholders keep one tuple shape)
         bufs = (dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs, out_bufs)
@@ -444,18 +491,24 @@ class WSConfig:
     GROUP_M tile rows per group."""
 
     __slots__ = ("BM", "BN", "BK", "STAGES", "SLOTS", "OUT_SLOTS", "GROUP_M", "programs", "max_registers",
-                 "split_mma")
+                 "split_mma", "pingpong")
 
     def __init__(self, BM=64, BN=128, BK=64, STAGES=3, SLOTS=4, OUT_SLOTS=2, GROUP_M=8, programs=1,
-                 max_registers=None, split_mma=False):
+                 max_registers=None, split_mma=False, pingpong=None):
         if BM not in (64, 128) or BN % 32:
             raise ValueError(f"WSConfig: BM must be 64 or 128 and BN a multiple of 32, got {BM}x{BN}")
         if split_mma and (BM != 64 or programs != 1 or max_registers != 128):
             raise ValueError("WSConfig: the split design runs one 64-row program an SM, its 16 warps capped at "
                              f"128 registers at launch, got {BM=}, {programs=}, {max_registers=}")
+        if pingpong is not None and (BM != 64 or programs != 1 or split_mma or max_registers is None):
+            raise ValueError("WSConfig: the ping-pong design runs one 64-row program an SM with a register cap at "
+                             f"launch, not the split design, got {BM=}, {programs=}, {split_mma=}, {max_registers=}")
         # split_mma: one warp group runs the mainloop (a worker) and eight epilogue warps (the default
         # partition) the update, through a double-buffered g in shared memory
         self.split_mma = split_mma
+        # pingpong (the second consumer warp group's registers, or None): two consumer warp groups,
+        # each a 64-row tile's mainloop and update, on alternate tiles
+        self.pingpong = pingpong
         self.BM, self.BN, self.BK = BM, BN, BK
         self.STAGES, self.SLOTS, self.GROUP_M, self.programs = STAGES, SLOTS, GROUP_M, programs
         self.OUT_SLOTS = OUT_SLOTS
@@ -485,15 +538,17 @@ class WSConfig:
         return (f"ws {self.BM}x{self.BN}x{self.BK} st{self.STAGES} sl{self.SLOTS} o{self.OUT_SLOTS}"
                 + (f" p{self.programs}" if self.programs != 1 else "")
                 + (f" g{self.GROUP_M}" if self.GROUP_M != 8 else "")
-                + (f" r{self.max_registers}" if self.max_registers else "") + (" split" if self.split_mma else ""))
+                + (f" r{self.max_registers}" if self.max_registers else "") + (" split" if self.split_mma else "")
+                + (f" pp{self.pingpong}" if self.pingpong else ""))
 
     def __repr__(self):
         return f"WSConfig({self.label})"
 
     def shared_bytes(self, n_state: int) -> int:
         """Shared memory of one program: operand ring, state ring, store staging (barriers aside)."""
+        out_slots = self.OUT_SLOTS * (2 if self.pingpong else 1)  # each ping-pong consumer its own
         return (self.STAGES * self.BK * (self.BM + self.BN) * 2
-                + (self.SLOTS + self.OUT_SLOTS) * (1 + n_state) * self.BM * self.SW * 4
+                + (self.SLOTS + out_slots) * (1 + n_state) * self.BM * self.SW * 4
                 + (8 * self.BM * self.SW * 4 if self.split_mma else 0))
 
 
@@ -576,7 +631,8 @@ def launch(weight, x, dy, states, rule: Rule, h: tuple, grad_scale: float, confi
             _nvmma_desc(weight, (c.BM, c.SW), gl.float32), state_descs[0], state_descs[1],
             norm_sq, nonfinite, M, N, K, h, grad_scale,
             GUARDED_UPDATE=guarded_update_gluon(rule), STAGES=c.STAGES, SLOTS=c.SLOTS, OUT_SLOTS=c.OUT_SLOTS,
-            GROUP_M=c.GROUP_M, SPLIT_MMA=c.split_mma, num_warps=c.num_warps, maxnreg=c.max_registers,
+            GROUP_M=c.GROUP_M, SPLIT_MMA=c.split_mma, PINGPONG=bool(c.pingpong), PINGPONG_REGS=c.pingpong or 0,
+            num_warps=c.num_warps, maxnreg=c.max_registers,
             enable_fp_fusion=False,
         )
     return kernels.UpdateStats(norm_sq, nonfinite)
@@ -611,10 +667,16 @@ ROUTE_CONFIGS = (ROUTE_SMALL_K_CONFIG, ROUTE_MID_K_CONFIG)
 # (Refuted in call 4 and dropped, K blocks of 32: with two operand stages on the two-program tile,
 # 6-11% slower at K = 256; with three state slots on the split design, 1-11% slower at K = 1024 on
 # four shapes and 2% faster on 28672x8192; with two on the 128x128, 2-10% slower at K = 512-2048.)
+# Not yet run on a GPU (written after session 11's last call; bench/NOTES.md "v15"): the ping-pong
+# design, two consumer warp groups on alternate tiles of one program (12 warps with the loaders'
+# padded group: 168 registers a thread at launch, 240 for each consumer by setmaxnreg, 24 for the
+# loaders), one shared 4-stage operand ring and 2-slot state ring, a staging slot each.
 SPLIT_CONFIG = WSConfig(STAGES=3, SLOTS=2, OUT_SLOTS=1, max_registers=128, split_mma=True)
+PINGPONG_CONFIG = WSConfig(STAGES=4, SLOTS=2, OUT_SLOTS=1, max_registers=168, pingpong=240)
 CANDIDATE_CONFIGS = (
     SPLIT_CONFIG,
     WSConfig(BK=32, STAGES=3, SLOTS=2, OUT_SLOTS=1, programs=2, max_registers=128),
+    PINGPONG_CONFIG,
 )
 ROUTE_SMALL_K = 256
 ROUTE_MAX_K = 4096
@@ -666,7 +728,8 @@ def compile_for_sm90(rule: Rule, config: WSConfig = DEFAULT_WS_CONFIG, M: int = 
                 norm_sq_ptr=torch.empty(4, dtype=torch.float64), nonfinite_ptr=torch.empty(4, dtype=torch.int32),
                 M=M, N=N, K=K, h=tuple(1.0 for _ in rule.scalar_names), grad_scale=1.0,
                 GUARDED_UPDATE=guarded_update_gluon(rule), STAGES=c.STAGES, SLOTS=c.SLOTS, OUT_SLOTS=c.OUT_SLOTS,
-                GROUP_M=c.GROUP_M, SPLIT_MMA=c.split_mma, num_warps=c.num_warps)
+                GROUP_M=c.GROUP_M, SPLIT_MMA=c.split_mma, PINGPONG=bool(c.pingpong), PINGPONG_REGS=c.pingpong or 0,
+                num_warps=c.num_warps)
     kernel = fused_linear_update_ws_kernel
     binder = create_function_from_signature(kernel.signature, kernel.params, BaseBackend)
     _, spec, _ = binder(**args)

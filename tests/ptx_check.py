@@ -122,17 +122,19 @@ def check_gluon_ws(rule_name: str, config) -> dict:
     ptx = compiled.asm["ptx"]
     calls = vocabulary_calls(rule.update) + vocabulary_calls(rules.guarded_update)
     per_thread = config.BM * config.BN // (32 * config.num_warps)  # elements a consumer thread updates
+    consumers = 2 if config.pingpong else 1  # the ping-pong design: the consumer's code twice, one per warp group
     return {"rule": rule_name, "config": config.label, "ptx": count(ptx), "forbidden": forbidden(ptx),
-            "expected": {op: calls.get(op, 0) * per_thread for op in PTX_OP},
+            "expected": {op: calls.get(op, 0) * per_thread * consumers for op in PTX_OP},
+            "consumers": consumers,
             "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "tma": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
             "setmaxnreg": len(re.findall(r"setmaxnreg", ptx)), "shared": int(compiled.metadata.shared),
             "shared_model": config.shared_bytes(len(rule.state)), **resource_usage(ptx)}
 
 
 def _gluon_ws_configs():
-    from forge_num.kernels.gluon_update import DEFAULT_WS_CONFIG, ROUTE_CONFIGS, SPLIT_CONFIG
+    from forge_num.kernels.gluon_update import DEFAULT_WS_CONFIG, PINGPONG_CONFIG, ROUTE_CONFIGS, SPLIT_CONFIG
 
-    return (DEFAULT_WS_CONFIG, *ROUTE_CONFIGS, SPLIT_CONFIG)
+    return (DEFAULT_WS_CONFIG, *ROUTE_CONFIGS, SPLIT_CONFIG, PINGPONG_CONFIG)
 
 
 def main() -> int:

@@ -51,3 +51,17 @@ def test_an_interpreted_launch_takes_the_triton_kernel(monkeypatch):
     kernels.fused_linear_update(w, torch.zeros(4, 16), torch.zeros(4, 16), [torch.zeros_like(w)] * 2, rules.ADAMW,
                                 rules.ADAMW.scalars({"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8,
                                                      "weight_decay": 0.0}, 1))
+
+
+def test_the_pingpong_design_takes_one_64_row_program_with_a_register_cap():
+    """WSConfig(pingpong=...) names what it cannot run: another tile height, two programs an SM, the
+    split design beside it, or no register cap at launch (the two consumers' setmaxnreg needs one)."""
+    WSConfig = gluon_update.WSConfig
+    for bad in (dict(BM=128, max_registers=168), dict(programs=2, max_registers=168),
+                dict(split_mma=True, max_registers=128), dict()):
+        with pytest.raises(ValueError, match="ping-pong"):
+            WSConfig(pingpong=240, **bad)
+    c = gluon_update.PINGPONG_CONFIG
+    assert c.label.endswith("pp240") and c.num_warps == 4
+    # two staging slots' worth: each consumer its own
+    assert c.shared_bytes(2) - WSConfig(STAGES=4, SLOTS=2, OUT_SLOTS=1).shared_bytes(2) == 3 * 64 * 32 * 4

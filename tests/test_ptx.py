@@ -56,13 +56,17 @@ GLUON_SPILL_EXCEPTIONS = {
     ("ws 64x128x64 st2 sl1 o1 p2 r128", "adamw"): 32,
     # the 128-row tile (two consumer warp groups), 1.05-1.20x at K = 1024 there: 8 B for AdamW
     ("ws 128x128x64 st3 sl1 o1", "adamw"): 8,
+    # the ping-pong candidate (not routed, not yet run): two consumers at 240 registers each leave the
+    # loaders 24; AdamW spills 16 B (ptxas of Triton 3.6). Its first GPU timing decides whether it stays.
+    ("ws 64x128x64 st4 sl2 o1 r168 pp240", "adamw"): 16,
 }
 
 
 def test_the_warp_specialized_gluon_kernel_compiles_to_ieee_ops_for_sm_90(report):
-    """kernels/gluon_update.py, its default tile, the routed ones and the split design: each op of
-    the rule once per element a consumer (or epilogue) thread updates, in its correctly rounded form
-    and nothing approximate; the mainloop on wgmma (4 m64n128k16 a K block of 64, per warp group);
+    """kernels/gluon_update.py, its default tile, the routed ones, the split and the ping-pong design:
+    each op of the rule once per element a consumer (or epilogue) thread updates (the ping-pong's two
+    consumers each), in its correctly rounded form and nothing approximate; the mainloop on wgmma (4
+    m64n128k16 a K block of 64, per consumer's code);
     TMA loads and stores; the loaders' register caps (setmaxnreg); spills only as GLUON_SPILL_EXCEPTIONS states; shared
     memory as WSConfig.shared_bytes counts it (plus barriers), within the H200's 227 KB a block."""
     seen = set()
@@ -70,7 +74,7 @@ def test_the_warp_specialized_gluon_kernel_compiles_to_ieee_ops_for_sm_90(report
         key = (r["config"], r["rule"])
         seen.add(key)
         assert r["forbidden"] == [] and r["ptx"] == r["expected"], r
-        assert r["wgmma"] == 4 and r["tma"] >= 4 and r["setmaxnreg"] >= 2, r
+        assert r["wgmma"] == 4 * r["consumers"] and r["tma"] >= 4 and r["setmaxnreg"] >= 2, r
         assert r["spill_stores"] <= GLUON_SPILL_EXCEPTIONS.get(key, 0), r
         assert 0 <= r["shared"] - r["shared_model"] <= 1024 and r["shared"] <= 227 * 1024, r
     assert set(GLUON_SPILL_EXCEPTIONS) <= seen, "an exception names a tile the report no longer compiles"
