@@ -670,13 +670,15 @@ ROUTE_CONFIGS = (ROUTE_SMALL_K_CONFIG, ROUTE_MID_K_CONFIG)
 # Not yet run on a GPU (written after session 11's last call; bench/NOTES.md "v15"): the ping-pong
 # design, two consumer warp groups on alternate tiles of one program (12 warps with the loaders'
 # padded group: 168 registers a thread at launch, 240 for each consumer by setmaxnreg, 24 for the
-# loaders), one shared 4-stage operand ring and 2-slot state ring, a staging slot each.
+# loaders), one shared 4-stage operand ring and 2-slot state ring, a staging slot each; and its
+# twin with a stage traded for a third state slot (more state in flight where the update dominates).
 SPLIT_CONFIG = WSConfig(STAGES=3, SLOTS=2, OUT_SLOTS=1, max_registers=128, split_mma=True)
 PINGPONG_CONFIG = WSConfig(STAGES=4, SLOTS=2, OUT_SLOTS=1, max_registers=168, pingpong=240)
 CANDIDATE_CONFIGS = (
     SPLIT_CONFIG,
     WSConfig(BK=32, STAGES=3, SLOTS=2, OUT_SLOTS=1, programs=2, max_registers=128),
     PINGPONG_CONFIG,
+    WSConfig(STAGES=3, SLOTS=3, OUT_SLOTS=1, max_registers=168, pingpong=240),
 )
 ROUTE_SMALL_K = 256
 ROUTE_MAX_K = 4096
