@@ -66,6 +66,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from forge_num.rules import Rule
 
 from .ieee import NAMESPACE as IEEE_NAMESPACE
+from .launch_cache import CachedLaunch
 
 # ---------------------------------------------------------------------------------------------
 # The op vocabulary of forge_num.rules in Gluon: kernels/ieee.py's functions, their `tl` bound to
@@ -619,23 +620,45 @@ def launch(weight, x, dy, states, rule: Rule, h: tuple, grad_scale: float, confi
     from forge_num import kernels
 
     M, N = weight.shape
-    K = x.shape[0]
-    c = config
-    tiles_m, tiles_n = triton.cdiv(M, c.BM), triton.cdiv(N, c.BN)
-    norm_sq, nonfinite = kernels._telemetry_buffers(max(tiles_m * tiles_n, 1), weight.device, launched=bool(M and N))
+    tiles = triton.cdiv(M, config.BM) * triton.cdiv(N, config.BN)
+    norm_sq, nonfinite = kernels._telemetry_buffers(max(tiles, 1), weight.device, launched=bool(M and N))
     if M and N:
-        state_descs = [_nvmma_desc(s, (c.BM, c.SW), gl.float32) for s in states] + [None, None]
-        programs = min(tiles_m * tiles_n, c.programs * kernels._sm_count(weight.device))
-        fused_linear_update_ws_kernel[(programs,)](
-            _nvmma_desc(dy, (c.BK, c.BM), gl.bfloat16), _nvmma_desc(x, (c.BK, c.BN), gl.bfloat16),
-            _nvmma_desc(weight, (c.BM, c.SW), gl.float32), state_descs[0], state_descs[1],
-            norm_sq, nonfinite, M, N, K, h, grad_scale,
-            GUARDED_UPDATE=guarded_update_gluon(rule), STAGES=c.STAGES, SLOTS=c.SLOTS, OUT_SLOTS=c.OUT_SLOTS,
-            GROUP_M=c.GROUP_M, SPLIT_MMA=c.split_mma, PINGPONG=bool(c.pingpong), PINGPONG_REGS=c.pingpong or 0,
-            num_warps=c.num_warps, maxnreg=c.max_registers,
-            enable_fp_fusion=False,
-        )
+        _LAUNCH.launch(*_launch_arguments(weight, x, dy, states, rule, h, grad_scale, config, norm_sq, nonfinite))
     return kernels.UpdateStats(norm_sq, nonfinite)
+
+
+def _launch_arguments(weight, x, dy, states, rule, h, grad_scale, c: WSConfig, norm_sq, nonfinite):
+    """(key, pins, grid, runtime arguments, constants) of a launch through _LAUNCH (CachedLaunch)."""
+    from forge_num import kernels
+
+    M, N = weight.shape
+    K = x.shape[0]
+    state_descs = [_nvmma_desc(s, (c.BM, c.SW), gl.float32) for s in states] + [None, None]
+    programs = min(triton.cdiv(M, c.BM) * triton.cdiv(N, c.BN), c.programs * kernels._sm_count(weight.device))
+    # What Triton specializes this launch on, as a key of its own (kernels/launch_cache.py): the
+    # constexprs and options (a function of the rule and the config, pinned), which state
+    # descriptors are None, and the integers M, N, K (each: 1 or not, a multiple of 16 or not;
+    # all below 2^31, so i32). The descriptors' dtypes, blocks and layouts follow from the
+    # config; every tensor is 16-byte aligned (checked by the callers, route_config and
+    # _check_ws_operands; the telemetry buffers by construction), and the descriptors' shapes
+    # and strides are M, N, K's (contiguous operands).
+    key = (id(rule), id(c), len(states), weight.device.index, M == 1, N == 1, K == 1,
+           M % 16 == 0, N % 16 == 0, K % 16 == 0)
+    args = (_nvmma_desc(dy, (c.BK, c.BM), gl.bfloat16), _nvmma_desc(x, (c.BK, c.BN), gl.bfloat16),
+            _nvmma_desc(weight, (c.BM, c.SW), gl.float32), state_descs[0], state_descs[1],
+            norm_sq, nonfinite, M, N, K, h, grad_scale)
+    return key, (rule, c), (programs,), args, lambda: _launch_constants(rule, c)
+
+
+def _launch_constants(rule: Rule, c: WSConfig) -> tuple[dict, dict]:
+    """(constexprs in the kernel's parameter order, compile options) of a rule and a config."""
+    constexprs = dict(GUARDED_UPDATE=guarded_update_gluon(rule), STAGES=c.STAGES, SLOTS=c.SLOTS,
+                      OUT_SLOTS=c.OUT_SLOTS, GROUP_M=c.GROUP_M, SPLIT_MMA=c.split_mma, PINGPONG=bool(c.pingpong),
+                      PINGPONG_REGS=c.pingpong or 0, num_warps=c.num_warps)
+    return constexprs, dict(maxnreg=c.max_registers, enable_fp_fusion=False)
+
+
+_LAUNCH = CachedLaunch(fused_linear_update_ws_kernel)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -721,6 +744,7 @@ def compile_for_sm90(rule: Rule, config: WSConfig = DEFAULT_WS_CONFIG, M: int = 
 
     c = config
     n_state = len(rule.state)
+    constexprs, launch_options = _launch_constants(rule, c)
     dy = torch.empty(K, M, dtype=torch.bfloat16)
     x = torch.empty(K, N, dtype=torch.bfloat16)
     w = torch.empty(M, N)
@@ -728,10 +752,7 @@ def compile_for_sm90(rule: Rule, config: WSConfig = DEFAULT_WS_CONFIG, M: int = 
     args = dict(dy_desc=_nvmma_desc(dy, (c.BK, c.BM), gl.bfloat16), x_desc=_nvmma_desc(x, (c.BK, c.BN), gl.bfloat16),
                 w_desc=_nvmma_desc(w, (c.BM, c.SW), gl.float32), s0_desc=states[0], s1_desc=states[1],
                 norm_sq_ptr=torch.empty(4, dtype=torch.float64), nonfinite_ptr=torch.empty(4, dtype=torch.int32),
-                M=M, N=N, K=K, h=tuple(1.0 for _ in rule.scalar_names), grad_scale=1.0,
-                GUARDED_UPDATE=guarded_update_gluon(rule), STAGES=c.STAGES, SLOTS=c.SLOTS, OUT_SLOTS=c.OUT_SLOTS,
-                GROUP_M=c.GROUP_M, SPLIT_MMA=c.split_mma, PINGPONG=bool(c.pingpong), PINGPONG_REGS=c.pingpong or 0,
-                num_warps=c.num_warps)
+                M=M, N=N, K=K, h=tuple(1.0 for _ in rule.scalar_names), grad_scale=1.0, **constexprs)
     kernel = fused_linear_update_ws_kernel
     binder = create_function_from_signature(kernel.signature, kernel.params, BaseBackend)
     _, spec, _ = binder(**args)
@@ -742,7 +763,5 @@ def compile_for_sm90(rule: Rule, config: WSConfig = DEFAULT_WS_CONFIG, M: int = 
             constexprs[name] = None
             signature[name] = "constexpr"
     src = GluonASTSource(fn=kernel, signature=signature, constexprs=constexprs)
-    options = {"num_warps": c.num_warps, "enable_fp_fusion": False}
-    if c.max_registers:
-        options["maxnreg"] = c.max_registers
+    options = {"num_warps": c.num_warps, **{k: v for k, v in launch_options.items() if v is not None}}
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)

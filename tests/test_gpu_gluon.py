@@ -195,3 +195,31 @@ def test_training_a_routed_layer_equals_the_materialized_reference():
                 o.zero_grad()
     assert _tiles(launch) == [gluon_update.ROUTE_SMALL_K_CONFIG] * 3
     _assert_same(m1, o1, m2, o2)
+
+
+@pytest.mark.parametrize("rule_name", ["adamw", "sgd", "sgd-plain"])  # two, one and no states
+def test_cached_launch_is_tritons_kernel_and_bits(rule_name):
+    """kernels/launch_cache.py: the launch that skips Triton's argument binding picks, for shapes of
+    every class its key tells apart (M, N, K each 1 or not, a multiple of 16 or not) and shapes it
+    does not (equal flags, other values), the CompiledKernel that Triton's own lookup picks
+    (JITFunction.run(..., warmup=True)), and gives the bits of the launch through JITFunction.run."""
+    from forge_num.kernels import gluon_update as gu
+
+    shapes = [(256, 256, 128), (512, 384, 64), (264, 136, 100), (520, 264, 36), (128, 256, 1), (136, 520, 17)]
+    for config in gu.ROUTE_CONFIGS:
+        for M, N, K in shapes:
+            rule, h, w0, s0, x, dy = _case(rule_name, M, N, K, seed=M + N + K)
+            outs = []
+            for fast in ("0", "1"):
+                w, s = w0.clone(), [t.clone() for t in s0]
+                with mock.patch.dict("os.environ", {"FORGE_NUM_FAST_LAUNCH": fast}):
+                    gu.fused_linear_update_ws(w, x, dy, s, rule, h, config=config)
+                outs.append((w, s))
+            (wj, sj), (wf, sf) = outs
+            assert same_bits(wj, wf) and all(same_bits(a, b) for a, b in zip(sj, sf)), (config, M, N, K)
+            norm_sq, nonfinite = kernels._telemetry_buffers(4, CUDA, launched=True)
+            key, pins, grid, args, constants = gu._launch_arguments(w0, x, dy, s0, rule, h, 1.0, config,
+                                                                      norm_sq, nonfinite)
+            constexprs, options = constants()
+            tritons = gu.fused_linear_update_ws_kernel.run(*args, grid=grid, warmup=True, **constexprs, **options)
+            assert gu._LAUNCH.lookup(key) is tritons, (config, M, N, K)

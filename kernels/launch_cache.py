@@ -1,0 +1,79 @@
+"""A JIT kernel's launch without Triton's per-call argument binding, for launches whose
+specialization the caller can name more cheaply than Triton can compute it.
+
+Why: ``kernel[grid](*args, **kwargs)`` (triton.runtime.jit.JITFunction.run, Triton 3.6) binds every
+argument through a generated function, specializes each one in C++ (dtype, 16-byte alignment,
+integer value 1 or a multiple of 16, a descriptor's block and layout), hashes the result into the
+compiled-kernel cache's key and looks the kernel up, before the launch itself: about 40% of a
+routed launch's host time (bench/host_time.py, session 11 on the H200), paid 225 times in an 8B
+training step whose host time bounds its speed. The caller of ``CachedLaunch`` passes instead a
+key of its own that determines Triton's specialization (every value the binder reads to
+specialize, or a coarser function of the arguments that fixes them): the first launch with a key
+goes through ``JITFunction.run`` (compiling if needed) and keeps the CompiledKernel it returns;
+later launches with the key call that kernel's launcher directly, with the argument values in the
+kernel's parameter order, as ``JITFunction.run`` does after its lookup.
+
+What is skipped besides the binder: ``run``'s check that the kernel's global values have not
+changed since compilation (the kernels launched here read module constants only) and its
+pre-run hooks (none are registered on them). Launch hooks (``knobs.runtime.launch_enter_hook``,
+used by Triton's profiler) are still called. ``FORGE_NUM_FAST_LAUNCH=0`` in the environment
+sends every launch through ``JITFunction.run`` (an A/B switch, read at each call).
+
+The key's correctness (equal keys, equal compiled kernels) is checked on the GPU against Triton's
+own lookup (``JITFunction.run(..., warmup=True)``) over shapes of each divisibility class, and the
+bits of both launch paths against each other (tests/test_gpu_gluon.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+from triton import knobs
+from triton.runtime.driver import driver
+
+
+class CachedLaunch:
+    """``launch(key, pins, grid, args, constants)`` = ``jit_fn[grid](*args, **constexprs, **options)``
+    with ``(constexprs, options) = constants()``, where ``args`` are the values of the kernel's
+    leading runtime parameters (in order; None where a parameter is absent: Triton makes it a
+    constexpr), ``constexprs`` a dict of the remaining parameters in their order, ``options`` the
+    compile options (num_warps, maxnreg, ...).
+
+    ``key`` must determine Triton's specialization of ``args`` given ``pins``: the objects that
+    ``constants()`` is a function of (a rule, a tile configuration), which the key may name by
+    ``id()`` for speed. They are kept beside the compiled kernel and compared on every hit (``==``,
+    which is ``is`` for the same objects), so an id reused by another object is a miss, never a
+    wrong kernel; ``constants()`` is called on a miss only."""
+
+    def __init__(self, jit_fn):
+        self.jit_fn = jit_fn
+        self.param_names = tuple(p.name for p in jit_fn.params)
+        self.kernels: dict = {}
+
+    def launch(self, key, pins: tuple, grid: tuple, args: tuple, constants):
+        entry = self.kernels.get(key)
+        if entry is None or entry[2] != pins or os.environ.get("FORGE_NUM_FAST_LAUNCH", "1") == "0":
+            constexprs, options = constants()
+            kernel = self.jit_fn[grid](*args, **constexprs, **options)
+            names = self.param_names[len(args):]
+            if tuple(constexprs) != names:  # the values kept must be in the kernel's parameter order
+                raise ValueError(f"CachedLaunch: constexprs {tuple(constexprs)} are not the kernel's "
+                                 f"parameters after the {len(args)} positional ones, {names}")
+            self.kernels[key] = (kernel, tuple(constexprs.values()), pins)
+            return kernel
+        kernel, constexpr_values, _ = entry
+        values = (*args, *constexpr_values)
+        device = driver.active.get_current_device()
+        stream = driver.active.get_current_stream(device)
+        grid_0 = grid[0]
+        grid_1 = grid[1] if len(grid) > 1 else 1
+        grid_2 = grid[2] if len(grid) > 2 else 1
+        metadata = kernel.launch_metadata(grid, stream, *values)
+        kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata, metadata,
+                   knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *values)
+        return kernel
+
+    def lookup(self, key):
+        """The CompiledKernel kept under key, or None."""
+        entry = self.kernels.get(key)
+        return None if entry is None else entry[0]
