@@ -13,17 +13,24 @@ launch  per-call host time of kernels.fused_linear_update (default tile and a gi
         measures the host alone); then cProfile's split of the fused call.
 step    a Llama-8B-width model with --layers layers, 1x2048 tokens, checkpointing: each method's
         step wall time, the profiler's summed kernel time, and cProfile's top functions of one step.
+split   forge's host time inside a real training step, without a profiler: --split-model (llama-3b),
+        --split-tokens (1x1024), checkpointing; after warm-up steps, each of forge's host functions
+        timed by perf_counter wrappers (a fraction of a microsecond each), so that what a fused
+        linear costs the host in the step itself (session 11: ~0.5 ms, against ~0.1 ms in a tight
+        loop) is split by function; each method's forward, backward and after-backward issue
+        times beside its wall time (AMP too).
 python  forge's own per-linear Python, on any device (the CPU included): a narrow Llama
         (hidden 32, --python-layers layers, 16 tokens, --python-checkpointing on/off) trained with forge_num.AdamW
         on a backend whose functions return at once, against nn.Linear + torch AdamW(foreach);
         each step's time (the minimum over interleaved rounds, the host being noisy), the
         difference per linear, and cProfile's top functions of forge's step.
-launch and step need CUDA.
+launch, step and split need CUDA (split also runs on the CPU with --split-model tiny, for tests).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
@@ -32,6 +39,7 @@ import pstats
 import statistics
 import sys
 import time
+from unittest import mock
 
 import torch
 
@@ -200,19 +208,159 @@ def part_python(layers: int, rounds: int = 5, steps: int = 10, checkpointing: bo
             "cprofile_tottime": top_functions(forge_step, 30)}
 
 
+class _Timers:
+    """perf_counter accumulators around named functions (inclusive times: a function's callees are
+    inside its total), counting only inside ``with timers.on():``; the functions are wrapped there
+    and put back on leaving it."""
+
+    def __init__(self):
+        self.total = {}
+        self.calls = {}
+        self._targets = []
+
+    def wrap(self, owner, attr: str, label: str, static: bool = False):
+        self._targets.append((owner, attr, label, static))
+
+    @contextlib.contextmanager
+    def on(self):
+        total, calls, clock = self.total, self.calls, time.perf_counter
+        undo = []
+
+        def timed_version(fn, label):
+            def timed(*args, **kwargs):
+                t0 = clock()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    total[label] = total.get(label, 0.0) + (clock() - t0)
+                    calls[label] = calls.get(label, 0) + 1
+
+            return timed
+
+        try:
+            for owner, attr, label, static in self._targets:
+                own = attr in vars(owner)  # an instance's method lives on its class: deleted again after
+                orig = vars(owner)[attr] if isinstance(owner, type) else getattr(owner, attr)
+                fn = orig.__func__ if isinstance(orig, staticmethod) else orig
+                timed = timed_version(fn, label)
+                setattr(owner, attr, staticmethod(timed) if static else timed)
+                undo.append((owner, attr, orig, own))
+            yield self
+        finally:
+            for owner, attr, orig, own in reversed(undo):
+                if own:
+                    setattr(owner, attr, orig)
+                else:
+                    delattr(owner, attr)
+
+
+def _forge_timers(opt) -> _Timers:
+    """Timers on forge's host path of a fused linear, outermost first."""
+    from forge_num import fused, kernels
+
+    t = _Timers()
+    t.wrap(fused._FusedLinearFn, "forward", "fused linear forward", static=True)
+    t.wrap(fused._FusedLinearFn, "backward", "fused linear backward (all of it)", static=True)
+    t.wrap(fused, "fused_linear_backward", "  fused_linear_backward")
+    cls = type(opt)
+    for attr in ("_on_linear_grad", "_apply_linear", "_prepare_state", "_record"):
+        if attr in cls.__dict__ or any(attr in c.__dict__ for c in cls.__mro__):
+            owner = next(c for c in cls.__mro__ if attr in c.__dict__)
+            t.wrap(owner, attr, f"    opt.{attr}")
+    t.wrap(kernels, "fused_linear_update", "      kernels.fused_linear_update")
+    t.wrap(kernels, "_telemetry_buffers", "        kernels._telemetry_buffers")
+    t.wrap(kernels, "_launch_linear", "        kernels._launch_linear (Triton)")
+    t.wrap(kernels.fused_linear_update_kernel, "run", "          JITFunction.run (Triton)")
+    try:
+        from forge_num.kernels import gluon_update
+    except ImportError:
+        gluon_update = None
+    if gluon_update is not None:
+        from forge_num.kernels import launch_cache
+
+        t.wrap(kernels, "_ws_route", "        kernels._ws_route")
+        t.wrap(gluon_update, "launch", "        gluon_update.launch")
+        t.wrap(launch_cache.CachedLaunch, "launch", "          CachedLaunch.launch")
+        t.wrap(gluon_update, "_nvmma_desc", "          gluon_update._nvmma_desc")
+        t.wrap(gluon_update.fused_linear_update_ws_kernel, "run", "          JITFunction.run (Gluon)")
+    return t
+
+
+def part_split(model_name: str, tokens: str, warmup: int = 3, steps: int = 6) -> dict:
+    """Each method's real training step (checkpointing), its host time split by phase and, for
+    forge, by function; forge's steps alternate between the launch that skips Triton's binder and
+    FORGE_NUM_FAST_LAUNCH=0 (kernels/launch_cache.py), ``steps`` each, on one model. See the module
+    docstring."""
+    import gc
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    batch, seq = (int(v) for v in tokens.split("x"))
+    cfg = ts.MODELS[model_name]
+    out = {"model": model_name, "tokens": tokens, "steps": steps}
+    for method in ("forge", "torch_adamw"):
+        model = ts._build_model(cfg, torch.float32, device, True)
+        amp_dtype, after = ts._setup(method, model, cuda)
+        ids = torch.randint(0, cfg["vocab_size"], (batch, seq), device=device)
+        variants = {"forge": "1", "forge (FORGE_NUM_FAST_LAUNCH=0)": "0"} if method == "forge" else {method: None}
+        timers = {name: _forge_timers(after.__self__) if method == "forge" else _Timers() for name in variants}
+        phases = {name: {"forward": [], "backward": [], "after": [], "wall": []} for name in variants}
+        gc.collect()
+        gc.freeze()
+        try:
+            for k in range(warmup + steps * len(variants)):
+                name = list(variants)[k % len(variants)]
+                env = {} if variants[name] is None else {"FORGE_NUM_FAST_LAUNCH": variants[name]}
+                t = timers[name]
+                with mock.patch.dict(os.environ, env), (t.on() if k >= warmup else contextlib.nullcontext()):
+                    if cuda:
+                        torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                        loss = model(input_ids=ids, labels=ids).loss
+                    t1 = time.perf_counter()
+                    loss.backward()
+                    t2 = time.perf_counter()
+                    after()
+                    t3 = time.perf_counter()
+                    if cuda:
+                        torch.cuda.synchronize()
+                    t4 = time.perf_counter()
+                if k >= warmup:
+                    for phase, dt in (("forward", t1 - t0), ("backward", t2 - t1), ("after", t3 - t2), ("wall", t4 - t0)):
+                        phases[name][phase].append(dt * 1e3)
+        finally:
+            gc.unfreeze()
+        for name in variants:
+            row = {phase: statistics.median(v) for phase, v in phases[name].items()}
+            row["wall_all"] = phases[name]["wall"]
+            t = timers[name]
+            row["functions"] = {label: {"ms_per_step": t.total[label] * 1e3 / steps,
+                                        "calls_per_step": t.calls[label] / steps,
+                                        "us_per_call": t.total[label] * 1e6 / t.calls[label]}
+                                for label in t.total}
+            out[name] = row
+        model = after = None
+        if cuda:
+            torch.cuda.empty_cache()
+    return out
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", default="launch,step")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--python-layers", type=int, default=16)
     ap.add_argument("--python-checkpointing", choices=["on", "off"], default="on")
+    ap.add_argument("--split-model", default="llama-3b", choices=sorted(ts.MODELS))
+    ap.add_argument("--split-tokens", default="1x1024")
+    ap.add_argument("--split-steps", type=int, default=6)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     parts = args.part.split(",")
     cuda = torch.cuda.is_available()
-    if not cuda and set(parts) - {"python"}:
-        raise SystemExit("bench/host_time.py --part launch/step measures CUDA launches: no CUDA device here "
-                         "(--part python runs anywhere)")
+    if not cuda and (set(parts) - {"python", "split"} or ("split" in parts and args.split_model != "tiny")):
+        raise SystemExit("bench/host_time.py --part launch/step/split measures CUDA launches: no CUDA device here "
+                         "(--part python runs anywhere, --part split --split-model tiny too)")
     res = {"meta": {"gpu": torch.cuda.get_device_name(0) if cuda else None, "torch": torch.__version__,
                     "command": "python bench/host_time.py " + " ".join(sys.argv[1:] if argv is None else argv)}}
     if "python" in parts:
@@ -223,6 +371,14 @@ def main(argv=None) -> int:
               f"{r['forge_extra_us_per_linear']:.1f} us more per linear", flush=True)
         for row in r["cprofile_tottime"][:15]:
             print(f"  {row['tottime_ms']:7.1f} ms self {row['cumtime_ms']:7.1f} cum {row['calls']:>6}x  {row['function']}")
+    if "split" in parts:
+        r = res["split"] = part_split(args.split_model, args.split_tokens, steps=args.split_steps)
+        for method in ("forge", "forge (FORGE_NUM_FAST_LAUNCH=0)", "torch_adamw"):
+            m = r[method]
+            print(f"split {r['model']} {r['tokens']} {method:<32} wall {m['wall']:7.1f} ms  issued: forward "
+                  f"{m['forward']:6.1f} backward {m['backward']:6.1f} after {m['after']:6.1f} ms", flush=True)
+            for label, f in m["functions"].items():
+                print(f"  {f['ms_per_step']:7.1f} ms/step {f['calls_per_step']:6.0f} calls {f['us_per_call']:7.1f} us/call  {label}")
     if "launch" in parts:
         res["launch"] = part_launch()
         for name, us in res["launch"]["host_us"].items():
