@@ -444,14 +444,13 @@ def _check_linear_inputs(x: torch.Tensor, dy: torch.Tensor, M: int, N: int) -> s
 
 
 def _telemetry_buffers(tiles: int, device, launched: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(norm_sq float64 [tiles], nonfinite int32 [tiles]): one slot per tile, in one allocation (a
-    float64 buffer of 2 * half, half = tiles rounded up to even so that the int32 part starts
-    16-byte aligned like a fresh allocation and the kernel keeps one specialization; its second half
-    viewed as int32). Every tile writes its slot, so a launch needs no fill; zeros where nothing is
-    launched (an empty weight)."""
-    half = tiles + (tiles & 1)
-    partials = (torch.empty if launched else torch.zeros)(2 * half, dtype=torch.float64, device=device)
-    return partials[:tiles], partials[half:].view(torch.int32)[:tiles]
+    """(norm_sq float64 [tiles], nonfinite int32 [tiles]): one slot per tile, each a fresh allocation
+    (so 16-byte aligned, and the kernel keeps one specialization). Every tile writes its slot, so a
+    launch needs no fill; zeros where nothing is launched (an empty weight). Two allocations, not
+    one split by views: the views cost the host more than the second allocation (session 12,
+    bench/host_time.py --part split: 28.6 us a call in the 3B step)."""
+    alloc = torch.empty if launched else torch.zeros
+    return alloc(tiles, dtype=torch.float64, device=device), alloc(tiles, dtype=torch.int32, device=device)
 
 
 @functools.lru_cache(maxsize=None)

@@ -52,6 +52,7 @@ N multiples of 8), K > 0, no gradient accumulation buffer, no debug store of the
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import types
 
@@ -62,6 +63,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
 )
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from forge_num.rules import Rule
 
@@ -563,10 +565,27 @@ def _nvmma_layout(block: tuple, dtype):
     return gl.NVMMASharedLayout.get_default_for(list(block), dtype)
 
 
-def _nvmma_desc(t: torch.Tensor, block, dtype):
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+# TensorDescriptor's fields, in order, as Triton 3.6 defines them (a dataclass); _nvmma_desc sets
+# them directly only where the installed Triton's are the same.
+_DESC_FIELDS = ("base", "shape", "strides", "block_shape", "layout", "padding")
+_DESC_FIELDS_MATCH = tuple(f.name for f in dataclasses.fields(TensorDescriptor)) == _DESC_FIELDS
 
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), _nvmma_layout(tuple(block), dtype))
+
+def _nvmma_desc(t: torch.Tensor, block, dtype):
+    """Triton's host-side TMA descriptor of t in blocks of ``block`` (the NVMMA shared layout).
+
+    Its fields are set directly, without the constructor's __post_init__: that re-checks in Python
+    what every caller here has checked already (route_config, _check_ws_operands: contiguous,
+    16-byte aligned base and row pitch, a known dtype, every dimension > 0; the blocks are the
+    configs' powers of two), at about 4 of the 5 us a descriptor took on this machine's CPU, five
+    descriptors a launch. tests/test_gluon_route.py checks the result equals the constructor's."""
+    layout = _nvmma_layout(tuple(block), dtype)
+    if not _DESC_FIELDS_MATCH:
+        return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), layout)
+    d = object.__new__(TensorDescriptor)
+    d.base, d.shape, d.strides, d.block_shape, d.layout, d.padding = (
+        t, list(t.shape), list(t.stride()), list(block), layout, "zero")
+    return d
 
 
 def _check_ws_operands(weight, x, dy, states, n_state):

@@ -65,3 +65,20 @@ def test_the_pingpong_design_takes_one_64_row_program_with_a_register_cap():
     assert c.label.endswith("pp240") and c.num_warps == 4
     # two staging slots' worth: each consumer its own
     assert c.shared_bytes(2) - WSConfig(STAGES=4, SLOTS=2, OUT_SLOTS=1).shared_bytes(2) == 3 * 64 * 32 * 4
+
+
+@pytest.mark.parametrize("shape,block,dtype_name", [((256, 512), (64, 128), "float32"), ((1024, 64), (64, 64), "bfloat16")])
+def test_a_descriptor_set_directly_equals_tritons_constructor(shape, block, dtype_name):
+    """_nvmma_desc skips TensorDescriptor's __post_init__ (its checks are the callers'): every field
+    equals what the constructor makes, and the installed Triton's fields are the ones it sets."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    assert gluon_update._DESC_FIELDS_MATCH
+    t = torch.empty(shape, dtype=getattr(torch, dtype_name))
+    gl_dtype = getattr(gl, dtype_name)
+    fast = gluon_update._nvmma_desc(t, block, gl_dtype)
+    made = TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), gluon_update._nvmma_layout(block, gl_dtype))
+    assert type(fast) is TensorDescriptor
+    for f in gluon_update._DESC_FIELDS:
+        assert getattr(fast, f) is t if f == "base" else getattr(fast, f) == getattr(made, f), f
