@@ -283,3 +283,20 @@ def test_tp_find_batch_search():
     args = argparse.Namespace(methods="forge", seq=8, out=None, nproc=2)
     rows = tp_train.find_batch(args, probe=probe)
     assert rows[0]["largest_batch"] == 5 and seen == [1, 2, 4, 8, 6, 5]
+
+
+def test_host_time_split_part_runs_on_the_cpu(tmp_path):
+    """--part split on the CPU (--split-model tiny): both methods' phases, forge's two launch modes,
+    and forge's own functions timed inside the step (the wrappers were installed and counted calls)."""
+    out = tmp_path / "split.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "host_time.py"), "--part", "split",
+                           "--split-model", "tiny", "--split-steps", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(out.read_text())["split"]
+    for name in ("forge", "forge (FORGE_NUM_FAST_LAUNCH=0)", "torch_adamw"):
+        assert r[name]["wall"] > 0 and len(r[name]["wall_all"]) == 2, name
+    functions = r["forge"]["functions"]
+    backward = next(v for k, v in functions.items() if "fused_linear_backward" in k)
+    assert backward["calls_per_step"] > 0 and backward["us_per_call"] > 0
+    assert not r["torch_adamw"]["functions"]  # torch's step has no forge functions to time
