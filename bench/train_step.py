@@ -453,13 +453,16 @@ def run_spec(spec: dict) -> dict:
         # the host's time to issue forward and backward (no synchronization before): close to the
         # step's time, the GPU waited for the host; well below it, the host waited for the GPU
         row["host_issue_s_median"] = statistics.median(issue_s) if issue_s else None
+        if cuda and spec.get("memory_phases"):
+            row["peak_gib"] = torch.cuda.max_memory_allocated() / GIB  # the timed steps' peak, kept
+            row["memory_phases_gib"] = memory_phases(model, ids, amp_dtype, chunked_loss, after, device)
         if spec.get("profile"):
             row.update(profile_step(step, cuda))
         row["losses"] = [float(x) for x in losses]
         if not all(math.isfinite(x) for x in row["losses"]):
             raise FloatingPointError(f"non-finite loss: {row['losses']}")
         if cuda:
-            row["peak_gib"] = torch.cuda.max_memory_allocated() / GIB
+            row["peak_gib"] = max(row["peak_gib"] or 0.0, torch.cuda.max_memory_allocated() / GIB)
             row["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / GIB
         if row["step_s"]:
             row["step_s_median"] = statistics.median(row["step_s"])
@@ -485,6 +488,33 @@ def run_spec(spec: dict) -> dict:
         row["traceback"] = traceback.format_exc()[-2000:]
     row["wall_s"] = time.perf_counter() - t_start
     return row
+
+
+def memory_phases(model, ids, amp_dtype, chunked_loss, after, device) -> dict:
+    """One more step, the allocator's peak of each of its phases (GiB): where a method's peak is
+    (forward with the loss; backward, which holds forge's updates; after, the optimizer's step or
+    forge's end of step), with what is allocated at each boundary."""
+    import torch
+
+    from forge_num.hf import causal_lm_loss
+
+    out = {}
+    torch.cuda.synchronize()
+    out["start"] = torch.cuda.memory_allocated() / GIB
+    torch.cuda.reset_peak_memory_stats()
+    with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+        loss = causal_lm_loss(model, ids) if chunked_loss else model(input_ids=ids, labels=ids).loss
+    torch.cuda.synchronize()
+    out["forward_peak"], out["after_forward"] = torch.cuda.max_memory_allocated() / GIB, torch.cuda.memory_allocated() / GIB
+    torch.cuda.reset_peak_memory_stats()
+    loss.backward()
+    torch.cuda.synchronize()
+    out["backward_peak"], out["after_backward"] = torch.cuda.max_memory_allocated() / GIB, torch.cuda.memory_allocated() / GIB
+    torch.cuda.reset_peak_memory_stats()
+    after()
+    torch.cuda.synchronize()
+    out["after_peak"], out["end"] = torch.cuda.max_memory_allocated() / GIB, torch.cuda.memory_allocated() / GIB
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -642,6 +672,8 @@ def print_row(r: dict) -> None:
     totals = {k: sum(e[k] for e in events) for k in (events[0] if events else {})}
     if any(totals.values()):  # what may have stalled the host in the timed steps
         print(f"    in {len(events)} timed steps: " + ", ".join(f"{k} {v}" for k, v in totals.items() if v), flush=True)
+    if r.get("memory_phases_gib"):
+        print("    memory (GiB): " + ", ".join(f"{k} {v:.2f}" for k, v in r["memory_phases_gib"].items()), flush=True)
     if r.get("profile_ms"):
         print(f"    profiled step: wall {r['profile_wall_ms']:.1f} ms, kernels {r['profile_device_ms']:.1f} ms; by kind: "
               + ", ".join(f"{k} {v:.1f}" for k, v in r["profile_ms"].items()), flush=True)
@@ -662,6 +694,8 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=None, help="override num_hidden_layers of every model")
     ap.add_argument("--tiny", action="store_true", help="the tiny config on the CPU (smoke test)")
     ap.add_argument("--profile", action="store_true", help="one more step under torch.profiler: time by kernel kind")
+    ap.add_argument("--memory-phases", action="store_true",
+                    help="one more step: the allocator's peak in forward, backward and after (CUDA)")
     ap.add_argument("--gc", choices=["freeze", "default"], default="freeze",
                     help="freeze: gc.collect() and gc.freeze() once the model and optimizer are built, for every "
                          "method (as torchtitan manages Python's collector), so that a full collection inside a "
@@ -732,6 +766,7 @@ def main(argv=None) -> int:
                         spec = {"method": method, "config": cfg, "batch": batch, "seq": seq,
                                 "checkpointing": ckpt, "warmup": args.warmup, "steps": args.steps,
                                 "cpu": not cuda, "threads": 1 if args.tiny else None, "profile": args.profile,
+                                "memory_phases": args.memory_phases,
                                 "gc": args.gc}
                         row.update(run_isolated(spec, isolation, args.run_timeout))
                     rows.append(row)
