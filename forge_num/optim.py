@@ -85,6 +85,34 @@ _WEIGHT_DTYPE = {"fp32": torch.float32, "bf16-sr": torch.bfloat16, "8bit": torch
 _QBLOCK = 128  # 8bit: elements of a row per quantization block (kernels/quant8.py, emulator/quant8.py)
 
 
+# A materialized gradient stored in bf16 (the bf16-sr and 8bit regimes' hooked parameters: the
+# embedding, norms, an untied head without the chunked loss) is widened to fp32 for its update at
+# most this many elements at a time: 64 Mi elements, 256 MiB of fp32. Widening a whole 8B model's
+# embedding gradient at once (525 M elements) held 1.96 GiB beside its bf16 gradient at the end of
+# the backward: the 8bit step's peak (bench/NOTES.md, session 12). The update is element-wise and
+# each chunk is whole rows with its elements' Philox counters, so the bits are the same.
+_WIDEN_CHUNK_ELEMENTS = 64 * 2**20
+
+
+def _widened_row_chunks(grad2: torch.Tensor):
+    """(first row, rows' gradient in fp32) of a [rows, cols] gradient: one chunk where it is fp32
+    already (no copy), else whole rows of at most _WIDEN_CHUNK_ELEMENTS elements each."""
+    rows, cols = grad2.shape
+    if grad2.dtype == torch.float32:
+        yield 0, grad2
+        return
+    step = max(1, _WIDEN_CHUNK_ELEMENTS // max(cols, 1))
+    for r0 in range(0, max(rows, 1), step):
+        yield r0, grad2[r0:r0 + step].float()
+
+
+def _row_chunk_counter(r0: int, cols: int) -> dict:
+    """``counter=`` of the rows [r0, ...) of a [rows, cols] parameter numbered by flat index: element
+    (r, c) of the chunk is (r0 + r) * cols + c, the map (cols, row stride cols, base r0 * cols);
+    nothing for r0 = 0, where the default (the chunk's own flat index) is that already."""
+    return {"counter": (cols, cols, r0 * cols)} if r0 else {}
+
+
 def _rows_cols(p: torch.Tensor) -> tuple[int, int]:
     """The 2-D shape a parameter is quantized in: rows of its last dimension (1-D: one row)."""
     cols = p.shape[-1] if p.dim() else 1
@@ -348,21 +376,37 @@ class ForgeOptimizer(torch.optim.Optimizer):
             grad = local_grad(p, grad)
         rule, h, states = self._prepare_state(p, group)
         backend = _backend_for(p, self.backend)
+        rows, cols = _rows_cols(p)
+        grad = grad.contiguous()
         if self.precision == "8bit":
             # whole quantization blocks along rows: the fused path with no tokens, starting from the
-            # materialized gradient (K = 0, accum = grad) on the parameter's 2-D view
-            rows, cols = _rows_cols(p)
+            # materialized gradient (K = 0, accum = grad) on the parameter's 2-D view, in row chunks
             w2 = _local(p.detach()).view(rows, cols)
-            stats = backend.fused_linear_update(
-                w2, w2.new_zeros((0, cols), dtype=torch.float32), w2.new_zeros((0, rows), dtype=torch.float32),
-                self._q8(states), rule, h, grad_scale=self._scale(),
-                accum=grad.contiguous().float().view(rows, cols), seed=self._rounding_seed(p))
-        else:
+            q8 = self._q8(states)
+            for r0, g32 in _widened_row_chunks(grad.view(rows, cols)):
+                r1 = r0 + g32.shape[0]
+                stats = backend.fused_linear_update(
+                    w2[r0:r1], w2.new_zeros((0, cols), dtype=torch.float32),
+                    w2.new_zeros((0, r1 - r0), dtype=torch.float32),
+                    [_Q8(s.codes[r0:r1], s.scales[r0:r1]) for s in q8], rule, h, grad_scale=self._scale(),
+                    accum=g32, seed=self._rounding_seed(p), **_row_chunk_counter(r0, cols))
+                self._record(stats, name, p)
+            return
+        counter_kw = self._counter_kw(p)
+        if counter_kw or grad.dtype == torch.float32 or grad.numel() <= _WIDEN_CHUNK_ELEMENTS:
             stats = backend.elementwise_update(
-                _local(p.detach()), grad.contiguous().float(), [_local(s) for s in states], rule, h,
-                grad_scale=self._scale(), seed=self._rounding_seed(p), **self._counter_kw(p),
+                _local(p.detach()), grad.float(), [_local(s) for s in states], rule, h,
+                grad_scale=self._scale(), seed=self._rounding_seed(p), **counter_kw,
             )
-        self._record(stats, name, p)
+            self._record(stats, name, p)
+            return
+        w2 = _local(p.detach()).view(rows, cols)  # a large bf16 gradient (bf16-sr): widened in row chunks
+        for r0, g32 in _widened_row_chunks(grad.view(rows, cols)):
+            r1 = r0 + g32.shape[0]
+            stats = backend.elementwise_update(
+                w2[r0:r1], g32, [_local(s).view(rows, cols)[r0:r1] for s in states], rule, h,
+                grad_scale=self._scale(), seed=self._rounding_seed(p), **_row_chunk_counter(r0, cols))
+            self._record(stats, name, p)
 
     def _apply_linear(self, p, x, dy, accum, name):
         group = self._group_by_param[p]
@@ -692,6 +736,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
                     "the "
                     "exact-clipping norm pass); the whole update was skipped, weights and state are unchanged"
                 )
+            bad_names = list(dict.fromkeys(bad_names))  # a parameter updated in row chunks is named once
             where = f" in {', '.join(bad_names[:5])}" if bad_names else ""
             raise FloatingPointError(
                 f"forge_num: step {self._global_step} had {nonfinite} non-finite gradient element(s){where}; "

@@ -159,3 +159,45 @@ def test_8bit_plain_step_kernels_equal_torch_backend():
                     + [opt.state[p]["exp_avg_sq"]["codes"].clone() for p in ps])
     for a, c in zip(*outs):
         assert torch.equal(a, c)
+
+
+@pytest.mark.parametrize("backend", ["kernels", "torch"])
+@pytest.mark.parametrize("precision", ["8bit", "bf16-sr"])
+def test_a_bf16_gradient_widened_in_row_chunks_updates_the_same_bits(precision, backend, monkeypatch):
+    """The element-wise update of a large bf16 gradient widens it to fp32 in chunks of whole rows
+    (optim._WIDEN_CHUNK_ELEMENTS; the 8B embedding's 1.96 GiB at once was the 8bit step's peak):
+    each chunk's elements keep their Philox counters and quantization blocks, so weights and every
+    state are the same bits as with the gradient widened at once, over two steps."""
+    import forge_num.optim as optim
+
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(7, 300, generator=g).bfloat16()
+    grads = [torch.randn(7, 300, generator=g).bfloat16() for _ in range(2)]
+    outs, first_rows = [], []
+    chunks = optim._widened_row_chunks
+
+    def counted(grad2):
+        for r0, g32 in chunks(grad2):
+            first_rows.append(r0)
+            yield r0, g32
+
+    monkeypatch.setattr(optim, "_widened_row_chunks", counted)
+    for chunk in (None, 2 * 300):  # whole; then 2 rows a chunk (rows 0-1, 2-3, 4-5, 6)
+        if chunk is not None:
+            monkeypatch.setattr(optim, "_WIDEN_CHUNK_ELEMENTS", chunk)
+        p = torch.nn.Parameter(w.clone())
+        opt = fn.AdamW([p], precision=precision, seed=9, backend=backend, **HYPER)
+        for gr in grads:
+            p.grad = gr.clone()
+            opt.step()
+        st = opt.state[p]
+        states = ([st[k]["codes"].clone() for k in ("exp_avg", "exp_avg_sq")]
+                  + [st[k]["scales"].clone() for k in ("exp_avg", "exp_avg_sq")]) if precision == "8bit" else \
+            [st[k].view(torch.int16).clone() for k in ("exp_avg", "exp_avg_sq")]
+        outs.append(([p.detach().view(torch.int16).clone(), *states], opt.stats["nonfinite"]))
+    (whole, bad_whole), (chunked, bad_chunked) = outs
+    # the whole gradient at once (8bit) or not through the chunks (bf16-sr), then four chunks a step
+    assert first_rows == ([0, 0] if precision == "8bit" else []) + [0, 2, 4, 6] * 2
+    for a, c in zip(whole, chunked):
+        assert torch.equal(a, c)
+    assert bad_whole == bad_chunked == 0
