@@ -383,10 +383,21 @@ def pingpong_consumer(descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, no
     blocks are the operand ring's uses lt nk ... (nk = cdiv(K, BK)) and its sub-tiles the state
     ring's uses 4 lt ...; one group's mainloop takes the next tile's blocks while the other's update
     streams its state. Its store staging slots (bufs' out_bufs) are its own: a TMA store group is
-    waited for by the thread that issued it."""
+    waited for by the thread that issued it.
+
+    Turns: the two groups' mainloops take turns, and so do their updates (mma_turn, epi_turn: one
+    barrier a group, arrived on by the other group when its own turn ends). A ring wait by phase
+    parity, (use // RING) & 1, is only sound while the slot's barrier is at most one phase behind;
+    in one consumer's ring that holds because the consumer itself received the slot's previous use,
+    but here the previous use of a tile's first slots is the other group's. Without the turns, the
+    second group's first waits found the barriers a phase behind, passed at once and read slots not
+    yet loaded (session 12, call 1: "unspecified launch failure" at 4096x4096, K = 256, ~16 tiles a
+    program; every earlier GPU test gave a program at most one tile). With them, a group's mainloop
+    starts after the other's previous one has received all its blocks, and its update after the
+    other's previous update: still one group's update beside the other's mainloop."""
     dy_desc, x_desc, w_desc, s0_desc, s1_desc = descs
     dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs, g_bufs = bufs
-    op_ready, op_empty, st_ready, st_empty, g_ready, g_empty = bars
+    op_ready, op_empty, st_ready, st_empty, mma_turn, epi_turn = bars
     BM: gl.constexpr = w_desc.block_type.shape[0]
     BN: gl.constexpr = x_desc.block_type.shape[1]
     BK: gl.constexpr = dy_desc.block_type.shape[0]
@@ -396,12 +407,20 @@ def pingpong_consumer(descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, no
     tiles_n = gl.cdiv(N, BN)
     nk = gl.cdiv(K, BK)
     lt = PARITY
+    t = 0
     for tile in range(gl.program_id(0) + PARITY * gl.num_programs(0), tiles_m * tiles_n, 2 * gl.num_programs(0)):
         pid_m, pid_n = tile_coords(tile, tiles_m, tiles_n, GROUP_M)
+        # this group's t-th turn is the barrier's phase t - 1 + PARITY completing (group 0's first
+        # wait, parity 1 on a fresh barrier, passes at once; group 1's waits for group 0's first turn)
+        mbarrier.wait(mma_turn.index(PARITY), (t + PARITY + 1) & 1)
         acc, _ = mainloop(dy_bufs, x_bufs, op_ready, op_empty, lt * nk, K, mma_layout)
+        mbarrier.arrive(mma_turn.index(1 - PARITY), count=1)
+        mbarrier.wait(epi_turn.index(PARITY), (t + PARITY + 1) & 1)
         update_tile(column_quarters(acc), lt * 4, pid_m, pid_n, tiles_n, M, N, descs, bufs, bars, h, grad_scale,
                     norm_sq_ptr, nonfinite_ptr, GUARDED_UPDATE)
+        mbarrier.arrive(epi_turn.index(1 - PARITY), count=1)
         lt += 2
+        t += 1
     tma.store_wait(pendings=0)
 
 
@@ -460,7 +479,13 @@ def fused_linear_update_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, nor
                                           w_desc.layout)
         bufs = (dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs, out_bufs)
         bufs_b = (dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_b, out_b)
-        bars = (op_ready, op_empty, st_ready, st_empty, op_ready, op_empty)
+        # the consumers' turn barriers (pingpong_consumer), where the split design's g barriers sit
+        mma_turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        epi_turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for b in gl.static_range(2):
+            mbarrier.init(mma_turn.index(b), count=1)
+            mbarrier.init(epi_turn.index(b), count=1)
+        bars = (op_ready, op_empty, st_ready, st_empty, mma_turn, epi_turn)
         gl.warp_specialize([
             (pingpong_consumer, (descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_ptr,
                                  GUARDED_UPDATE, GROUP_M, 0)),
