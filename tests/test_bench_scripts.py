@@ -300,3 +300,10 @@ def test_host_time_split_part_runs_on_the_cpu(tmp_path):
     backward = next(v for k, v in functions.items() if "fused_linear_backward" in k)
     assert backward["calls_per_step"] > 0 and backward["us_per_call"] > 0
     assert not r["torch_adamw"]["functions"]  # torch's step has no forge functions to time
+
+
+def test_ws_probe_refuses_without_cuda():
+    """bench/ws_probe.py launches the Gluon kernel: without CUDA it says so and fails."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "ws_probe.py")], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, check=False)
+    assert proc.returncode != 0 and "needs an sm_90 CUDA device" in proc.stderr
