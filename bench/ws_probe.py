@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the repository root, for `bench` (run as a script, sys.path[0] is bench/)
 
 # (M, N, K, SM count seen by the launcher or 0 for the device's): 64x128 tiles a program walks
 # 4 (one program), 15 (one program), ~16 (132 programs) and ~16 with K = 1024
