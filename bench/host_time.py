@@ -18,7 +18,9 @@ split   forge's host time inside a real training step, without a profiler: --spl
         timed by perf_counter wrappers (a fraction of a microsecond each), so that what a fused
         linear costs the host in the step itself (session 11: ~0.5 ms, against ~0.1 ms in a tight
         loop) is split by function; each method's forward, backward and after-backward issue
-        times beside its wall time (AMP too).
+        times beside its wall time (AMP too). Both models are built first and their steps
+        interleaved round by round (forge, forge with FORGE_NUM_FAST_LAUNCH=0, AMP), so the
+        ratio to AMP (the median of each round's) is measured against the host's own drift.
 python  forge's own per-linear Python, on any device (the CPU included): a narrow Llama
         (hidden 32, --python-layers layers, 16 tokens, --python-checkpointing on/off) trained with forge_num.AdamW
         on a backend whose functions return at once, against nn.Linear + torch AdamW(foreach);
@@ -288,29 +290,39 @@ def _forge_timers(opt) -> _Timers:
 
 def part_split(model_name: str, tokens: str, warmup: int = 3, steps: int = 6) -> dict:
     """Each method's real training step (checkpointing), its host time split by phase and, for
-    forge, by function; forge's steps alternate between the launch that skips Triton's binder and
-    FORGE_NUM_FAST_LAUNCH=0 (kernels/launch_cache.py), ``steps`` each, on one model. See the module
-    docstring."""
+    forge, by function. Both models are built first and their steps interleaved, round by round:
+    forge with the launch that skips Triton's binder, forge with FORGE_NUM_FAST_LAUNCH=0
+    (kernels/launch_cache.py), AMP; so that a slow spell of the device's host hits every method
+    alike (session 12: three calls of the same 3B 1x1024 code gave forge 0.55-0.86x AMP, run one
+    method after the other). ``steps`` rounds after ``warmup``; ``speed_vs_torch_adamw`` is the
+    median over rounds of AMP's step time over the method's in the same round (tokens/s, x AMP).
+    See the module docstring."""
     import gc
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     batch, seq = (int(v) for v in tokens.split("x"))
     cfg = ts.MODELS[model_name]
-    out = {"model": model_name, "tokens": tokens, "steps": steps}
+    out = {"model": model_name, "tokens": tokens, "steps": steps, "interleaved": True}
+    ids = torch.randint(0, cfg["vocab_size"], (batch, seq), device=device)
+    built = {}
     for method in ("forge", "torch_adamw"):
         model = ts._build_model(cfg, torch.float32, device, True)
-        amp_dtype, after = ts._setup(method, model, cuda)
-        ids = torch.randint(0, cfg["vocab_size"], (batch, seq), device=device)
-        variants = {"forge": "1", "forge (FORGE_NUM_FAST_LAUNCH=0)": "0"} if method == "forge" else {method: None}
-        timers = {name: _forge_timers(after.__self__) if method == "forge" else _Timers() for name in variants}
-        phases = {name: {"forward": [], "backward": [], "after": [], "wall": []} for name in variants}
-        gc.collect()
-        gc.freeze()
-        try:
-            for k in range(warmup + steps * len(variants)):
-                name = list(variants)[k % len(variants)]
-                env = {} if variants[name] is None else {"FORGE_NUM_FAST_LAUNCH": variants[name]}
+        built[method] = (model, *ts._setup(method, model, cuda))
+    forge_opt = built["forge"][2].__self__
+    # name -> (method, FORGE_NUM_FAST_LAUNCH or None)
+    variants = {"forge": ("forge", "1"), "forge (FORGE_NUM_FAST_LAUNCH=0)": ("forge", "0"),
+                "torch_adamw": ("torch_adamw", None)}
+    timers = {name: _forge_timers(forge_opt) if method == "forge" else _Timers()
+              for name, (method, _) in variants.items()}
+    phases = {name: {"forward": [], "backward": [], "after": [], "wall": []} for name in variants}
+    gc.collect()
+    gc.freeze()
+    try:
+        for k in range(warmup + steps):
+            for name, (method, fast) in variants.items():
+                model, amp_dtype, after = built[method]
+                env = {} if fast is None else {"FORGE_NUM_FAST_LAUNCH": fast}
                 t = timers[name]
                 with mock.patch.dict(os.environ, env), (t.on() if k >= warmup else contextlib.nullcontext()):
                     if cuda:
@@ -327,23 +339,27 @@ def part_split(model_name: str, tokens: str, warmup: int = 3, steps: int = 6) ->
                         torch.cuda.synchronize()
                     t4 = time.perf_counter()
                 if k >= warmup:
-                    for phase, dt in (("forward", t1 - t0), ("backward", t2 - t1), ("after", t3 - t2), ("wall", t4 - t0)):
+                    for phase, dt in (("forward", t1 - t0), ("backward", t2 - t1), ("after", t3 - t2),
+                                      ("wall", t4 - t0)):
                         phases[name][phase].append(dt * 1e3)
-        finally:
-            gc.unfreeze()
-        for name in variants:
-            row = {phase: statistics.median(v) for phase, v in phases[name].items()}
-            row["wall_all"] = phases[name]["wall"]
-            t = timers[name]
-            row["functions"] = {label: {"ms_per_step": t.total[label] * 1e3 / steps,
-                                        "calls_per_step": t.calls[label] / steps,
-                                        "us_per_call": t.total[label] * 1e6 / t.calls[label]}
-                                for label in t.total}
-            out[name] = row
-        model = after = None
-        if cuda:
-            torch.cuda.empty_cache()
+    finally:
+        gc.unfreeze()
+    for name in variants:
+        row = {phase: statistics.median(v) for phase, v in phases[name].items()}
+        row["wall_all"] = phases[name]["wall"]
+        row["speed_vs_torch_adamw"] = statistics.median(
+            a / b for a, b in zip(phases["torch_adamw"]["wall"], phases[name]["wall"]))
+        t = timers[name]
+        row["functions"] = {label: {"ms_per_step": t.total[label] * 1e3 / steps,
+                                    "calls_per_step": t.calls[label] / steps,
+                                    "us_per_call": t.total[label] * 1e6 / t.calls[label]}
+                            for label in t.total}
+        out[name] = row
+    built.clear()
+    if cuda:
+        torch.cuda.empty_cache()
     return out
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -376,7 +392,8 @@ def main(argv=None) -> int:
         for method in ("forge", "forge (FORGE_NUM_FAST_LAUNCH=0)", "torch_adamw"):
             m = r[method]
             print(f"split {r['model']} {r['tokens']} {method:<32} wall {m['wall']:7.1f} ms  issued: forward "
-                  f"{m['forward']:6.1f} backward {m['backward']:6.1f} after {m['after']:6.1f} ms", flush=True)
+                  f"{m['forward']:6.1f} backward {m['backward']:6.1f} after {m['after']:6.1f} ms  "
+                  f"x AMP {m['speed_vs_torch_adamw']:.3f} (median of rounds)", flush=True)
             for label, f in m["functions"].items():
                 print(f"  {f['ms_per_step']:7.1f} ms/step {f['calls_per_step']:6.0f} calls {f['us_per_call']:7.1f} us/call  {label}")
     if "launch" in parts:

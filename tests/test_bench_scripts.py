@@ -300,6 +300,8 @@ def test_host_time_split_part_runs_on_the_cpu(tmp_path):
     backward = next(v for k, v in functions.items() if "fused_linear_backward" in k)
     assert backward["calls_per_step"] > 0 and backward["us_per_call"] > 0
     assert not r["torch_adamw"]["functions"]  # torch's step has no forge functions to time
+    assert r["interleaved"] and r["torch_adamw"]["speed_vs_torch_adamw"] == 1.0
+    assert r["forge"]["speed_vs_torch_adamw"] > 0
 
 
 def test_ws_probe_refuses_without_cuda():
