@@ -1,0 +1,175 @@
+"""The Gluon kernel's ring protocol (kernels/gluon_update.py), modelled on the CPU: TMA loaders fill an
+operand ring and a state ring in tile order; consumers wait on the rings' mbarriers by phase parity,
+as the kernel does, and hand slots back. A model, not the kernel: it mirrors the kernel's loops and
+barrier formulas (the parities, which slot each use takes, when a slot is handed back) and checks,
+over random interleavings of the warps and of the TMA completions:
+
+* every parity wait that passes is for the phase that just completed (a parity test cannot tell
+  phase n from n - 2, so a barrier more than one phase off is a wrong pass or a hang);
+* every slot read holds the use it was waited for, and is not refilled while in use;
+* no barrier is arrived on beyond its count in a phase (undefined in PTX), and the run ends.
+
+The routed design (one consumer a program) and the ping-pong design with its turn barriers pass at
+1-16 tiles a program; the ping-pong design without turns fails once a program has two tiles: the
+fault session 12's first GPU run of it hit (pingpong_consumer's docstring), which its GPU tests, one
+tile a program at most, had not.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+
+class Barrier:
+    """An mbarrier: ``count`` arrivals (and all expected TMA bytes) complete a phase; ``completed``
+    counts completed phases. try_wait.parity(p) passes iff the current phase's parity is not p."""
+
+    def __init__(self, name: str, count: int = 1):
+        self.name, self.count, self.pending, self.tx, self.completed = name, count, count, 0, 0
+
+    def arrive(self, errors: list, tx: int = 0):
+        self.tx += tx
+        self.pending -= 1
+        if self.pending < 0:
+            errors.append(f"{self.name}: arrived on beyond its count")
+        self._complete()
+
+    def land(self, tx: int):  # a TMA transfer of tx bytes counted against the barrier lands
+        self.tx -= tx
+        self._complete()
+
+    def _complete(self):
+        if self.pending == 0 and self.tx == 0:
+            self.completed += 1
+            self.pending = self.count
+
+
+def wait(bar: Barrier, phase: int, errors: list, who: str):
+    """The kernel's ``mbarrier.wait(bar, phase & 1)`` for phase index ``phase`` (-1: the phase before
+    the first, complete on a fresh barrier). Spins until the parity test passes, then checks that it
+    passed for the phase the caller meant."""
+    while (bar.completed & 1) == (phase & 1):  # the parity test (phase -1's parity is 1)
+        yield
+    if bar.completed != phase + 1:
+        errors.append(f"{who}: wait on {bar.name} for phase {phase} passed with {bar.completed} phases completed")
+
+
+def run(design: str, tiles: int, nk: int, stages: int, slots: int, seed: int, subtiles: int = 4) -> list:
+    """One random interleaving of one program's warps over ``tiles`` tiles of ``nk`` K blocks; returns
+    the errors found (empty: the run was sound). design: "routed" (one consumer takes every tile),
+    "pingpong" (two consumers on alternate tiles, sharing the rings, as written in session 11),
+    "pingpong_turns" (the same with mma_turn and epi_turn, as the kernel has it now)."""
+    rng = random.Random(seed)
+    errors: list = []
+    op_ready = [Barrier(f"op_ready[{s}]") for s in range(stages)]
+    op_empty = [Barrier(f"op_empty[{s}]") for s in range(stages)]
+    st_ready = [Barrier(f"st_ready[{s}]") for s in range(slots)]
+    st_empty = [Barrier(f"st_empty[{s}]") for s in range(slots)]
+    mma_turn = [Barrier(f"mma_turn[{p}]") for p in range(2)]
+    epi_turn = [Barrier(f"epi_turn[{p}]") for p in range(2)]
+    op_slot, st_slot = [None] * stages, [None] * slots  # the use whose data a slot holds
+    in_flight = []  # TMA loads: (ring contents, slot, use, barrier)
+
+    def operand_loader():
+        for i in range(tiles * nk):  # use i: K block i % nk of tile i // nk
+            s = i % stages
+            yield from wait(op_empty[s], i // stages - 1, errors, "operand loader")
+            op_slot[s] = None  # being overwritten
+            op_ready[s].arrive(errors, tx=1)  # expect + the copies
+            in_flight.append((op_slot, s, i, op_ready[s]))
+            yield
+
+    def state_loader():
+        for j in range(tiles * subtiles):
+            s = j % slots
+            yield from wait(st_empty[s], j // slots - 1, errors, "state loader")
+            st_slot[s] = None
+            st_ready[s].arrive(errors, tx=1)
+            in_flight.append((st_slot, s, j, st_ready[s]))
+            yield
+
+    def mainloop(i: int, who: str):  # gluon_update.mainloop: slot i - 1 handed back once i's wgmma is issued
+        first = i
+        for _ in range(nk):
+            s = i % stages
+            yield from wait(op_ready[s], i // stages, errors, who)
+            if op_slot[s] != i:
+                errors.append(f"{who}: operand use {i} read slot {s} holding {op_slot[s]}")
+            yield  # the wgmma reads the slot
+            if op_slot[s] != i:
+                errors.append(f"{who}: operand slot {s} refilled under use {i}'s wgmma")
+            if i > first:
+                op_empty[(i - 1) % stages].arrive(errors)
+            i += 1
+        yield  # warpgroup_mma_wait(0)
+        op_empty[(i - 1) % stages].arrive(errors)
+
+    def update(j: int, who: str):  # update_tile: each sub-tile's state read, then its slot handed back
+        for _ in range(subtiles):
+            s = j % slots
+            yield from wait(st_ready[s], j // slots, errors, who)
+            if st_slot[s] != j:
+                errors.append(f"{who}: state use {j} read slot {s} holding {st_slot[s]}")
+            st_empty[s].arrive(errors)
+            for _ in range(rng.randint(1, 4)):  # the rule and the stores
+                yield
+            j += 1
+
+    def consumer(parity: int, stride: int, turns: bool):
+        who = f"consumer {parity}"
+        for t, lt in enumerate(range(parity, tiles, stride)):
+            if turns:  # pingpong_consumer: (t + PARITY + 1) & 1 is phase t - 1 + PARITY's parity
+                yield from wait(mma_turn[parity], t - 1 + parity, errors, who)
+            yield from mainloop(lt * nk, who)
+            if turns:
+                mma_turn[1 - parity].arrive(errors)
+                yield from wait(epi_turn[parity], t - 1 + parity, errors, who)
+            yield from update(lt * subtiles, who)
+            if turns:
+                epi_turn[1 - parity].arrive(errors)
+
+    agents = [operand_loader(), state_loader()]
+    if design == "routed":
+        agents.append(consumer(0, 1, False))
+    else:
+        agents += [consumer(p, 2, design == "pingpong_turns") for p in (0, 1)]
+    for _ in range(100_000):
+        if errors or (not agents and not in_flight):
+            return errors
+        if in_flight and (not agents or rng.random() < 0.3):  # a TMA load lands
+            contents, s, use, bar = in_flight.pop(rng.randrange(len(in_flight)))
+            contents[s] = use
+            bar.land(1)
+            continue
+        agent = rng.choice(agents)
+        try:
+            next(agent)
+        except StopIteration:
+            agents.remove(agent)
+    return errors + ["hang: the run did not end"]
+
+
+SHAPES = [(tiles, nk, stages, slots) for tiles in (1, 2, 3, 4, 15, 16) for nk, stages in ((1, 2), (4, 4), (5, 3), (4, 2))
+          for slots in (1, 2, 3)]
+
+
+@pytest.mark.parametrize("design", ["routed", "pingpong_turns"])
+def test_the_kernels_designs_are_sound_in_every_interleaving_tried(design):
+    for tiles, nk, stages, slots in SHAPES:
+        for seed in range(12):
+            errors = run(design, tiles, nk, stages, slots, seed)
+            assert not errors, (design, tiles, nk, stages, slots, seed, errors[:3])
+
+
+def test_pingpong_without_turns_reads_unloaded_slots_from_two_tiles_a_program():
+    """The model finds the fault the first GPU run met: one tile a program is sound (the GPU tests'
+    shapes), two or more are not, in some interleavings."""
+    for tiles in (1,):
+        for seed in range(50):
+            assert not run("pingpong", tiles, 4, 4, 2, seed)
+    for tiles in (2, 4, 16):
+        found = [run("pingpong", tiles, 4, 4, 2, seed) for seed in range(50)]
+        assert sum(bool(e) for e in found) >= 10, tiles
+        assert any("passed with" in m for e in found for m in e)
