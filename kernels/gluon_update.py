@@ -395,8 +395,9 @@ def pingpong_consumer(descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, no
     program; every earlier GPU test gave a program at most one tile). With them, a group's mainloop
     starts after the other's previous one has received all its blocks, and its update after the
     other's previous update: still one group's update beside the other's mainloop.
-    tests/test_ring_protocol.py models the rings and both designs' waits on the CPU: without the
-    turns it finds the early pass from two tiles a program, with them none at 1-16."""
+    proofs/ring_protocol.md proves the waits sound with the turns; tests/test_ring_protocol.py
+    models the rings on the CPU: without the turns it finds the early pass from two tiles a
+    program, with them none at 1-16."""
     dy_desc, x_desc, w_desc, s0_desc, s1_desc = descs
     dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs, g_bufs = bufs
     op_ready, op_empty, st_ready, st_empty, mma_turn, epi_turn = bars

@@ -12,7 +12,7 @@ over random interleavings of the warps and of the TMA completions:
 The routed design (one consumer a program) and the ping-pong design with its turn barriers pass at
 1-16 tiles a program; the ping-pong design without turns fails once a program has two tiles: the
 fault session 12's first GPU run of it hit (pingpong_consumer's docstring), which its GPU tests, one
-tile a program at most, had not.
+tile a program at most, had not. proofs/ring_protocol.md states the argument these runs check.
 """
 
 from __future__ import annotations
