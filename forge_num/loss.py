@@ -149,8 +149,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
         else:  # as autograd for F.linear: both products in the compute dtype, dW cast back to the weight's
             dx = (dy @ wc).to(ctx.x_dtype) if needs[0] else None
             dw = dy.t() @ hc if needs[1] else None
-            # dY (2 bytes a logit) is dead once dW is computed: freed before dW's cast to the weight's
-            # dtype allocates 4 bytes a weight, so the two never coexist (1 GiB each at Llama-1B, 4x1024)
-            del dy
+            # dY (2 bytes a logit) and the head's bf16 cast (2 bytes a weight) are dead once dW is
+            # computed: freed before dW's cast to the weight's dtype allocates 4 bytes a weight, so they
+            # never coexist with it (dY 1 GiB at Llama-1B, 4x1024; the tied 3B head's cast 0.73 GiB,
+            # at that model's backward peak)
+            del dy, wc
             dw = dw.to(weight.dtype) if dw is not None else None
         return dx, dw, None, None, None, None, None
