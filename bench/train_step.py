@@ -421,12 +421,14 @@ def run_spec(spec: dict) -> dict:
 
         backward_issued = []
 
-        def step():
+        def forward():
             with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
                 if chunked_loss:  # the model's next-token loss, its logits in row chunks
-                    loss = causal_lm_loss(model, ids)
-                else:
-                    loss = model(input_ids=ids, labels=ids).loss
+                    return causal_lm_loss(model, ids)
+                return model(input_ids=ids, labels=ids).loss
+
+        def step():
+            loss = forward()
             loss.backward()
             backward_issued.append(time.perf_counter())  # before after(): forge's step() syncs once
             after()
@@ -455,7 +457,7 @@ def run_spec(spec: dict) -> dict:
         row["host_issue_s_median"] = statistics.median(issue_s) if issue_s else None
         if cuda and spec.get("memory_phases"):
             row["peak_gib"] = torch.cuda.max_memory_allocated() / GIB  # the timed steps' peak, kept
-            row["memory_phases_gib"] = memory_phases(model, ids, amp_dtype, chunked_loss, after, device)
+            row["memory_phases_gib"] = memory_phases(forward, after)
         if spec.get("profile"):
             row.update(profile_step(step, cuda))
         row["losses"] = [float(x) for x in losses]
@@ -490,20 +492,18 @@ def run_spec(spec: dict) -> dict:
     return row
 
 
-def memory_phases(model, ids, amp_dtype, chunked_loss, after, device) -> dict:
-    """One more step, the allocator's peak of each of its phases (GiB): where a method's peak is
-    (forward with the loss; backward, which holds forge's updates; after, the optimizer's step or
-    forge's end of step), with what is allocated at each boundary."""
+def memory_phases(forward, after) -> dict:
+    """One more step (run_spec's forward, then backward, then after), the allocator's peak of each of
+    its phases (GiB): where a method's peak is (forward with the loss; backward, which holds forge's
+    updates; after, the optimizer's step or forge's end of step), with what is allocated at each
+    boundary."""
     import torch
-
-    from forge_num.hf import causal_lm_loss
 
     out = {}
     torch.cuda.synchronize()
     out["start"] = torch.cuda.memory_allocated() / GIB
     torch.cuda.reset_peak_memory_stats()
-    with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-        loss = causal_lm_loss(model, ids) if chunked_loss else model(input_ids=ids, labels=ids).loss
+    loss = forward()
     torch.cuda.synchronize()
     out["forward_peak"], out["after_forward"] = torch.cuda.max_memory_allocated() / GIB, torch.cuda.memory_allocated() / GIB
     torch.cuda.reset_peak_memory_stats()
