@@ -20,6 +20,12 @@ in that module's docstring, repeated here because both twins implement it:
 
 Tile functions only (no pointers, no program ids): the kernels compute the offsets of their tile
 and call these. Triton 3.6's ``tl.randint4x`` returns uint32 words; all slices stay uint32.
+
+The Gluon kernel (kernels/gluon_update.py) cannot call ``tl.randint4x`` (a Triton-language
+function); it runs ``philox4x32_10`` below, the same rounds written out in ops both languages have
+(its text bound to Gluon's language, as kernels/ieee.py's ops are), and the same ``random_slices``.
+tests/test_interpreter_rounding.py holds ``philox4x32_10`` against ``tl.randint4x`` and the
+emulator bit for bit (interpreter and GPU); tests/test_gpu_gluon.py the Gluon kernel's bits.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["randint4x", "randint", "rounding_bits"]
+__all__ = ["randint4x", "randint", "rounding_bits", "random_slices", "philox4x32_10"]
 
 
 @triton.jit
@@ -44,12 +50,51 @@ def randint(seed, offset):
 
 
 @triton.jit
-def rounding_bits(seed, offset):
-    """The random-slice table: ``(r_p, r_m16, r_v16, r_m24, r_v24)`` as uint32 tiles."""
-    c0, c1, c2, c3 = tl.randint4x(seed, offset)
+def random_slices(c0, c1, c2, c3):
+    """The random-slice table on one element's four words: ``(r_p, r_m16, r_v16, r_m24, r_v24)``."""
     r_p = c0 & 0xFFFF
     r_m16 = c0 >> 16
     r_v16 = c1 & 0xFFFF
     r_m24 = c2 >> 8
     r_v24 = c3 >> 8
     return r_p, r_m16, r_v16, r_m24, r_v24
+
+
+@triton.jit
+def rounding_bits(seed, offset):
+    """The random-slice table: ``(r_p, r_m16, r_v16, r_m24, r_v24)`` as uint32 tiles."""
+    c0, c1, c2, c3 = tl.randint4x(seed, offset)
+    return random_slices(c0, c1, c2, c3)
+
+
+# Philox4x32's constants (Salmon et al. 2011; Triton 3.6's triton/language/random.py, philox_impl)
+PHILOX_ROUND_A: tl.constexpr = tl.constexpr(0xD2511F53)
+PHILOX_ROUND_B: tl.constexpr = tl.constexpr(0xCD9E8D57)
+PHILOX_KEY_A: tl.constexpr = tl.constexpr(0x9E3779B9)
+PHILOX_KEY_B: tl.constexpr = tl.constexpr(0xBB67AE85)
+
+
+@triton.jit
+def philox4x32_10(seed, offset):
+    """``tl.randint4x(seed, offset)`` for an int64 offset tile, its rounds written out
+    (emulator/philox.py states them): key (k0, k1) = (seed mod 2^32, seed >> 32) of the uint64
+    seed, counter (offset mod 2^32, offset >> 32 mod 2^32, 0, 0); per round, in uint32 arithmetic,
+    c0' = umulhi(B, c2) ^ c1 ^ k0, c2' = umulhi(A, c0) ^ c3 ^ k1, c1' = B c2, c3' = A c0, then the
+    key bump k0 += 0x9E3779B9, k1 += 0xBB67AE85; ten rounds."""
+    key = seed.to(tl.uint64)
+    k0 = (key & 0xFFFFFFFF).to(tl.uint32)
+    k1 = (key >> 32).to(tl.uint32)
+    c0 = offset.to(tl.uint32)
+    c1 = (offset >> 32).to(tl.uint32)
+    c2 = c0 * 0
+    c3 = c0 * 0
+    for _ in tl.static_range(10):
+        a = c0
+        b = c2
+        c0 = tl.umulhi(b, PHILOX_ROUND_B) ^ c1 ^ k0
+        c2 = tl.umulhi(a, PHILOX_ROUND_A) ^ c3 ^ k1
+        c1 = b * PHILOX_ROUND_B
+        c3 = a * PHILOX_ROUND_A
+        k0 = k0 + PHILOX_KEY_A
+        k1 = k1 + PHILOX_KEY_B
+    return c0, c1, c2, c3

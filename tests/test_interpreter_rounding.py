@@ -113,6 +113,16 @@ if __name__ == "__main__":
         tl.store(out_ptr + 4 * N + i, KRand.randint(seed, off))
 
     @triton.jit
+    def k_philox_written_out(seed, off_ptr, out_ptr, N: tl.constexpr):
+        i = tl.arange(0, N)
+        off = tl.load(off_ptr + i)
+        c0, c1, c2, c3 = KRand.philox4x32_10(seed, off)
+        tl.store(out_ptr + i, c0)
+        tl.store(out_ptr + N + i, c1)
+        tl.store(out_ptr + 2 * N + i, c2)
+        tl.store(out_ptr + 3 * N + i, c3)
+
+    @triton.jit
     def k_rounding_bits(seed, off_ptr, out_ptr, N: tl.constexpr):
         i = tl.arange(0, N)
         off = tl.load(off_ptr + i)
@@ -186,6 +196,10 @@ if __name__ == "__main__":
                 o = torch.zeros(5 * off.size, dtype=torch.uint32, device=dev)
                 k_rounding_bits[(1,)](int(seed), T(off), o, off.size)
                 res[f"rb_{name}_{k}"] = o.cpu().numpy().reshape(5, off.size)
+                if name == "off64":  # philox4x32_10 takes int64 counters (the kernels' only kind)
+                    o = torch.zeros(4 * off.size, dtype=torch.uint32, device=dev)
+                    k_philox_written_out[(1,)](int(seed), T(off), o, off.size)
+                    res[f"px_{name}_{k}"] = o.cpu().numpy().reshape(4, off.size)
         n = d["bf16_x"].size
         rne = torch.zeros(n, dtype=torch.uint16, device=dev)
         sr = torch.zeros(n, dtype=torch.uint16, device=dev)
@@ -272,6 +286,15 @@ def test_randint4x_and_slices(run):
             assert np.array_equal(res[f"r4_{name}_{k}"][:4], words), (name, hex(seed))
             assert np.array_equal(res[f"r4_{name}_{k}"][4], philox.randint(seed, d[name]))
             assert np.array_equal(res[f"rb_{name}_{k}"], np.stack(philox.rounding_bits(seed, d[name]))), (name, hex(seed))
+
+
+def test_philox_written_out_is_randint4x(run):
+    """kernels/random.py's philox4x32_10 (the Gluon kernel's Philox) gives tl.randint4x's words and
+    the emulator's, for every seed and int64 offset of the inputs (negative and >= 2^32 included)."""
+    d, res = run
+    for k, seed in enumerate(d["seeds"].tolist()):
+        assert np.array_equal(res[f"px_off64_{k}"], res[f"r4_off64_{k}"][:4]), hex(int(seed))
+        assert np.array_equal(res[f"px_off64_{k}"], np.stack(philox.randint4x(int(seed), d["off64"]))), hex(int(seed))
 
 
 def test_triton_known_answer_vectors(run):
