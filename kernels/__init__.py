@@ -724,14 +724,15 @@ def fused_linear_update(
                 _check_fp32_like(name, t, weight)
         _check_device(weight, x, dy, *(t for t in (accum, acc_out) if t is not None),
                       *(states if not q8 else ()))
-    if config is None and accum is None and acc_out is None and not bf16 and not q8 and not _interpreting():
+    # CounterMap.identity(N) without the call where no counter is given
+    rand_stride, rand_base = (max(N, 1), 0) if counter is None else _linear_counter(counter, M, N)
+    if config is None and accum is None and acc_out is None and not q8 and not _interpreting():
         ws = _ws_route(weight, x, dy, states)
         if ws is not None:  # the warp-specialized Gluon kernel, where measured faster: the same bits
             from . import gluon_update
 
-            return gluon_update.launch(weight, x, dy, states, rule, h, grad_scale, ws)
-    # CounterMap.identity(N) without the call where no counter is given
-    rand_stride, rand_base = (max(N, 1), 0) if counter is None else _linear_counter(counter, M, N)
+            rand = (int(seed), rand_stride, rand_base) if bf16 else None
+            return gluon_update.launch(weight, x, dy, states, rule, h, grad_scale, ws, rand)
     return _launch_linear(
         weight, states, x, dy, accum, acc_out, rule, h, grad_scale, update=True, config=config,
         n_state=len(states), seed=seed or 0, bf16=bf16 and not q8, q8=q8, rand=(rand_stride, rand_base),
@@ -739,8 +740,9 @@ def fused_linear_update(
 
 
 def _ws_route(weight, x, dy, states):
-    """The tile of kernels/gluon_update.py for this fp32-regime update where that kernel is the
-    measured default (its route_config: sm_90, bf16 operands, K below 4096, enough work), else None.
+    """The tile of kernels/gluon_update.py for this fp32- or bf16-sr-regime update where that kernel
+    is the measured default (its route_config: sm_90, bf16 operands, the measured K ranges, enough
+    work), else None.
     Where Gluon cannot be imported (a Triton without it), or with FORGE_NUM_GLUON=0 in the
     environment (read at each call: an A/B switch for benchmarks, and a way out should the Gluon
     kernel misbehave on some Triton), None: the Triton kernel, the same bits."""

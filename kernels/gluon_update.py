@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import types
 
 import torch
@@ -67,6 +68,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from forge_num.rules import Rule
 
+from . import random as _random
+from . import rounding as _rounding
 from .ieee import NAMESPACE as IEEE_NAMESPACE
 from .launch_cache import CachedLaunch
 
@@ -85,6 +88,31 @@ def _in_gluon(op):
 
 
 NAMESPACE = {**{name: _in_gluon(op) for name, op in IEEE_NAMESPACE.items() if name != "tl"}, "tl": gl}
+
+
+def _module_in_gluon(module, names):
+    """The jit functions ``names`` of a kernels/ module as Gluon functions, in a namespace of their
+    own where ``tl`` is Gluon's language and each name is its Gluon twin (so that the functions
+    call one another's twins, never a Triton-language function)."""
+    namespace = {**vars(module), "tl": gl}
+    twins = {}
+    for name in names:
+        fn = getattr(module, name).fn
+        twins[name] = gluon.jit(types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__,
+                                                   fn.__closure__))
+    namespace.update(twins)
+    # a module object: Triton's dependency hashing skips modules and hashes the functions read from
+    # them (a namespace object would be deep-copied as a global value)
+    twin_module = types.ModuleType(f"{__name__}.{module.__name__.rsplit('.', 1)[-1]}_in_gluon")
+    for name, fn in twins.items():
+        setattr(twin_module, name, fn)
+    return twin_module
+
+
+# The bf16-sr regime's register operations, one text with the Triton kernel's: the Philox rounds
+# (philox4x32_10 = tl.randint4x's), the random-slice table, the bf16 widening and stochastic rounding
+_RANDOM = _module_in_gluon(_random, ("philox4x32_10", "random_slices"))
+_ROUNDING = _module_in_gluon(_rounding, ("_is_nan", "bf16_sr_bits", "bf16_to_f32"))
 
 
 @functools.lru_cache(maxsize=None)
@@ -215,32 +243,67 @@ def column_quarters(x):
 
 
 @gluon.jit
-def update_subtile(g, j, coord, M, N, descs, bufs, bars, h, grad_scale, GUARDED_UPDATE: gl.constexpr):
+def column_subtiles(x, SPLIT: gl.constexpr):
+    """The SPLIT (4 or 8) column sub-tiles of x [R, W], in order, in registers. (A constexpr `if`
+    does not end the function at its `return`: the second case is an `else`.)"""
+    if SPLIT == 4:
+        return column_quarters(x)
+    else:
+        gl.static_assert(SPLIT == 8, "the epilogue splits a tile into 4 or 8 column sub-tiles")
+        g0, g1, g2, g3 = column_quarters(x)
+        g00, g01 = column_halves(g0)
+        g10, g11 = column_halves(g1)
+        g20, g21 = column_halves(g2)
+        g30, g31 = column_halves(g3)
+        return g00, g01, g10, g11, g20, g21, g30, g31
+
+
+@gluon.jit
+def update_subtile(g, j, coord, M, N, descs, bufs, bars, h, grad_scale, rand, GUARDED_UPDATE: gl.constexpr,
+                   BF16_STORAGE: gl.constexpr):
     """The epilogue on one column sub-tile g [BM, SW] (in the accumulator's registers) whose W and
     state are in state slot j % SLOTS: read into registers and the slot handed back to the state
     loader at once (its next load is then in flight while this sub-tile computes); the guarded rule;
     the results through staging slot j % OUT_SLOTS to memory by TMA, once the stores that last used
     that staging slot have read it. Returns (Σ g² in fp64, number of non-finite g) over the
-    sub-tile's elements inside W."""
+    sub-tile's elements inside W.
+
+    BF16_STORAGE (the bf16-sr regime): W and state are bf16, widened exactly on reading (a bit
+    shift) and rounded stochastically for the store with their slices of the element's Philox
+    words, rand = (seed, rand_stride, rand_base): element (r, c) draws counter r rand_stride + c +
+    rand_base (emulator.philox.CounterMap), as in the Triton kernel's epilogue."""
     dy_desc, x_desc, w_desc, s0_desc, s1_desc = descs
     dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs, g_bufs = bufs
     op_ready, op_empty, st_ready, st_empty, g_ready, g_empty = bars
     SLOTS: gl.constexpr = w_bufs.type.shape[0]
     N_STATE: gl.constexpr = (s0_desc is not None) + (s1_desc is not None)
     OUT_SLOTS: gl.constexpr = out_bufs.type.shape[0] // (1 + N_STATE)
+    if BF16_STORAGE:
+        rows = coord[0] + gl.arange(0, g.shape[0], layout=gl.SliceLayout(1, g.type.layout))
+        cols = coord[1] + gl.arange(0, g.shape[1], layout=gl.SliceLayout(0, g.type.layout))
+        # the Philox words first, while the state's TMA load may still be in flight (and before the
+        # state's registers are live: the rounds' temporaries and the state together spilled)
+        seed, rand_stride, rand_base = rand
+        counters = rows[:, None].to(gl.int64) * rand_stride + cols[None, :] + rand_base
+        c0, c1, c2, c3 = _RANDOM.philox4x32_10(seed, counters)
     s = j % SLOTS
     mbarrier.wait(st_ready.index(s), (j // SLOTS) & 1)
-    p = w_bufs.index(s).load(g.type.layout)
+    p = widen(w_bufs.index(s).load(g.type.layout), BF16_STORAGE)
     s0 = p
     s1 = p
     if N_STATE >= 1:
-        s0 = s0_bufs.index(s).load(g.type.layout)
+        s0 = widen(s0_bufs.index(s).load(g.type.layout), BF16_STORAGE)
     if N_STATE >= 2:
-        s1 = s1_bufs.index(s).load(g.type.layout)
+        s1 = widen(s1_bufs.index(s).load(g.type.layout), BF16_STORAGE)
     # the shared-memory reads are ordered before the loader's next TMA write into the slot
     fence_async_shared()
     mbarrier.arrive(st_empty.index(s), count=1)
     p, s0, s1, finite = GUARDED_UPDATE(p, g, s0, s1, h, grad_scale)
+    if BF16_STORAGE:
+        r_p, r_s0, r_s1, _, _ = _RANDOM.random_slices(c0, c1, c2, c3)
+        p = _ROUNDING.bf16_sr_bits(p, r_p).to(gl.bfloat16, bitcast=True)
+        s0 = _ROUNDING.bf16_sr_bits(s0, r_s0).to(gl.bfloat16, bitcast=True)
+        s1 = _ROUNDING.bf16_sr_bits(s1, r_s1).to(gl.bfloat16, bitcast=True)
     # staging slot o holds the sub-tile's (1 + N_STATE) results at out_bufs[o * (1 + N_STATE) + t];
     # the stores issued from it OUT_SLOTS sub-tiles ago (1 + N_STATE bulk groups each) must have read it
     o = (j % OUT_SLOTS) * (1 + N_STATE)
@@ -267,36 +330,64 @@ def update_subtile(g, j, coord, M, N, descs, bufs, bars, h, grad_scale, GUARDED_
 
 
 @gluon.jit
-def update_tile(gs, j, pid_m, pid_n, tiles_n, M, N, descs, bufs, bars, h, grad_scale, norm_sq_ptr, nonfinite_ptr,
-                GUARDED_UPDATE: gl.constexpr):
-    """The epilogue of tile (pid_m, pid_n) on its four column sub-tiles gs (in order: the state loader
-    filled the slots j, j + 1, ... in this order), then its telemetry slot pid_m * tiles_n + pid_n."""
-    BM: gl.constexpr = gs[0].shape[0]
-    SW: gl.constexpr = gs[0].shape[1]
-    BN: gl.constexpr = 4 * SW
-    sq0, bad0 = update_subtile(gs[0], j, [pid_m * BM, pid_n * BN], M, N, descs, bufs, bars, h, grad_scale,
-                               GUARDED_UPDATE)
-    sq1, bad1 = update_subtile(gs[1], j + 1, [pid_m * BM, pid_n * BN + SW], M, N, descs, bufs, bars, h,
-                               grad_scale, GUARDED_UPDATE)
-    sq2, bad2 = update_subtile(gs[2], j + 2, [pid_m * BM, pid_n * BN + 2 * SW], M, N, descs, bufs, bars, h,
-                               grad_scale, GUARDED_UPDATE)
-    sq3, bad3 = update_subtile(gs[3], j + 3, [pid_m * BM, pid_n * BN + 3 * SW], M, N, descs, bufs, bars, h,
-                               grad_scale, GUARDED_UPDATE)
-    slot = pid_m * tiles_n + pid_n
-    gl.store(norm_sq_ptr + slot, (sq0 + sq1) + (sq2 + sq3))
-    gl.store(nonfinite_ptr + slot, (bad0 + bad1) + (bad2 + bad3))
+def widen(x, BF16_STORAGE: gl.constexpr):
+    """fp32 values of a state slot's tile: fp32 as read, or bf16 widened exactly (bit shift)."""
+    if BF16_STORAGE:
+        return _ROUNDING.bf16_to_f32(x.to(gl.uint16, bitcast=True))
+    else:
+        return x
 
 
 @gluon.jit
-def consumer(descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_ptr,
-             GUARDED_UPDATE: gl.constexpr, GROUP_M: gl.constexpr, num_warps: gl.constexpr):
-    """Default partition: per tile, the mainloop, then the epilogue on the four column sub-tiles from
-    the state ring, and the tile's telemetry slot (pid_m * tiles_n + pid_n)."""
+def update_tile(gs, j, pid_m, pid_n, tiles_n, M, N, descs, bufs, bars, h, grad_scale, rand, norm_sq_ptr, nonfinite_ptr,
+                GUARDED_UPDATE: gl.constexpr, BF16_STORAGE: gl.constexpr):
+    """The epilogue of tile (pid_m, pid_n) on its SPLIT column sub-tiles gs (in order: the state
+    loader filled the slots j, j + 1, ... in this order), then its telemetry slot
+    pid_m * tiles_n + pid_n (the sub-tiles' partial sums in a balanced tree)."""
+    x_desc = descs[1]
+    w_desc = descs[2]
+    BM: gl.constexpr = w_desc.block_type.shape[0]
+    SW: gl.constexpr = w_desc.block_type.shape[1]
+    BN: gl.constexpr = x_desc.block_type.shape[1]
+    SPLIT: gl.constexpr = BN // SW
+    # the partial sums in a balanced tree, sub-tiles in column order
+    sq0, bad0 = update_subtile(gs[0], j, [pid_m * BM, pid_n * BN], M, N, descs, bufs, bars, h, grad_scale, rand,
+                               GUARDED_UPDATE, BF16_STORAGE)
+    sq1, bad1 = update_subtile(gs[1], j + 1, [pid_m * BM, pid_n * BN + SW], M, N, descs, bufs, bars, h,
+                               grad_scale, rand, GUARDED_UPDATE, BF16_STORAGE)
+    sq2, bad2 = update_subtile(gs[2], j + 2, [pid_m * BM, pid_n * BN + 2 * SW], M, N, descs, bufs, bars, h,
+                               grad_scale, rand, GUARDED_UPDATE, BF16_STORAGE)
+    sq3, bad3 = update_subtile(gs[3], j + 3, [pid_m * BM, pid_n * BN + 3 * SW], M, N, descs, bufs, bars, h,
+                               grad_scale, rand, GUARDED_UPDATE, BF16_STORAGE)
+    sq = (sq0 + sq1) + (sq2 + sq3)
+    bad = (bad0 + bad1) + (bad2 + bad3)
+    if SPLIT == 8:
+        sq4, bad4 = update_subtile(gs[4], j + 4, [pid_m * BM, pid_n * BN + 4 * SW], M, N, descs, bufs, bars, h,
+                                   grad_scale, rand, GUARDED_UPDATE, BF16_STORAGE)
+        sq5, bad5 = update_subtile(gs[5], j + 5, [pid_m * BM, pid_n * BN + 5 * SW], M, N, descs, bufs, bars, h,
+                                   grad_scale, rand, GUARDED_UPDATE, BF16_STORAGE)
+        sq6, bad6 = update_subtile(gs[6], j + 6, [pid_m * BM, pid_n * BN + 6 * SW], M, N, descs, bufs, bars, h,
+                                   grad_scale, rand, GUARDED_UPDATE, BF16_STORAGE)
+        sq7, bad7 = update_subtile(gs[7], j + 7, [pid_m * BM, pid_n * BN + 7 * SW], M, N, descs, bufs, bars, h,
+                                   grad_scale, rand, GUARDED_UPDATE, BF16_STORAGE)
+        sq = sq + ((sq4 + sq5) + (sq6 + sq7))
+        bad = bad + ((bad4 + bad5) + (bad6 + bad7))
+    slot = pid_m * tiles_n + pid_n
+    gl.store(norm_sq_ptr + slot, sq)
+    gl.store(nonfinite_ptr + slot, bad)
+
+
+@gluon.jit
+def consumer(descs, bufs, bars, M, N, K, h, grad_scale, rand, norm_sq_ptr, nonfinite_ptr,
+             GUARDED_UPDATE: gl.constexpr, BF16_STORAGE: gl.constexpr, GROUP_M: gl.constexpr, num_warps: gl.constexpr):
+    """Default partition: per tile, the mainloop, then the epilogue on the SPLIT column sub-tiles
+    from the state ring, and the tile's telemetry slot (pid_m * tiles_n + pid_n)."""
     dy_desc, x_desc, w_desc, s0_desc, s1_desc = descs
     dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs, g_bufs = bufs
     op_ready, op_empty, st_ready, st_empty, g_ready, g_empty = bars
     BM: gl.constexpr = w_desc.block_type.shape[0]
     BN: gl.constexpr = x_desc.block_type.shape[1]
+    SPLIT: gl.constexpr = BN // w_desc.block_type.shape[1]
     # the warps stacked on the tile's rows, 16 each (BM = 16 num_warps): each warp group runs the
     # wgmma of its 64 rows; one instruction spans the tile's columns (m64nBNk16)
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -308,9 +399,9 @@ def consumer(descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_p
     for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
         pid_m, pid_n = tile_coords(tile, tiles_m, tiles_n, GROUP_M)
         acc, i = mainloop(dy_bufs, x_bufs, op_ready, op_empty, i, K, mma_layout)
-        update_tile(column_quarters(acc), j, pid_m, pid_n, tiles_n, M, N, descs, bufs, bars, h, grad_scale,
-                    norm_sq_ptr, nonfinite_ptr, GUARDED_UPDATE)
-        j += 4
+        update_tile(column_subtiles(acc, SPLIT), j, pid_m, pid_n, tiles_n, M, N, descs, bufs, bars, h, grad_scale,
+                    rand, norm_sq_ptr, nonfinite_ptr, GUARDED_UPDATE, BF16_STORAGE)
+        j += SPLIT
     tma.store_wait(pendings=0)
 
 
@@ -344,8 +435,8 @@ def mma_worker(descs, bufs, bars, M, N, K, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
-def epilogue_consumer(descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_ptr,
-                      GUARDED_UPDATE: gl.constexpr, GROUP_M: gl.constexpr, num_warps: gl.constexpr):
+def epilogue_consumer(descs, bufs, bars, M, N, K, h, grad_scale, rand, norm_sq_ptr, nonfinite_ptr,
+                      GUARDED_UPDATE: gl.constexpr, BF16_STORAGE: gl.constexpr, GROUP_M: gl.constexpr, num_warps: gl.constexpr):
     """Default partition of the split design (num_warps epilogue warps, no mainloop): per tile, the
     four column sub-tiles of g read from g buffer t % 2, the buffer handed back, then update_tile."""
     dy_desc, x_desc, w_desc, s0_desc, s1_desc = descs
@@ -367,16 +458,16 @@ def epilogue_consumer(descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, no
         gs = (g_bufs.index(4 * b).load(epi), g_bufs.index(4 * b + 1).load(epi), g_bufs.index(4 * b + 2).load(epi),
               g_bufs.index(4 * b + 3).load(epi))
         mbarrier.arrive(g_empty.index(b), count=1)  # g is in registers: the MMA warp group may refill it
-        update_tile(gs, j, pid_m, pid_n, tiles_n, M, N, descs, bufs, bars, h, grad_scale, norm_sq_ptr, nonfinite_ptr,
-                    GUARDED_UPDATE)
+        update_tile(gs, j, pid_m, pid_n, tiles_n, M, N, descs, bufs, bars, h, grad_scale, rand, norm_sq_ptr, nonfinite_ptr,
+                    GUARDED_UPDATE, BF16_STORAGE)
         j += 4
         t += 1
     tma.store_wait(pendings=0)
 
 
 @gluon.jit
-def pingpong_consumer(descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_ptr,
-                      GUARDED_UPDATE: gl.constexpr, GROUP_M: gl.constexpr, PARITY: gl.constexpr):
+def pingpong_consumer(descs, bufs, bars, M, N, K, h, grad_scale, rand, norm_sq_ptr, nonfinite_ptr,
+                      GUARDED_UPDATE: gl.constexpr, BF16_STORAGE: gl.constexpr, GROUP_M: gl.constexpr, PARITY: gl.constexpr):
     """One of the ping-pong design's two consumer warp groups (PARITY 0: the default partition, 1: a
     worker): consumer's per-tile work on the tiles of this program whose local index lt (tile =
     pid + lt P) has lt % 2 == PARITY. The loaders fill both rings in tile order, so this group's K
@@ -404,6 +495,7 @@ def pingpong_consumer(descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, no
     BM: gl.constexpr = w_desc.block_type.shape[0]
     BN: gl.constexpr = x_desc.block_type.shape[1]
     BK: gl.constexpr = dy_desc.block_type.shape[0]
+    SPLIT: gl.constexpr = BN // w_desc.block_type.shape[1]
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BN, 16])
     tiles_m = gl.cdiv(M, BM)
@@ -419,34 +511,39 @@ def pingpong_consumer(descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, no
         acc, _ = mainloop(dy_bufs, x_bufs, op_ready, op_empty, lt * nk, K, mma_layout)
         mbarrier.arrive(mma_turn.index(1 - PARITY), count=1)
         mbarrier.wait(epi_turn.index(PARITY), (t + PARITY + 1) & 1)
-        update_tile(column_quarters(acc), lt * 4, pid_m, pid_n, tiles_n, M, N, descs, bufs, bars, h, grad_scale,
-                    norm_sq_ptr, nonfinite_ptr, GUARDED_UPDATE)
+        update_tile(column_subtiles(acc, SPLIT), lt * SPLIT, pid_m, pid_n, tiles_n, M, N, descs, bufs, bars, h, grad_scale, rand,
+                    norm_sq_ptr, nonfinite_ptr, GUARDED_UPDATE, BF16_STORAGE)
         mbarrier.arrive(epi_turn.index(1 - PARITY), count=1)
         lt += 2
         t += 1
     tma.store_wait(pendings=0)
 
 
-@gluon.jit
+# The Philox key and counter map are typed (u64, i64) and not specialized: one compiled kernel per
+# configuration whatever a step's key (kernels/linear_update.py, _UNSPECIALIZED), and a launch
+# key (kernels/launch_cache.py) that need not name them. The fp32 regime passes zeros.
+@gluon.jit(do_not_specialize=["seed", "rand_stride", "rand_base"])
 def fused_linear_update_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, norm_sq_ptr, nonfinite_ptr,
-                                  M, N, K, h, grad_scale,
-                                  GUARDED_UPDATE: gl.constexpr, STAGES: gl.constexpr, SLOTS: gl.constexpr,
+                                  M, N, K, h, grad_scale, seed: gl.uint64, rand_stride: gl.int64, rand_base: gl.int64,
+                                  GUARDED_UPDATE: gl.constexpr, BF16_STORAGE: gl.constexpr, STAGES: gl.constexpr, SLOTS: gl.constexpr,
                                   OUT_SLOTS: gl.constexpr, GROUP_M: gl.constexpr, SPLIT_MMA: gl.constexpr,
                                   PINGPONG: gl.constexpr, PINGPONG_REGS: gl.constexpr, num_warps: gl.constexpr):
     """The shared rings and their barriers, then the three partitions (module docstring).
-    dy_desc [K, M] block [BK, BM], x_desc [K, N] block [BK, BN], w/s0/s1_desc [M, N] fp32 block
-    [BM, BN/4] (s0/s1 None for a rule with fewer states)."""
+    dy_desc [K, M] block [BK, BM], x_desc [K, N] block [BK, BN], w/s0/s1_desc [M, N] block
+    [BM, BN/4], fp32 or (BF16_STORAGE) bf16 (s0/s1 None for a rule with fewer states); seed,
+    rand_stride, rand_base: the bf16-sr regime's Philox key and counter map (update_subtile)."""
+    rand = (seed, rand_stride, rand_base)
     dy_bufs = gl.allocate_shared_memory(dy_desc.dtype, [STAGES] + dy_desc.block_type.shape, dy_desc.layout)
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
-    w_bufs = gl.allocate_shared_memory(gl.float32, [SLOTS] + w_desc.block_type.shape, w_desc.layout)
+    w_bufs = gl.allocate_shared_memory(w_desc.dtype, [SLOTS] + w_desc.block_type.shape, w_desc.layout)
     s0_bufs = w_bufs
     s1_bufs = w_bufs
     if s0_desc is not None:
-        s0_bufs = gl.allocate_shared_memory(gl.float32, [SLOTS] + w_desc.block_type.shape, w_desc.layout)
+        s0_bufs = gl.allocate_shared_memory(w_desc.dtype, [SLOTS] + w_desc.block_type.shape, w_desc.layout)
     if s1_desc is not None:
-        s1_bufs = gl.allocate_shared_memory(gl.float32, [SLOTS] + w_desc.block_type.shape, w_desc.layout)
+        s1_bufs = gl.allocate_shared_memory(w_desc.dtype, [SLOTS] + w_desc.block_type.shape, w_desc.layout)
     N_STATE: gl.constexpr = (s0_desc is not None) + (s1_desc is not None)
-    out_bufs = gl.allocate_shared_memory(gl.float32, [OUT_SLOTS * (1 + N_STATE)] + w_desc.block_type.shape,
+    out_bufs = gl.allocate_shared_memory(w_desc.dtype, [OUT_SLOTS * (1 + N_STATE)] + w_desc.block_type.shape,
                                          w_desc.layout)
     op_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     op_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -470,15 +567,15 @@ def fused_linear_update_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, nor
         bufs = (dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs, g_bufs)
         bars = (op_ready, op_empty, st_ready, st_empty, g_ready, g_empty)
         gl.warp_specialize([
-            (epilogue_consumer, (descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_ptr,
-                                 GUARDED_UPDATE, GROUP_M, num_warps)),
+            (epilogue_consumer, (descs, bufs, bars, M, N, K, h, grad_scale, rand, norm_sq_ptr, nonfinite_ptr,
+                                 GUARDED_UPDATE, BF16_STORAGE, GROUP_M, num_warps)),
             (operand_loader, (descs, bufs, bars, M, N, K, GROUP_M)),
             (state_loader, (descs, bufs, bars, M, N, K, GROUP_M)),
             (mma_worker, (descs, bufs, bars, M, N, K, GROUP_M)),
         ], [1, 1, 4], [24, 24, 152])
     elif PINGPONG:
         # the second consumer's own store staging slots (the g slots of the split design: placeholders)
-        out_b = gl.allocate_shared_memory(gl.float32, [OUT_SLOTS * (1 + N_STATE)] + w_desc.block_type.shape,
+        out_b = gl.allocate_shared_memory(w_desc.dtype, [OUT_SLOTS * (1 + N_STATE)] + w_desc.block_type.shape,
                                           w_desc.layout)
         bufs = (dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs, out_bufs)
         bufs_b = (dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_b, out_b)
@@ -490,19 +587,19 @@ def fused_linear_update_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, nor
             mbarrier.init(epi_turn.index(b), count=1)
         bars = (op_ready, op_empty, st_ready, st_empty, mma_turn, epi_turn)
         gl.warp_specialize([
-            (pingpong_consumer, (descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_ptr,
-                                 GUARDED_UPDATE, GROUP_M, 0)),
+            (pingpong_consumer, (descs, bufs, bars, M, N, K, h, grad_scale, rand, norm_sq_ptr, nonfinite_ptr,
+                                 GUARDED_UPDATE, BF16_STORAGE, GROUP_M, 0)),
             (operand_loader, (descs, bufs, bars, M, N, K, GROUP_M)),
             (state_loader, (descs, bufs, bars, M, N, K, GROUP_M)),
-            (pingpong_consumer, (descs, bufs_b, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_ptr,
-                                 GUARDED_UPDATE, GROUP_M, 1)),
+            (pingpong_consumer, (descs, bufs_b, bars, M, N, K, h, grad_scale, rand, norm_sq_ptr, nonfinite_ptr,
+                                 GUARDED_UPDATE, BF16_STORAGE, GROUP_M, 1)),
         ], [1, 1, 4], [24, 24, PINGPONG_REGS])
     else:
         # (the g slots and barriers of the split design are not used: placeholders keep one tuple shape)
         bufs = (dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs, out_bufs)
         bars = (op_ready, op_empty, st_ready, st_empty, op_ready, op_empty)
         gl.warp_specialize([
-            (consumer, (descs, bufs, bars, M, N, K, h, grad_scale, norm_sq_ptr, nonfinite_ptr, GUARDED_UPDATE, GROUP_M,
+            (consumer, (descs, bufs, bars, M, N, K, h, grad_scale, rand, norm_sq_ptr, nonfinite_ptr, GUARDED_UPDATE, BF16_STORAGE, GROUP_M,
                         num_warps)),
             (operand_loader, (descs, bufs, bars, M, N, K, GROUP_M)),
             (state_loader, (descs, bufs, bars, M, N, K, GROUP_M)),
@@ -522,12 +619,17 @@ class WSConfig:
     GROUP_M tile rows per group."""
 
     __slots__ = ("BM", "BN", "BK", "STAGES", "SLOTS", "OUT_SLOTS", "GROUP_M", "programs", "max_registers",
-                 "split_mma", "pingpong")
+                 "split_mma", "pingpong", "split")
 
     def __init__(self, BM=64, BN=128, BK=64, STAGES=3, SLOTS=4, OUT_SLOTS=2, GROUP_M=8, programs=1,
-                 max_registers=None, split_mma=False, pingpong=None):
+                 max_registers=None, split_mma=False, pingpong=None, split=4):
         if BM not in (64, 128) or BN % 32:
             raise ValueError(f"WSConfig: BM must be 64 or 128 and BN a multiple of 32, got {BM}x{BN}")
+        if split not in (4, 8) or (split_mma and split != 4):
+            raise ValueError(f"WSConfig: the epilogue takes 4 or 8 column sub-tiles (the split design 4), got {split}")
+        # split: the column sub-tiles of the epilogue (8: half the elements a thread at a time, for the
+        # bf16-sr regime's Philox rounds, whose temporaries spilled with 4)
+        self.split = split
         if split_mma and (BM != 64 or programs != 1 or max_registers != 128):
             raise ValueError("WSConfig: the split design runs one 64-row program an SM, its 16 warps capped at "
                              f"128 registers at launch, got {BM=}, {programs=}, {max_registers=}")
@@ -547,7 +649,7 @@ class WSConfig:
 
     @property
     def SW(self) -> int:
-        return self.BN // 4
+        return self.BN // self.split
 
     @property
     def num_warps(self) -> int:
@@ -570,16 +672,17 @@ class WSConfig:
                 + (f" p{self.programs}" if self.programs != 1 else "")
                 + (f" g{self.GROUP_M}" if self.GROUP_M != 8 else "")
                 + (f" r{self.max_registers}" if self.max_registers else "") + (" split" if self.split_mma else "")
-                + (f" pp{self.pingpong}" if self.pingpong else ""))
+                + (f" pp{self.pingpong}" if self.pingpong else "") + (f" e{self.split}" if self.split != 4 else ""))
 
     def __repr__(self):
         return f"WSConfig({self.label})"
 
-    def shared_bytes(self, n_state: int) -> int:
-        """Shared memory of one program: operand ring, state ring, store staging (barriers aside)."""
+    def shared_bytes(self, n_state: int, state_bytes: int = 4) -> int:
+        """Shared memory of one program: operand ring, state ring, store staging (barriers aside);
+        state_bytes: 4 in the fp32 regime, 2 in the bf16-sr regime."""
         out_slots = self.OUT_SLOTS * (2 if self.pingpong else 1)  # each ping-pong consumer its own
         return (self.STAGES * self.BK * (self.BM + self.BN) * 2
-                + (self.SLOTS + out_slots) * (1 + n_state) * self.BM * self.SW * 4
+                + (self.SLOTS + out_slots) * (1 + n_state) * self.BM * self.SW * state_bytes
                 + (8 * self.BM * self.SW * 4 if self.split_mma else 0))
 
 
@@ -616,11 +719,15 @@ def _nvmma_desc(t: torch.Tensor, block, dtype):
     return d
 
 
-def _check_ws_operands(weight, x, dy, states, n_state):
-    """The scope of this kernel (module docstring), each violation named."""
-    if weight.dtype != torch.float32 or any(s.dtype != torch.float32 for s in states):
-        raise TypeError("fused_linear_update_ws: the fp32 regime only (fp32 weight and state), got "
-                        f"weight {weight.dtype}, states {[s.dtype for s in states]}")
+def _check_ws_operands(weight, x, dy, states, n_state, seed):
+    """The scope of this kernel (module docstring), each violation named; True for the bf16-sr regime."""
+    bf16 = weight.dtype == torch.bfloat16
+    if weight.dtype not in (torch.float32, torch.bfloat16) or any(s.dtype != weight.dtype for s in states):
+        raise TypeError("fused_linear_update_ws: the fp32 regime (fp32 weight and state) or the bf16-sr regime "
+                        f"(bf16 weight and state), got weight {weight.dtype}, states {[s.dtype for s in states]}")
+    if bf16 and (seed is None or not 0 <= int(seed) < 2**64):
+        raise ValueError("fused_linear_update_ws: the bf16-sr regime rounds stochastically and needs seed= (a "
+                         f"64-bit Philox key, emulator.philox.derive_seed), got {seed!r}")
     if x.dtype != torch.bfloat16 or dy.dtype != torch.bfloat16:
         raise TypeError(f"fused_linear_update_ws: bf16 operands only, got x {x.dtype}, dy {dy.dtype}")
     if len(states) > n_state:
@@ -647,59 +754,80 @@ def _check_ws_operands(weight, x, dy, states, n_state):
                          "kernels.fused_linear_update handles it")
     if M % 8 or N % 8:
         raise ValueError(f"fused_linear_update_ws: M and N must be multiples of 8 (16-byte TMA rows), got {M}x{N}")
+    return bf16
 
 
 def fused_linear_update_ws(weight: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, states, rule: Rule, h,
-                           grad_scale: float = 1.0, config: WSConfig = DEFAULT_WS_CONFIG):
-    """weight, states <- the guarded rule applied with g = dyᵀ x, in place (the fp32 regime); returns
-    kernels.UpdateStats, like kernels.fused_linear_update, whose bits it must give."""
+                           grad_scale: float = 1.0, config: WSConfig = DEFAULT_WS_CONFIG, seed: int | None = None,
+                           counter: tuple[int, int, int] | None = None):
+    """weight, states <- the guarded rule applied with g = dyᵀ x, in place, in the fp32 regime (fp32
+    weight and state) or the bf16-sr regime (bf16 weight and state, ``seed`` and ``counter`` as
+    kernels.fused_linear_update takes them); returns kernels.UpdateStats, like
+    kernels.fused_linear_update, whose bits it must give."""
     from forge_num import kernels
 
     states = list(states)
-    _check_ws_operands(weight, x, dy, states, len(rule.state))
+    bf16 = _check_ws_operands(weight, x, dy, states, len(rule.state), seed)
+    if bf16 and config.split_mma:
+        raise ValueError(f"fused_linear_update_ws: the split design ({config.label}) hands g over in an fp32 "
+                         "layout of the state's tiles: the fp32 regime only")
     h, grad_scale = kernels._check_scalars(rule, h, grad_scale)
-    return launch(weight, x, dy, states, rule, h, grad_scale, config)
+    rand = None
+    if bf16:
+        M, N = weight.shape
+        rand = (int(seed), *((max(N, 1), 0) if counter is None else kernels._linear_counter(counter, M, N)))
+    return launch(weight, x, dy, states, rule, h, grad_scale, config, rand)
 
 
-def launch(weight, x, dy, states, rule: Rule, h: tuple, grad_scale: float, config: WSConfig):
+def launch(weight, x, dy, states, rule: Rule, h: tuple, grad_scale: float, config: WSConfig, rand=None):
     """The launch itself, for operands already checked (fused_linear_update_ws, or the Triton
-    launcher's checks and route_config)."""
+    launcher's checks and route_config); rand = (seed, rand_stride, rand_base) in the bf16-sr
+    regime, None in the fp32 regime."""
     from forge_num import kernels
 
     M, N = weight.shape
     tiles = triton.cdiv(M, config.BM) * triton.cdiv(N, config.BN)
     norm_sq, nonfinite = kernels._telemetry_buffers(max(tiles, 1), weight.device, launched=bool(M and N))
     if M and N:
-        _LAUNCH.launch(*_launch_arguments(weight, x, dy, states, rule, h, grad_scale, config, norm_sq, nonfinite))
+        _LAUNCH.launch(*_launch_arguments(weight, x, dy, states, rule, h, grad_scale, config, norm_sq, nonfinite,
+                                          rand))
     return kernels.UpdateStats(norm_sq, nonfinite)
 
 
-def _launch_arguments(weight, x, dy, states, rule, h, grad_scale, c: WSConfig, norm_sq, nonfinite):
+_STORAGE = {torch.float32: gl.float32, torch.bfloat16: gl.bfloat16}
+
+
+def _launch_arguments(weight, x, dy, states, rule, h, grad_scale, c: WSConfig, norm_sq, nonfinite, rand=None):
     """(key, pins, grid, runtime arguments, constants) of a launch through _LAUNCH (CachedLaunch)."""
     from forge_num import kernels
 
     M, N = weight.shape
     K = x.shape[0]
-    state_descs = [_nvmma_desc(s, (c.BM, c.SW), gl.float32) for s in states] + [None, None]
+    bf16 = rand is not None
+    storage = _STORAGE[weight.dtype]
+    state_descs = [_nvmma_desc(s, (c.BM, c.SW), storage) for s in states] + [None, None]
     programs = min(triton.cdiv(M, c.BM) * triton.cdiv(N, c.BN), c.programs * kernels._sm_count(weight.device))
     # What Triton specializes this launch on, as a key of its own (kernels/launch_cache.py): the
-    # constexprs and options (a function of the rule and the config, pinned), which state
-    # descriptors are None, and the integers M, N, K (each: 1 or not, a multiple of 16 or not;
-    # all below 2^31, so i32). The descriptors' dtypes, blocks and layouts follow from the
-    # config; every tensor is 16-byte aligned (checked by the callers, route_config and
-    # _check_ws_operands; the telemetry buffers by construction), and the descriptors' shapes
-    # and strides are M, N, K's (contiguous operands).
-    key = (id(rule), id(c), len(states), weight.device.index, M == 1, N == 1, K == 1,
+    # constexprs and options (a function of the rule, the config and the regime, pinned), which state
+    # descriptors are None, the storage dtype (the descriptors' types) and the integers M, N, K (each:
+    # 1 or not, a multiple of 16 or not; all below 2^31, so i32); seed, rand_stride and rand_base are
+    # typed and not specialized. The descriptors' blocks and layouts follow from the config and the
+    # dtype; every tensor is 16-byte aligned (checked by the callers, route_config and
+    # _check_ws_operands; the telemetry buffers by construction), and the descriptors' shapes and
+    # strides are M, N, K's (contiguous operands).
+    key = (id(rule), id(c), len(states), bf16, weight.device.index, M == 1, N == 1, K == 1,
            M % 16 == 0, N % 16 == 0, K % 16 == 0)
+    seed, rand_stride, rand_base = rand if bf16 else (0, 0, 0)
     args = (_nvmma_desc(dy, (c.BK, c.BM), gl.bfloat16), _nvmma_desc(x, (c.BK, c.BN), gl.bfloat16),
-            _nvmma_desc(weight, (c.BM, c.SW), gl.float32), state_descs[0], state_descs[1],
-            norm_sq, nonfinite, M, N, K, h, grad_scale)
-    return key, (rule, c), (programs,), args, lambda: _launch_constants(rule, c)
+            _nvmma_desc(weight, (c.BM, c.SW), storage), state_descs[0], state_descs[1],
+            norm_sq, nonfinite, M, N, K, h, grad_scale, seed, rand_stride, rand_base)
+    return key, (rule, c, bf16), (programs,), args, lambda: _launch_constants(rule, c, bf16)
 
 
-def _launch_constants(rule: Rule, c: WSConfig) -> tuple[dict, dict]:
-    """(constexprs in the kernel's parameter order, compile options) of a rule and a config."""
-    constexprs = dict(GUARDED_UPDATE=guarded_update_gluon(rule), STAGES=c.STAGES, SLOTS=c.SLOTS,
+def _launch_constants(rule: Rule, c: WSConfig, bf16: bool = False) -> tuple[dict, dict]:
+    """(constexprs in the kernel's parameter order, compile options) of a rule, a config and a
+    regime (bf16: the bf16-sr regime)."""
+    constexprs = dict(GUARDED_UPDATE=guarded_update_gluon(rule), BF16_STORAGE=bf16, STAGES=c.STAGES, SLOTS=c.SLOTS,
                       OUT_SLOTS=c.OUT_SLOTS, GROUP_M=c.GROUP_M, SPLIT_MMA=c.split_mma, PINGPONG=bool(c.pingpong),
                       PINGPONG_REGS=c.pingpong or 0, num_warps=c.num_warps)
     return constexprs, dict(maxnreg=c.max_registers, enable_fp_fusion=False)
@@ -750,10 +878,39 @@ CANDIDATE_CONFIGS = (
     SPLIT_CONFIG,
     WSConfig(BK=32, STAGES=3, SLOTS=2, OUT_SLOTS=1, programs=2, max_registers=128),
     PINGPONG_CONFIG,
+    # the two-program tile with eight column sub-tiles and a second state slot: no spill at 128
+    # registers where the routed one spills 32 B (ptxas; session 13, not yet timed)
+    WSConfig(STAGES=2, SLOTS=2, OUT_SLOTS=1, programs=2, max_registers=128, split=8),
 )
 ROUTE_SMALL_K = 256
 ROUTE_MAX_K = 4096
 ROUTE_MIN_WORK = 2**33
+
+# The bf16-sr regime (bf16 weight and state, the Philox rounds in the epilogue): eight column
+# sub-tiles of 16 columns, since with four the rounds' temporaries spilled 250-520 B a thread in
+# every tile (ptxas, sm_90) and with eight none spills, at 128 registers too. Not yet measured on
+# the H200 (written in session 13, CPU only): the candidates below are timed by
+# `bench/ws_kernel.py --precision bf16-sr` against the Triton kernel's bf16-sr tiles, and the
+# launcher routes bf16-sr updates here only where BF16_SR_ROUTED (FORGE_NUM_GLUON_BF16_SR=1 in
+# the environment routes them for an A/B, =0 never).
+BF16_SR_SMALL_K_CONFIG = WSConfig(STAGES=2, SLOTS=2, OUT_SLOTS=1, programs=2, max_registers=128, split=8)
+BF16_SR_LARGE_K_CONFIG = WSConfig(BM=128, STAGES=3, SLOTS=2, OUT_SLOTS=1, split=8)
+BF16_SR_ROUTE_CONFIGS = (BF16_SR_SMALL_K_CONFIG, BF16_SR_LARGE_K_CONFIG)
+BF16_SR_CANDIDATE_CONFIGS = (
+    WSConfig(STAGES=3, SLOTS=4, OUT_SLOTS=2, split=8),
+    WSConfig(STAGES=2, SLOTS=2, OUT_SLOTS=1, programs=2, max_registers=168, split=8),
+    WSConfig(BM=128, STAGES=4, SLOTS=4, OUT_SLOTS=2, split=8),
+)
+BF16_SR_ROUTED = False
+BF16_SR_SMALL_K = 1024
+BF16_SR_MAX_K = 16384
+
+
+def bf16_sr_config_for(M: int, N: int, K: int) -> WSConfig | None:
+    """The tile the launcher would route a (M, N, K) bf16-sr update to, or None (the Triton kernel)."""
+    if K == 0 or K > BF16_SR_MAX_K or M * N * K < ROUTE_MIN_WORK or M % 8 or N % 8:
+        return None
+    return BF16_SR_SMALL_K_CONFIG if K <= BF16_SR_SMALL_K else BF16_SR_LARGE_K_CONFIG
 
 
 def config_for(M: int, N: int, K: int) -> WSConfig | None:
@@ -770,37 +927,50 @@ def _is_sm90(index: int) -> bool:
 
 
 def route_config(weight: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, states) -> WSConfig | None:
-    """config_for, for operands that passed the Triton launcher's checks in the fp32 regime (fp32
-    weight and plain states, no accumulation buffer): None unless on an sm_90 GPU, with bf16
-    operands, every tensor contiguous and 16-byte aligned (what the TMA descriptors need)."""
-    if weight.device.type != "cuda" or x.dtype != torch.bfloat16 or weight.dtype != torch.float32:
+    """config_for (or, for a bf16 weight, bf16_sr_config_for where bf16-sr is routed), for operands
+    that passed the Triton launcher's checks in the fp32 or bf16-sr regime (plain states, no
+    accumulation buffer): None unless on an sm_90 GPU, with bf16 operands, every tensor contiguous
+    and 16-byte aligned (what the TMA descriptors need)."""
+    if weight.device.type != "cuda" or x.dtype != torch.bfloat16:
+        return None
+    if weight.dtype == torch.bfloat16:
+        if os.environ.get("FORGE_NUM_GLUON_BF16_SR", "1" if BF16_SR_ROUTED else "0") != "1":
+            return None
+        select = bf16_sr_config_for
+    elif weight.dtype == torch.float32:
+        select = config_for
+    else:
         return None
     if not _is_sm90(weight.device.index if weight.device.index is not None else torch.cuda.current_device()):
         return None
     for t in (weight, x, dy, *states):  # dtypes: the launcher's checks (states as weight, dy as x)
         if not t.is_contiguous() or t.data_ptr() % 16:
             return None
-    return config_for(weight.shape[0], weight.shape[1], x.shape[0])
+    return select(weight.shape[0], weight.shape[1], x.shape[0])
 
 
-def compile_for_sm90(rule: Rule, config: WSConfig = DEFAULT_WS_CONFIG, M: int = 256, N: int = 256, K: int = 128):
+def compile_for_sm90(rule: Rule, config: WSConfig = DEFAULT_WS_CONFIG, M: int = 256, N: int = 256, K: int = 128,
+                     bf16: bool = False):
     """The kernel compiled for sm_90 without a GPU (descriptors built on CPU tensors, for their types
-    only): the CompiledKernel, whose .asm holds "ttgir", "ptx" and (with ptxas) "cubin"."""
+    only): the CompiledKernel, whose .asm holds "ttgir", "ptx" and (with ptxas) "cubin". bf16: the
+    bf16-sr regime's kernel."""
     from triton.backends.compiler import BaseBackend, GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import create_function_from_signature
 
     c = config
     n_state = len(rule.state)
-    constexprs, launch_options = _launch_constants(rule, c)
+    constexprs, launch_options = _launch_constants(rule, c, bf16)
+    dtype, storage = (torch.bfloat16, gl.bfloat16) if bf16 else (torch.float32, gl.float32)
     dy = torch.empty(K, M, dtype=torch.bfloat16)
     x = torch.empty(K, N, dtype=torch.bfloat16)
-    w = torch.empty(M, N)
-    states = [_nvmma_desc(torch.empty(M, N), (c.BM, c.SW), gl.float32) for _ in range(n_state)] + [None, None]
+    w = torch.empty(M, N, dtype=dtype)
+    states = [_nvmma_desc(torch.empty(M, N, dtype=dtype), (c.BM, c.SW), storage) for _ in range(n_state)] + [None, None]
     args = dict(dy_desc=_nvmma_desc(dy, (c.BK, c.BM), gl.bfloat16), x_desc=_nvmma_desc(x, (c.BK, c.BN), gl.bfloat16),
-                w_desc=_nvmma_desc(w, (c.BM, c.SW), gl.float32), s0_desc=states[0], s1_desc=states[1],
+                w_desc=_nvmma_desc(w, (c.BM, c.SW), storage), s0_desc=states[0], s1_desc=states[1],
                 norm_sq_ptr=torch.empty(4, dtype=torch.float64), nonfinite_ptr=torch.empty(4, dtype=torch.int32),
-                M=M, N=N, K=K, h=tuple(1.0 for _ in rule.scalar_names), grad_scale=1.0, **constexprs)
+                M=M, N=N, K=K, h=tuple(1.0 for _ in rule.scalar_names), grad_scale=1.0, seed=2**63 + 1,
+                rand_stride=N, rand_base=0, **constexprs)
     kernel = fused_linear_update_ws_kernel
     binder = create_function_from_signature(kernel.signature, kernel.params, BaseBackend)
     _, spec, _ = binder(**args)

@@ -109,32 +109,43 @@ def launch_specializations(kernel) -> list:
     return sorted(json.loads(s) for s in seen)
 
 
-def check_gluon_ws(rule_name: str, config) -> dict:
-    """The warp-specialized Gluon kernel (kernels/gluon_update.py) for sm_90 with one tile: IEEE op
-    counts (each vocabulary op of the rule once per element a consumer thread updates), the wgmma
-    chain, TMA copies, the partitions' register caps, ptxas resources and shared memory."""
+def check_gluon_ws(rule_name: str, config, precision: str = "fp32") -> dict:
+    """The warp-specialized Gluon kernel (kernels/gluon_update.py) for sm_90 with one tile, in the
+    fp32 or bf16-sr regime: IEEE op counts (each vocabulary op of the rule once per element a
+    consumer thread updates), the wgmma chain, TMA copies, the partitions' register caps, ptxas
+    resources and shared memory; bf16-sr: the Philox rounds' multiplications (two mul.hi.u32 a
+    round, ten rounds, per element)."""
     from bench.registers import resource_usage
     from forge_num import rules
     from forge_num.kernels.gluon_update import compile_for_sm90
 
     rule = rules.get_rule(rule_name)
-    compiled = compile_for_sm90(rule, config)
+    bf16 = precision == "bf16-sr"
+    compiled = compile_for_sm90(rule, config, bf16=bf16)
     ptx = compiled.asm["ptx"]
     calls = vocabulary_calls(rule.update) + vocabulary_calls(rules.guarded_update)
     per_thread = config.BM * config.BN // (32 * config.num_warps)  # elements a consumer thread updates
     consumers = 2 if config.pingpong else 1  # the ping-pong design: the consumer's code twice, one per warp group
-    return {"rule": rule_name, "config": config.label, "ptx": count(ptx), "forbidden": forbidden(ptx),
+    return {"rule": rule_name, "config": config.label, "precision": precision, "ptx": count(ptx),
+            "forbidden": forbidden(ptx),
             "expected": {op: calls.get(op, 0) * per_thread * consumers for op in PTX_OP},
-            "consumers": consumers,
+            "consumers": consumers, "per_thread": per_thread,
+            "mul_hi": len(re.findall(r"mul\.hi\.u32", ptx)),
             "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "tma": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
             "setmaxnreg": len(re.findall(r"setmaxnreg", ptx)), "shared": int(compiled.metadata.shared),
-            "shared_model": config.shared_bytes(len(rule.state)), **resource_usage(ptx)}
+            "shared_model": config.shared_bytes(len(rule.state), 2 if bf16 else 4), **resource_usage(ptx)}
 
 
 def _gluon_ws_configs():
     from forge_num.kernels.gluon_update import DEFAULT_WS_CONFIG, PINGPONG_CONFIG, ROUTE_CONFIGS, SPLIT_CONFIG
 
     return (DEFAULT_WS_CONFIG, *ROUTE_CONFIGS, SPLIT_CONFIG, PINGPONG_CONFIG)
+
+
+def _gluon_ws_bf16_sr_configs():
+    from forge_num.kernels.gluon_update import BF16_SR_CANDIDATE_CONFIGS, BF16_SR_ROUTE_CONFIGS
+
+    return (*BF16_SR_ROUTE_CONFIGS, *BF16_SR_CANDIDATE_CONFIGS)
 
 
 def main() -> int:
@@ -156,7 +167,8 @@ def main() -> int:
                                                ("8bit", "bf16", kernels.Q8_CONFIGS[kernels.torch.bfloat16]),
                                                ("8bit", "fp32", kernels.Q8_CONFIGS[kernels.torch.float32]))
                          for c in cfgs],
-           "gluon_ws": [check_gluon_ws(r, c) for r in ("adamw", "lion", "sgd") for c in _gluon_ws_configs()],
+           "gluon_ws": [check_gluon_ws(r, c) for r in ("adamw", "lion", "sgd") for c in _gluon_ws_configs()]
+                       + [check_gluon_ws(r, c, "bf16-sr") for r in ("adamw", "sgd") for c in _gluon_ws_bf16_sr_configs()],
            "labels": {str(c): c.label for c in (*kernels.BF16_CONFIGS, *kernels.IEEE_CONFIGS,
                                                 *kernels.Q8_CONFIGS[kernels.torch.bfloat16],
                                                 *kernels.Q8_CONFIGS[kernels.torch.float32])}}

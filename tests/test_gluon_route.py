@@ -82,3 +82,51 @@ def test_a_descriptor_set_directly_equals_tritons_constructor(shape, block, dtyp
     assert type(fast) is TensorDescriptor
     for f in gluon_update._DESC_FIELDS:
         assert getattr(fast, f) is t if f == "base" else getattr(fast, f) == getattr(made, f), f
+
+
+@pytest.mark.parametrize("M,N,K,expect", [
+    (4096, 8192, 256, "small"), (4096, 4096, 1024, "small"), (4096, 4096, 2048, "large"),
+    (14336, 4096, 16384, "large"), (4096, 4096, 16385, None), (4096, 4096, 256, None), (4100, 8192, 1024, None),
+    (8192, 8192, 0, None),
+])
+def test_bf16_sr_config_for(M, N, K, expect):
+    got = gluon_update.bf16_sr_config_for(M, N, K)
+    want = {"small": gluon_update.BF16_SR_SMALL_K_CONFIG, "large": gluon_update.BF16_SR_LARGE_K_CONFIG, None: None}
+    assert got == want[expect]
+
+
+def test_bf16_sr_configs_fit_an_sm_and_split_in_eighths():
+    """bf16 state slots are half the fp32 ones; every bf16-sr tile takes eight column sub-tiles."""
+    for c in (*gluon_update.BF16_SR_ROUTE_CONFIGS, *gluon_update.BF16_SR_CANDIDATE_CONFIGS):
+        assert c.split == 8 and c.SW == c.BN // 8 and c.label.endswith("e8")
+        assert c.programs * (c.shared_bytes(2, state_bytes=2) + 1024) <= 228 * 1024, c
+    with pytest.raises(ValueError, match="4 or 8 column sub-tiles"):
+        gluon_update.WSConfig(split=2)
+    with pytest.raises(ValueError, match="4 or 8 column sub-tiles"):
+        gluon_update.WSConfig(split=8, split_mma=True, max_registers=128)
+
+
+def test_the_bf16_sr_kernel_names_what_it_refuses():
+    """bf16-sr needs a key, one storage dtype throughout, and not the split design (checked before any
+    launch, so on the CPU)."""
+    w = torch.zeros(64, 128, dtype=torch.bfloat16)
+    x = torch.zeros(64, 128, dtype=torch.bfloat16)
+    dy = torch.zeros(64, 64, dtype=torch.bfloat16)
+    states = [torch.zeros_like(w), torch.zeros_like(w)]
+    h = rules.ADAMW.scalars({"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}, 1)
+    with pytest.raises(ValueError, match="needs seed="):
+        gluon_update.fused_linear_update_ws(w, x, dy, states, rules.ADAMW, h)
+    with pytest.raises(ValueError, match="needs seed="):
+        gluon_update.fused_linear_update_ws(w, x, dy, states, rules.ADAMW, h, seed=2**64)
+    with pytest.raises(TypeError, match="bf16-sr regime"):
+        gluon_update.fused_linear_update_ws(w, x, dy, [states[0].float(), states[1]], rules.ADAMW, h, seed=1)
+    with pytest.raises(ValueError, match="split design"):
+        gluon_update.fused_linear_update_ws(w, x, dy, states, rules.ADAMW, h, seed=1, config=gluon_update.SPLIT_CONFIG)
+
+
+def test_no_bf16_sr_route_off_the_gpu_or_unless_enabled(monkeypatch):
+    w = torch.zeros(4096, 8192, dtype=torch.bfloat16)
+    x = torch.zeros(1024, 8192, dtype=torch.bfloat16)
+    dy = torch.zeros(1024, 4096, dtype=torch.bfloat16)
+    monkeypatch.setenv("FORGE_NUM_GLUON_BF16_SR", "1")
+    assert gluon_update.route_config(w, x, dy, [torch.zeros_like(w)] * 2) is None  # a CPU tensor

@@ -3,7 +3,8 @@ bits and the emulator's: weight and state bit for bit against kernels.fused_line
 64x128x64 tile (the same wgmma chain) and against the emulator's epilogue on the unfused mainloop's
 dW; the non-finite count equal; Σ g² within proofs/telemetry.md's bound. Cases cover edge tiles,
 a partial last K block, several tiles per program (the rings' phases wrapping), non-finite
-gradients and every rule with each number of states.
+gradients and every rule with each number of states, in the fp32 regime and the bf16-sr regime
+(bf16 weight and state, stochastic rounding with the Philox stream, shards' counter maps).
 
 Its PTX (IEEE ops only, no spills) is checked on the CPU by tests/test_ptx.py.
 """
@@ -20,7 +21,7 @@ import torch
 from forge_num import kernels, rules
 from forge_num.emulator import emulate_elementwise
 from forge_num.emulator.bounds import sum_of_squares_order_bound
-from tests.kernel_cases import same_bits
+from tests.kernel_cases import bf16_bits, same_bits
 
 pytestmark = [pytest.mark.exactness, pytest.mark.gpu]
 if not torch.cuda.is_available():
@@ -85,6 +86,59 @@ def _check(rule_name, M, N, K, seed, bad_rows=0, grad_scale=1.0, config=None):
         assert not math.isfinite(got)
 
 
+def _check_bf16_sr(rule_name, M, N, K, seed, config, bad_rows=0, counter=None):
+    """The bf16-sr regime: bf16 weight and state, rounded stochastically with the Philox words of
+    each element's counter under the key; Gluon against the Triton kernel and the emulator."""
+    from forge_num.emulator.philox import derive_seed
+    from forge_num.kernels.gluon_update import fused_linear_update_ws
+
+    rule, h, w32, s32, x, dy = _case(rule_name, M, N, K, seed, bad_rows)
+    w0, s0 = w32.bfloat16(), [s.bfloat16() for s in s32]
+    key = derive_seed(seed, 3, 2**40 + M)  # a key above 2^63 for some seeds: the u64 argument
+    ww, sw = w0.clone(), [s.clone() for s in s0]
+    stats_ws = fused_linear_update_ws(ww, x, dy, sw, rule, h, config=config, seed=key, counter=counter)
+    wt, st = w0.clone(), [s.clone() for s in s0]
+    stats_t = kernels.fused_linear_update(wt, x, dy, st, rule, h, config=TRITON_TWIN, seed=key, counter=counter)
+    assert same_bits(ww, wt), "Gluon weight != Triton weight (bf16-sr)"
+    for a, b in zip(sw, st):
+        assert same_bits(a, b), "Gluon state != Triton state (bf16-sr)"
+    assert int(stats_ws.nonfinite) == int(stats_t.nonfinite)
+    grad = kernels.linear_mainloop(x, dy, config=TRITON_TWIN).cpu().numpy()
+    p_e, s_e, bad_e = emulate_elementwise(bf16_bits(w0.cpu()), grad, [bf16_bits(s.cpu()) for s in s0], rule=rule, h=h,
+                                          seed=key, counter=counter)
+    assert np.array_equal(p_e, bf16_bits(ww.cpu())), "emulated epilogue != Gluon weight (bf16-sr)"
+    for a, b in zip(s_e, sw):
+        assert np.array_equal(a, bf16_bits(b.cpu())), "emulated epilogue != Gluon state (bf16-sr)"
+    assert bad_e == int(stats_ws.nonfinite) and (bad_rows == 0) == (bad_e == 0)
+    # the stochastic rounding happened: some weight's bits differ from round-to-nearest of the fp32 update
+    p32, _, _ = emulate_elementwise(w0.float().cpu().numpy(), grad, [s.float().cpu().numpy() for s in s0], rule=rule,
+                                    h=h)
+    assert not np.array_equal(p_e, bf16_bits(torch.from_numpy(p32).bfloat16()))
+
+
+def _bf16_sr_configs():
+    from forge_num.kernels.gluon_update import BF16_SR_CANDIDATE_CONFIGS, BF16_SR_ROUTE_CONFIGS
+
+    return [*BF16_SR_ROUTE_CONFIGS, *BF16_SR_CANDIDATE_CONFIGS]
+
+
+@pytest.mark.parametrize("config", _bf16_sr_configs(), ids=lambda c: c.label)
+@pytest.mark.parametrize("rule_name", sorted(HYPERS))
+@pytest.mark.parametrize("M,N,K", [(64, 128, 64), (200, 264, 150), (8 * 37, 8 * 41, 1024)])
+def test_ws_kernel_bf16_sr_gives_the_triton_kernels_bits(rule_name, M, N, K, config):
+    _check_bf16_sr(rule_name, M, N, K, seed=M * 7 + N + K, config=config)
+
+
+def test_ws_kernel_bf16_sr_shards_and_walks():
+    """A column shard's counter map (its elements' indices in a parameter 3x as wide, from column
+    N), a counter base past 2^32, non-finite gradients, and one program walking every tile."""
+    for config in _bf16_sr_configs():
+        _check_bf16_sr("adamw", 200, 264, 150, seed=21, config=config, counter=(264, 3 * 264, 264 + 2**33))
+        _check_bf16_sr("adamw", 200, 264, 150, seed=22, config=config, bad_rows=3)
+        with mock.patch.object(kernels, "_sm_count", lambda device: 1):
+            _check_bf16_sr("lion", 320, 384, 200, seed=23, config=config)
+
+
 def _configs():
     from forge_num.kernels.gluon_update import WSConfig
 
@@ -122,6 +176,8 @@ def test_refuses_what_it_does_not_cover():
     rule, h, w, s, x, dy = _case("adamw", 64, 128, 64, seed=1)
     with pytest.raises(TypeError, match="fp32 regime"):
         fused_linear_update_ws(w.bfloat16(), x, dy, s, rule, h)
+    with pytest.raises(ValueError, match="needs seed="):
+        fused_linear_update_ws(w.bfloat16(), x, dy, [t.bfloat16() for t in s], rule, h)
     with pytest.raises(TypeError, match="bf16 operands"):
         fused_linear_update_ws(w, x.float(), dy.float(), s, rule, h)
     with pytest.raises(ValueError, match="contiguous"):
@@ -139,8 +195,8 @@ def _spied_launch():
 
 
 def _tiles(launch):
-    """The WSConfig of each recorded launch (launch's last argument)."""
-    return [c.args[-1] for c in launch.call_args_list]
+    """The WSConfig of each recorded launch (launch's eighth argument)."""
+    return [c.args[7] for c in launch.call_args_list]
 
 
 @pytest.mark.parametrize("M,N,K", [(4096, 8192, 256), (4096, 4096, 1024), (4096, 4096, 4096)])
@@ -164,6 +220,30 @@ def test_the_launcher_routes_where_measured_faster(M, N, K):
     with mock.patch.dict("os.environ", {"FORGE_NUM_GLUON": "0"}), _spied_launch() as launch:
         kernels.fused_linear_update(w0.clone(), x, dy, [s.clone() for s in s0], rule, h)
     assert _tiles(launch) == []
+
+
+@pytest.mark.parametrize("K", [256, 2048])
+def test_the_launcher_routes_bf16_sr_where_enabled(K):
+    """bf16-sr through kernels.fused_linear_update with no tile given: with FORGE_NUM_GLUON_BF16_SR=1
+    the Gluon kernel (gluon_update.bf16_sr_config_for), with =0 the Triton kernel, the same bits."""
+    from forge_num.emulator.philox import derive_seed
+    from forge_num.kernels import gluon_update
+
+    M, N = 4096, 8192 // (K // 256 if K > 256 else 1)
+    rule, h, w32, s32, x, dy = _case("adamw", M, N, K, seed=K + 1)
+    w0, s0 = w32.bfloat16(), [s.bfloat16() for s in s32]
+    key = derive_seed(5, K, 9)
+    outs = []
+    for flag in ("1", "0"):
+        w, s = w0.clone(), [t.clone() for t in s0]
+        with mock.patch.dict("os.environ", {"FORGE_NUM_GLUON_BF16_SR": flag}), _spied_launch() as launch:
+            kernels.fused_linear_update(w, x, dy, s, rule, h, seed=key)
+        expect = gluon_update.bf16_sr_config_for(M, N, K)
+        assert expect is not None
+        assert _tiles(launch) == ([expect] if flag == "1" else [])
+        outs.append((w, s))
+    (wg, sg), (wt, st) = outs
+    assert same_bits(wg, wt) and all(same_bits(a, b) for a, b in zip(sg, st))
 
 
 def test_training_a_routed_layer_equals_the_materialized_reference():
@@ -223,3 +303,30 @@ def test_cached_launch_is_tritons_kernel_and_bits(rule_name):
             constexprs, options = constants()
             tritons = gu.fused_linear_update_ws_kernel.run(*args, grid=grid, warmup=True, **constexprs, **options)
             assert gu._LAUNCH.lookup(key) is tritons, (config, M, N, K)
+
+
+def test_cached_launch_bf16_sr_whatever_the_key():
+    """The bf16-sr launch's key does not name the Philox key or the counter map (typed u64 / i64 and
+    not specialized): for keys and bases of every size class Triton's own lookup picks the kernel kept
+    under that key, and both launch paths give the same bits."""
+    from forge_num.kernels import gluon_update as gu
+
+    config = gu.BF16_SR_SMALL_K_CONFIG
+    rule, h, w32, s32, x, dy = _case("adamw", 264, 136, 100, seed=3)
+    w0, s0 = w32.bfloat16(), [s.bfloat16() for s in s32]
+    for seed, base in ((1, 0), (16, 2**31), (2**31 + 5, 2**40 + 16), (2**63 + 7, 3), (2**64 - 1, 0)):
+        rand = (seed, 136, base)
+        outs = []
+        for fast in ("0", "1"):
+            w, s = w0.clone(), [t.clone() for t in s0]
+            with mock.patch.dict("os.environ", {"FORGE_NUM_FAST_LAUNCH": fast}):
+                gu.launch(w, x, dy, s, rule, h, 1.0, config, rand)
+            outs.append((w, s))
+        (wj, sj), (wf, sf) = outs
+        assert same_bits(wj, wf) and all(same_bits(a, b) for a, b in zip(sj, sf)), (seed, base)
+        norm_sq, nonfinite = kernels._telemetry_buffers(4, CUDA, launched=True)
+        key, pins, grid, args, constants = gu._launch_arguments(w0, x, dy, s0, rule, h, 1.0, config, norm_sq,
+                                                                  nonfinite, rand)
+        constexprs, options = constants()
+        tritons = gu.fused_linear_update_ws_kernel.run(*args, grid=grid, warmup=True, **constexprs, **options)
+        assert gu._LAUNCH.lookup(key) is tritons, (seed, base)
