@@ -202,7 +202,7 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32") -
         p.grad = None
     labels = {str(c): c.label for c in (*configs, *candidates)}
     # what the launcher runs with no tile given: the Gluon kernel where kernels._ws_route sends it
-    routed = kernels._ws_route(w, x, dy, states) if precision == "fp32" else None
+    routed = kernels._ws_route(w, x, dy, states) if precision != "8bit" else None
     if routed is not None:
         default = routed
     flops = 2.0 * K * M * N
