@@ -900,6 +900,11 @@ BF16_SR_CANDIDATE_CONFIGS = (
     WSConfig(STAGES=3, SLOTS=4, OUT_SLOTS=2, split=8),
     WSConfig(STAGES=2, SLOTS=2, OUT_SLOTS=1, programs=2, max_registers=168, split=8),
     WSConfig(BM=128, STAGES=4, SLOTS=4, OUT_SLOTS=2, split=8),
+    # more consumer warps an SM for the Philox rounds' dependent integer chains (session 13, call 1:
+    # the tiles above, 4-8 consumer warps an SM, were 0.46-0.68x the Triton bf16-sr tile, which runs
+    # 16): 64x64 tiles, four programs at 80 registers or three at 104, no spill in ptxas
+    WSConfig(BN=64, STAGES=2, SLOTS=2, OUT_SLOTS=1, programs=4, max_registers=80, split=8),
+    WSConfig(BN=64, STAGES=3, SLOTS=2, OUT_SLOTS=1, programs=3, max_registers=104, split=8),
 )
 BF16_SR_ROUTED = False
 BF16_SR_SMALL_K = 1024

@@ -80,7 +80,8 @@ def philox4x32_10(seed, offset):
     (emulator/philox.py states them): key (k0, k1) = (seed mod 2^32, seed >> 32) of the uint64
     seed, counter (offset mod 2^32, offset >> 32 mod 2^32, 0, 0); per round, in uint32 arithmetic,
     c0' = umulhi(B, c2) ^ c1 ^ k0, c2' = umulhi(A, c0) ^ c3 ^ k1, c1' = B c2, c3' = A c0, then the
-    key bump k0 += 0x9E3779B9, k1 += 0xBB67AE85; ten rounds."""
+    key bump k0 += 0x9E3779B9, k1 += 0xBB67AE85; ten rounds. ``seed`` must be a runtime integer, not
+    a constexpr (the kernels type it u64 and do not specialize it)."""
     key = seed.to(tl.uint64)
     k0 = (key & 0xFFFFFFFF).to(tl.uint32)
     k1 = (key >> 32).to(tl.uint32)

@@ -112,8 +112,8 @@ if __name__ == "__main__":
         tl.store(out_ptr + 3 * N + i, c3)
         tl.store(out_ptr + 4 * N + i, KRand.randint(seed, off))
 
-    @triton.jit
-    def k_philox_written_out(seed, off_ptr, out_ptr, N: tl.constexpr):
+    @triton.jit(do_not_specialize=["seed"])  # as the kernels pass it: typed u64, never a constexpr
+    def k_philox_written_out(seed: tl.uint64, off_ptr, out_ptr, N: tl.constexpr):
         i = tl.arange(0, N)
         off = tl.load(off_ptr + i)
         c0, c1, c2, c3 = KRand.philox4x32_10(seed, off)
