@@ -86,6 +86,48 @@ MODELS = {
                  max_position_embeddings=512),
 }
 
+def memory_at_peak(forward, after, top: int = 14) -> dict:
+    """One more step under the allocator's history (torch.cuda.memory._record_memory_history): the
+    step's peak of allocated bytes, replayed from the trace, and the allocations made during the
+    step and alive at that moment, largest first, each with its size and the innermost Python
+    frames that made it; what was allocated before the step (weights, state) is one line."""
+    import torch
+
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
+    try:
+        loss = forward()
+        loss.backward()
+        after()
+        torch.cuda.synchronize()
+        snap = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    live, total, peak, at_peak = {}, 0, 0, {}
+    for trace in snap["device_traces"]:
+        for e in trace:
+            if e["action"] == "alloc":
+                live[e["addr"]] = e
+                total += e["size"]
+            elif e["action"] == "free_completed" and e["addr"] in live:
+                total -= live.pop(e["addr"])["size"]
+            else:
+                continue
+            if total > peak:
+                peak, at_peak = total, dict(live)
+
+    def where(e):
+        frames = [f for f in e.get("frames", []) if "/torch/" not in f["filename"] or "autograd" in f["filename"]]
+        return [f"{f['filename'].rsplit('/', 2)[-2]}/{f['filename'].rsplit('/', 1)[-1]}:{f['line']} {f['name']}"
+                for f in frames[:4]]
+
+    blocks = sorted(at_peak.values(), key=lambda e: -e["size"])
+    return {"before_step_gib": base / GIB, "peak_gib": (base + peak) / GIB, "step_at_peak_gib": peak / GIB,
+            "allocations": [{"mib": e["size"] / 2**20, "where": where(e)} for e in blocks[:top]],
+            "other_mib": sum(e["size"] for e in blocks[top:]) / 2**20, "n_alive": len(blocks)}
+
+
 # --------------------------------------------------------------------------------------------
 # Memory model (bytes), written down before measuring
 # --------------------------------------------------------------------------------------------
@@ -458,6 +500,9 @@ def run_spec(spec: dict) -> dict:
         if cuda and spec.get("memory_phases"):
             row["peak_gib"] = torch.cuda.max_memory_allocated() / GIB  # the timed steps' peak, kept
             row["memory_phases_gib"] = memory_phases(forward, after)
+        if cuda and spec.get("memory_snapshot"):
+            row["peak_gib"] = max(row["peak_gib"] or 0.0, torch.cuda.max_memory_allocated() / GIB)
+            row["memory_at_peak"] = memory_at_peak(forward, after)
         if spec.get("profile"):
             row.update(profile_step(step, cuda))
         row["losses"] = [float(x) for x in losses]
@@ -674,6 +719,13 @@ def print_row(r: dict) -> None:
         print(f"    in {len(events)} timed steps: " + ", ".join(f"{k} {v}" for k, v in totals.items() if v), flush=True)
     if r.get("memory_phases_gib"):
         print("    memory (GiB): " + ", ".join(f"{k} {v:.2f}" for k, v in r["memory_phases_gib"].items()), flush=True)
+    if r.get("memory_at_peak"):
+        m = r["memory_at_peak"]
+        print(f"    at the step's peak {m['peak_gib']:.2f} GiB: before the step {m['before_step_gib']:.2f}, "
+              f"{m['n_alive']} allocations of the step alive:", flush=True)
+        for a in m["allocations"]:
+            print(f"      {a['mib']:9.1f} MiB  " + " < ".join(a["where"]), flush=True)
+        print(f"      {m['other_mib']:9.1f} MiB  the rest", flush=True)
     if r.get("profile_ms"):
         print(f"    profiled step: wall {r['profile_wall_ms']:.1f} ms, kernels {r['profile_device_ms']:.1f} ms; by kind: "
               + ", ".join(f"{k} {v:.1f}" for k, v in r["profile_ms"].items()), flush=True)
@@ -696,6 +748,8 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true", help="one more step under torch.profiler: time by kernel kind")
     ap.add_argument("--memory-phases", action="store_true",
                     help="one more step: the allocator's peak in forward, backward and after (CUDA)")
+    ap.add_argument("--memory-snapshot", action="store_true",
+                    help="one more step under the allocator's history: what is alive at its peak, and where from (CUDA)")
     ap.add_argument("--gc", choices=["freeze", "default"], default="freeze",
                     help="freeze: gc.collect() and gc.freeze() once the model and optimizer are built, for every "
                          "method (as torchtitan manages Python's collector), so that a full collection inside a "
@@ -766,7 +820,7 @@ def main(argv=None) -> int:
                         spec = {"method": method, "config": cfg, "batch": batch, "seq": seq,
                                 "checkpointing": ckpt, "warmup": args.warmup, "steps": args.steps,
                                 "cpu": not cuda, "threads": 1 if args.tiny else None, "profile": args.profile,
-                                "memory_phases": args.memory_phases,
+                                "memory_phases": args.memory_phases, "memory_snapshot": args.memory_snapshot,
                                 "gc": args.gc}
                         row.update(run_isolated(spec, isolation, args.run_timeout))
                     rows.append(row)
