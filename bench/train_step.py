@@ -86,46 +86,58 @@ MODELS = {
                  max_position_embeddings=512),
 }
 
-def memory_at_peak(forward, after, top: int = 14) -> dict:
-    """One more step under the allocator's history (torch.cuda.memory._record_memory_history): the
-    step's peak of allocated bytes, replayed from the trace, and the allocations made during the
-    step and alive at that moment, largest first, each with its size and the innermost Python
-    frames that made it; what was allocated before the step (weights, state) is one line."""
+def memory_at_peak(forward, after, top: int = 16) -> dict:
+    """One more step under the allocator's history (torch.cuda.memory._record_memory_history, no
+    stack capture: with Python stacks torch 2.11 failed inside forge's autograd Function, session 13
+    call 3): the step's peak of allocated bytes, replayed from the trace, in which phase it falls,
+    and the allocations made during the step and alive at that moment, largest first, each with its
+    size and the phase (forward, backward, after) that made it; what was allocated
+    before the step (weights, state) is one number."""
     import torch
+
+    def trace_length():
+        return sum(len(t) for t in torch.cuda.memory._snapshot()["device_traces"])
 
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
-    torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
+    torch.cuda.memory._record_memory_history(max_entries=2_000_000, context=None, stacks="python")
     try:
         loss = forward()
+        torch.cuda.synchronize()
+        n_forward = trace_length()
         loss.backward()
+        torch.cuda.synchronize()
+        n_backward = trace_length()
         after()
         torch.cuda.synchronize()
         snap = torch.cuda.memory._snapshot()
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-    live, total, peak, at_peak = {}, 0, 0, {}
+
+    def phase(i):
+        return "forward" if i < n_forward else "backward" if i < n_backward else "after"
+
+    live, total, peak, at_peak, peak_index, i = {}, 0, 0, {}, 0, -1
     for trace in snap["device_traces"]:
         for e in trace:
+            i += 1
             if e["action"] == "alloc":
-                live[e["addr"]] = e
+                live[e["addr"]] = (i, e["size"])
                 total += e["size"]
             elif e["action"] == "free_completed" and e["addr"] in live:
-                total -= live.pop(e["addr"])["size"]
+                total -= live.pop(e["addr"])[1]
             else:
                 continue
             if total > peak:
-                peak, at_peak = total, dict(live)
-
-    def where(e):
-        frames = [f for f in e.get("frames", []) if "/torch/" not in f["filename"] or "autograd" in f["filename"]]
-        return [f"{f['filename'].rsplit('/', 2)[-2]}/{f['filename'].rsplit('/', 1)[-1]}:{f['line']} {f['name']}"
-                for f in frames[:4]]
-
-    blocks = sorted(at_peak.values(), key=lambda e: -e["size"])
+                peak, at_peak, peak_index = total, dict(live), i
+    blocks = sorted(at_peak.values(), key=lambda b: -b[1])
+    by_phase = {}
+    for j, size in blocks:
+        by_phase[phase(j)] = by_phase.get(phase(j), 0) + size / GIB
     return {"before_step_gib": base / GIB, "peak_gib": (base + peak) / GIB, "step_at_peak_gib": peak / GIB,
-            "allocations": [{"mib": e["size"] / 2**20, "where": where(e)} for e in blocks[:top]],
-            "other_mib": sum(e["size"] for e in blocks[top:]) / 2**20, "n_alive": len(blocks)}
+            "peak_phase": phase(peak_index), "alive_by_phase_gib": by_phase, "n_alive": len(blocks),
+            "allocations": [{"mib": size / 2**20, "phase": phase(j), "order": j} for j, size in blocks[:top]],
+            "other_mib": sum(size for _, size in blocks[top:]) / 2**20}
 
 
 # --------------------------------------------------------------------------------------------
@@ -721,10 +733,11 @@ def print_row(r: dict) -> None:
         print("    memory (GiB): " + ", ".join(f"{k} {v:.2f}" for k, v in r["memory_phases_gib"].items()), flush=True)
     if r.get("memory_at_peak"):
         m = r["memory_at_peak"]
-        print(f"    at the step's peak {m['peak_gib']:.2f} GiB: before the step {m['before_step_gib']:.2f}, "
-              f"{m['n_alive']} allocations of the step alive:", flush=True)
+        print(f"    at the step's peak {m['peak_gib']:.2f} GiB (in {m['peak_phase']}): before the step "
+              f"{m['before_step_gib']:.2f}, {m['n_alive']} allocations of the step alive, by phase made "
+              + ", ".join(f"{k} {v:.2f}" for k, v in m["alive_by_phase_gib"].items()), flush=True)
         for a in m["allocations"]:
-            print(f"      {a['mib']:9.1f} MiB  " + " < ".join(a["where"]), flush=True)
+            print(f"      {a['mib']:9.1f} MiB  {a['phase']:<8} event {a['order']}", flush=True)
         print(f"      {m['other_mib']:9.1f} MiB  the rest", flush=True)
     if r.get("profile_ms"):
         print(f"    profiled step: wall {r['profile_wall_ms']:.1f} ms, kernels {r['profile_device_ms']:.1f} ms; by kind: "
