@@ -32,10 +32,10 @@ from bench.kernels import HYPER, adamw_problem  # noqa: E402
 from forge_num import kernels, rules  # noqa: E402
 
 
-def tile_by_label(label: str, M: int, N: int, K: int):
+def tile_by_label(label: str, M: int, N: int, K: int, bf16_storage: bool = False):
     """'default' (the launcher's pick) or a TileConfig label among the library's and candidate tiles."""
     if label == "default":
-        return kernels.default_config(M, N, K, torch.bfloat16, False)
+        return kernels.default_config(M, N, K, torch.bfloat16, bf16_storage)
     tiles = {c.label: c for c in (*kernels.configs_for(torch.bfloat16), *kernels.CANDIDATE_CONFIGS)}
     if label not in tiles:
         raise SystemExit(f"unknown tile label {label!r}; known: {sorted(tiles)}")
@@ -49,20 +49,27 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default="default", help="comma-separated tile labels ('_' for space), or 'default'")
     ap.add_argument("--ws-configs", default="", help="comma-separated labels of bench/ws_kernel.py's Gluon tiles "
                     "('_' for space), launched after the Triton tiles")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16-sr"],
+                    help="bf16-sr: bf16 weight and state (the Philox key 12345), unfused on a bf16 parameter")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("ncu_probe needs CUDA")
     M, N = (int(s) for s in args.shape.split("x"))
     K = args.tokens
     x, dy, w, states, h = adamw_problem(M, N, K)
+    bf16 = args.precision == "bf16-sr"
+    seed = 12345 if bf16 else None
+    if bf16:
+        w = w.bfloat16()
+        states = [torch.zeros_like(w), torch.zeros_like(w)]
     # labels hold spaces; "_" stands for one where a shell word cannot hold them (gpu_session.sh)
-    tiles = [tile_by_label(c.replace("_", " "), M, N, K) for c in args.configs.split(",")]
+    tiles = [tile_by_label(c.replace("_", " "), M, N, K, bf16) for c in args.configs.split(",") if c]
     ws_tiles = []
     if args.ws_configs:
         from bench.ws_kernel import WS_CONFIGS
         from forge_num.kernels.gluon_update import fused_linear_update_ws
 
-        known = {c.label: c for c in WS_CONFIGS}
+        known = {c.label: c for c in WS_CONFIGS[args.precision]}
         for label in args.ws_configs.split(","):
             if label.replace("_", " ") not in known:
                 raise SystemExit(f"unknown WS label {label!r}; known: {sorted(known)}")
@@ -73,12 +80,13 @@ def main(argv=None) -> int:
 
     def launches():
         for t in tiles:
-            kernels.fused_linear_update(w, x, dy, states, rules.ADAMW, h, config=t)
+            kernels.fused_linear_update(w, x, dy, states, rules.ADAMW, h, config=t, seed=seed)
         for c in ws_tiles:
-            fused_linear_update_ws(w, x, dy, states, rules.ADAMW, h, config=c)
-        p.grad = (dy.t() @ x).float()
+            fused_linear_update_ws(w, x, dy, states, rules.ADAMW, h, config=c, seed=seed)
+        dw = dy.t() @ x
+        p.grad = dw if bf16 else dw.float()
         opt.step()
-        kernels.elementwise_update(w, g, states, rules.ADAMW, h)
+        kernels.elementwise_update(w, g, states, rules.ADAMW, h, seed=seed)
 
     for _ in range(3):
         launches()

@@ -38,11 +38,11 @@ def _child(index: int, shapes) -> None:
     import torch
 
     from bench.kernels import adamw_problem
-    from bench.ws_kernel import WS_CONFIGS
+    from bench.ws_kernel import WS_CONFIGS as WS_CONFIGS_BY_PRECISION
     from forge_num import kernels, rules
     from forge_num.kernels.gluon_update import fused_linear_update_ws
 
-    config = WS_CONFIGS[index]
+    config = WS_CONFIGS_BY_PRECISION["fp32"][index]  # the fp32 regime's tiles
     for M, N, K, sms in shapes:
         x, dy, w, states, h = adamw_problem(M, N, K)
         # states that are not zeros, so that a slot read before its load lands shows in the bits
@@ -94,7 +94,9 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench/ws_probe.py launches the Gluon kernel: it needs an sm_90 CUDA device", file=sys.stderr)
         return 2
-    from bench.ws_kernel import WS_CONFIGS
+    from bench.ws_kernel import WS_CONFIGS as WS_CONFIGS_BY_PRECISION
+
+    WS_CONFIGS = WS_CONFIGS_BY_PRECISION["fp32"]  # the fp32 regime's tiles
 
     chosen = [(i, c.label) for i, c in enumerate(WS_CONFIGS)
               if args.configs == "all" or any(part in c.label for part in args.configs.split(","))]
