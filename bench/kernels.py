@@ -129,7 +129,7 @@ def adamw_problem(M: int, N: int, K: int):
     return x, dy, w, [torch.zeros_like(w), torch.zeros_like(w)], rules.ADAMW.scalars(HYPER, 1)
 
 
-def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32") -> dict:
+def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", only=None) -> dict:
     x, dy, w32, fp32_states, h = adamw_problem(M, N, K)
     if precision == "fp32":
         w, states, seed = w32, fp32_states, None
@@ -159,6 +159,8 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32") -
     default = (kernels.default_q8_config(K, torch.bfloat16) if precision == "8bit"
                else kernels.default_config(M, N, K, torch.bfloat16, precision == "bf16-sr"))
     for cfg in (*configs, *candidates):
+        if only is not None and cfg.label not in only:
+            continue
         try:
             per_config[str(cfg)] = triton.testing.do_bench(lambda: forge(cfg), warmup=10, rep=100,
                                                            return_mode="median") * 1e-3
@@ -271,6 +273,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", default="256,512,1024,2048,4096,8192,16384")  # issue 5: every K
     ap.add_argument("--precision", default="fp32", help="comma-separated: fp32, bf16-sr, 8bit")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--configs", default=None, help="time only these tile labels ('_' for space, comma-separated) "
+                    "beside the default (the launcher's pick)")
     ap.add_argument("--mainloop", action="store_true", help="time the dW mainloop alone per tile (MAINLOOP_TILES)")
     args = ap.parse_args(argv)
     if args.mainloop:
@@ -302,7 +306,8 @@ def main(argv=None) -> int:
     for precision, (M, N), K in itertools.product(args.precision.split(","), shapes, tokens):
         if precision not in STATE_BYTES:
             raise SystemExit(f"unknown precision {precision!r}; choose from {sorted(STATE_BYTES)}")
-        rows.append(bench_one(M, N, K, ceilings, precision))
+        only = None if args.configs is None else {c.replace("_", " ") for c in args.configs.split(",")}
+        rows.append(bench_one(M, N, K, ceilings, precision, only))
         r = rows[-1]
         print(f"{precision:<7} {M:>6}x{N:<6} K={K:<6} forge {r['forge_ms']:8.3f} ms  unfused {r['unfused_ms']:8.3f} ms  "
               f"floor {r['floor_ms']:7.3f} ms  speedup {r['speedup_vs_unfused']:5.2f}x  "

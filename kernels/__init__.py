@@ -254,6 +254,12 @@ CANDIDATE_CONFIGS = (
     # session 6: 1.05-1.18x faster than the 64x64 default at K = 2048 and 4096, behind the promoted
     # four-per-SM tile (128 registers) at every point.
     TileConfig(64, 64, 64, num_warps=4, num_stages=4, epilogue_split=4, max_registers=168),
+    # bf16-sr (session 13, CPU only): the epilogue issues at IPC 1.67 of 4 with two warps a scheduler
+    # (ncu, 4096x8192, K = 256), latency-bound: eight column sub-tiles take the four-per-SM tile
+    # without its 36 B of spills (112 registers), and with two stages and a 96-register cap five
+    # programs fit an SM (20 warps; 12 B of spills)
+    TileConfig(64, 64, 64, num_warps=4, num_stages=3, epilogue_split=8, max_registers=128),
+    TileConfig(64, 64, 64, num_warps=4, num_stages=2, epilogue_split=8, max_registers=96),
 )
 CANDIDATE_Q8_CONFIGS: tuple[TileConfig, ...] = ()
 
