@@ -254,12 +254,6 @@ CANDIDATE_CONFIGS = (
     # session 6: 1.05-1.18x faster than the 64x64 default at K = 2048 and 4096, behind the promoted
     # four-per-SM tile (128 registers) at every point.
     TileConfig(64, 64, 64, num_warps=4, num_stages=4, epilogue_split=4, max_registers=168),
-    # bf16-sr (session 13, CPU only): the epilogue issues at IPC 1.67 of 4 with two warps a scheduler
-    # (ncu, 4096x8192, K = 256), latency-bound: eight column sub-tiles take the four-per-SM tile
-    # without its 36 B of spills (112 registers), and with two stages and a 96-register cap five
-    # programs fit an SM (20 warps; 12 B of spills)
-    TileConfig(64, 64, 64, num_warps=4, num_stages=3, epilogue_split=8, max_registers=128),
-    TileConfig(64, 64, 64, num_warps=4, num_stages=2, epilogue_split=8, max_registers=96),
 )
 CANDIDATE_Q8_CONFIGS: tuple[TileConfig, ...] = ()
 
@@ -593,7 +587,8 @@ def _launch_linear(
 #     (4096x4096, sessions 4-5) it was the fastest; LARGE_K_MIN_TILES = 512 is their geometric middle.
 # bf16 weight and state (bf16-sr; bench/results/2026-12-03-h200-s5/kernels_lowbit_callB.json): the
 # epilogue (Philox4x32-10 per element, three stochastic roundings) is heavier than the mainloop
-#   K < BF16_SR_LARGE_K: 64x64x64, 4 warps: the fastest at K = 256 and 2048 (0.31-0.46x).
+#   K < BF16_SR_MID_K: 64x64x64, 4 warps: the fastest at K = 256 and 2048 in session 5 (0.31-0.46x);
+#     session 13 measured the capped tile below faster at 256 too
 #   K >= BF16_SR_LARGE_K: the TMA 128x128 capped at 128 registers, so two 8-warp programs share
 #     an SM and one's epilogue runs beside the other's mainloop: 0.73-0.74x at K = 16384 against
 #     0.45-0.46x for the 64x64 (the uncapped TMA 128x128: 0.59x). It spills 356 B (fp32) / 560 B
@@ -601,8 +596,13 @@ def _launch_linear(
 #   BF16_SR_MID_K <= K < BF16_SR_LARGE_K: the 64x64 capped at 128 registers (3 stages), four
 #     programs per SM instead of two: 1.18-1.26x faster than the 64x64 at K = 2048 and 1.09-1.23x
 #     at 4096, on 4096x4096 and 14336x4096 (bench/results/2026-12-03-h200-s6/kernels_lowbit_callB.json:
-#     0.44-0.46x the unfused step). It spills 36 B in bf16-sr (tests/test_ptx.py). Below 2048 tokens
-#     it is not measured, so the 64x64 stays there.
+#     0.44-0.46x the unfused step). It spills 36 B in bf16-sr (tests/test_ptx.py). Session 13
+#     measured it at K = 256 (bench/results/2026-12-04-h200-s13/call7/kernels_bf16sr.json): 0.200
+#     against 0.258 ms on 4096x4096 and 0.705 against 0.897 on 14336x4096, 1.27-1.29x the uncapped
+#     64x64; so BF16_SR_MID_K moved from 2048 to 256 (512 and 1024 lie between two measured wins,
+#     not themselves measured; below 256 tokens the uncapped 64x64 stays, not measured).
+#     The two candidates with eight column sub-tiles (four programs without spills; five at 96
+#     registers) lost to it at 5 of 6 points (won 5% at 14336x4096, K = 4096) and were dropped.
 #   BF16_SR_LARGE_K = 8192, measured in session 6: at K = 4096 the capped TMA 128x128 was slower
 #   than the capped 64x64 (0.587 against 0.564 ms on 4096x4096, 2.155 against 2.019 on
 #   14336x4096); at 8192 it was 1.31x and 1.39x faster.
@@ -618,7 +618,7 @@ MID_K = 2048
 TALL_M = 8192
 SMALL_WORK = 2**33
 LARGE_K_MIN_TILES = 512
-BF16_SR_MID_K = 2048
+BF16_SR_MID_K = 256
 BF16_SR_LARGE_K = 8192
 DEFAULT_BF16_SR_MID_K_CONFIG = TileConfig(64, 64, 64, num_warps=4, num_stages=3, epilogue_split=4, max_registers=128)
 DEFAULT_BF16_CONFIG = {False: TileConfig(64, 128, 64, num_warps=4, num_stages=4, epilogue_split=4),

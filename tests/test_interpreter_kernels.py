@@ -97,7 +97,7 @@ def test_default_tile_by_k_and_operands():
     assert kernels.default_config(2048, 3968, 4096, bf16) == tma["small_k"]  # 496
     assert kernels.default_config(8192, 2048, 4096, bf16) == tma["large_k"]  # 1024
     assert kernels.default_config(8192, 8192, 16384, bf16, tma_ok=False) == kernels.DEFAULT_BF16_CONFIG[False]
-    assert kernels.default_config(8192, 8192, 256, bf16, bf16_storage=True) == kernels.DEFAULT_BF16_CONFIG[True]
+    assert kernels.default_config(8192, 8192, 128, bf16, bf16_storage=True) == kernels.DEFAULT_BF16_CONFIG[True]
     sr_mid, sr_large, sr_mid_cfg = kernels.BF16_SR_MID_K, kernels.BF16_SR_LARGE_K, kernels.DEFAULT_BF16_SR_MID_K_CONFIG
     assert kernels.default_config(8192, 8192, sr_mid - 1, bf16, bf16_storage=True) == kernels.DEFAULT_BF16_CONFIG[True]
     assert kernels.default_config(8192, 8192, sr_mid, bf16, bf16_storage=True) == sr_mid_cfg
