@@ -43,11 +43,18 @@ The bits (why they are the Triton kernel's and the emulator's):
     (correctly rounded fp32 ops only; launched with enable_fp_fusion=False), element-wise, so the
     sub-tile split and the layouts change no bit;
   * telemetry: Σ g² in fp64 and the non-finite count per tile, in the slot the Triton kernel uses
-    (the sum's order differs: it is bounded, not bit-exact, as there: proofs/telemetry.md).
+    (the sum's order differs: it is bounded, not bit-exact, as there: proofs/telemetry.md);
+  * bf16-sr: W and state widened from bf16 by a bit shift, rounded back stochastically with the
+    random-slice table's bits of the element's Philox4x32-10 words (kernels/random.py's
+    philox4x32_10, held against tl.randint4x), counter r rand_stride + c + rand_base: the Triton
+    kernel's texts, bound to Gluon.
 
-Scope (fused_linear_update_ws refuses the rest, and the launcher routes nothing else here): the fp32
-regime (fp32 weight and state), bf16 operands TMA can address (contiguous, 16-byte aligned, M and
-N multiples of 8), K > 0, no gradient accumulation buffer, no debug store of the accumulator.
+Scope (fused_linear_update_ws refuses the rest): the fp32 regime (fp32 weight and state) and the
+bf16-sr regime (bf16 weight and state, a Philox key), bf16 operands TMA can address (contiguous,
+16-byte aligned, M and N multiples of 8), K > 0, no gradient accumulation buffer, no debug store of
+the accumulator. The launcher routes fp32-regime updates here (config_for); bf16-sr ones only with
+FORGE_NUM_GLUON_BF16_SR=1: measured 1.0-1.85x slower than the Triton bf16-sr tile (session 13; its
+epilogue's integer and IEEE work wants more warps an SM than these tiles have).
 """
 
 from __future__ import annotations
@@ -887,12 +894,13 @@ ROUTE_MAX_K = 4096
 ROUTE_MIN_WORK = 2**33
 
 # The bf16-sr regime (bf16 weight and state, the Philox rounds in the epilogue): eight column
-# sub-tiles of 16 columns, since with four the rounds' temporaries spilled 250-520 B a thread in
-# every tile (ptxas, sm_90) and with eight none spills, at 128 registers too. Not yet measured on
-# the H200 (written in session 13, CPU only): the candidates below are timed by
-# `bench/ws_kernel.py --precision bf16-sr` against the Triton kernel's bf16-sr tiles, and the
-# launcher routes bf16-sr updates here only where BF16_SR_ROUTED (FORGE_NUM_GLUON_BF16_SR=1 in
-# the environment routes them for an A/B, =0 never).
+# sub-tiles, since with four the rounds' temporaries spilled 250-520 B a thread in every tile
+# (ptxas, sm_90) and with eight none spills, at 128 registers too. Measured on the H200 (session 13,
+# bench/results/2026-12-04-h200-s13/, `bench/ws_kernel.py --precision bf16-sr`) against the Triton
+# kernel's bf16-sr default: the best of these tiles took 1.00x its time at 4096x4096, K = 256, and
+# 1.17-1.85x elsewhere (K = 256-8192, 4096x4096 and 14336x4096); an 8B step with bf16-sr routed
+# here ran 3692 tok/s against 5172. So BF16_SR_ROUTED is False: the launcher routes bf16-sr
+# updates here only with FORGE_NUM_GLUON_BF16_SR=1 in the environment (an A/B switch; =0 never).
 BF16_SR_SMALL_K_CONFIG = WSConfig(STAGES=2, SLOTS=2, OUT_SLOTS=1, programs=2, max_registers=128, split=8)
 BF16_SR_LARGE_K_CONFIG = WSConfig(BM=128, STAGES=3, SLOTS=2, OUT_SLOTS=1, split=8)
 BF16_SR_ROUTE_CONFIGS = (BF16_SR_SMALL_K_CONFIG, BF16_SR_LARGE_K_CONFIG)
