@@ -130,3 +130,33 @@ def test_no_bf16_sr_route_off_the_gpu_or_unless_enabled(monkeypatch):
     dy = torch.zeros(1024, 4096, dtype=torch.bfloat16)
     monkeypatch.setenv("FORGE_NUM_GLUON_BF16_SR", "1")
     assert gluon_update.route_config(w, x, dy, [torch.zeros_like(w)] * 2) is None  # a CPU tensor
+
+
+def test_launch_arguments_carry_the_regime_and_the_philox_key(monkeypatch):
+    """_launch_arguments (CPU tensors, the SM count mocked): the bf16-sr launch passes its key and
+    counter map as the kernel's last three runtime arguments, bf16 state descriptors, and a cache key
+    and constexprs of its own; the fp32 launch passes zeros there and its own key."""
+    from triton.experimental.gluon import language as gl
+
+    monkeypatch.setattr(kernels, "_sm_count", lambda device: 132)
+    c = gluon_update.BF16_SR_SMALL_K_CONFIG
+    h = rules.ADAMW.scalars({"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}, 1)
+    x = torch.zeros(64, 256, dtype=torch.bfloat16)
+    dy = torch.zeros(64, 128, dtype=torch.bfloat16)
+    norm_sq, nonfinite = torch.zeros(4, dtype=torch.float64), torch.zeros(4, dtype=torch.int32)
+    keys = {}
+    for dtype, rand in ((torch.bfloat16, (2**63 + 9, 256, 2**33)), (torch.float32, None)):
+        w = torch.zeros(128, 256, dtype=dtype)
+        states = [torch.zeros_like(w), torch.zeros_like(w)]
+        key, pins, grid, args, constants = gluon_update._launch_arguments(w, x, dy, states, rules.ADAMW, h, 1.0, c,
+                                                                          norm_sq, nonfinite, rand)
+        constexprs, options = constants()
+        names = [p.name for p in gluon_update.fused_linear_update_ws_kernel.params]
+        assert names[len(args) - 3:len(args)] == ["seed", "rand_stride", "rand_base"]
+        assert args[-3:] == (rand if rand is not None else (0, 0, 0))
+        storage = gl.bfloat16 if dtype == torch.bfloat16 else gl.float32
+        assert all(d.layout.element_bitwidth == storage.primitive_bitwidth for d in args[2:5])
+        assert constexprs["BF16_STORAGE"] == (rand is not None) and options["enable_fp_fusion"] is False
+        assert grid == (min(c.programs * 132, 2 * 2),)  # two programs an SM, no more than the 2 x 2 tiles
+        keys[dtype] = (key, pins)
+    assert keys[torch.bfloat16][0] != keys[torch.float32][0] and keys[torch.bfloat16][1] != keys[torch.float32][1]
