@@ -730,8 +730,7 @@ def fused_linear_update(
                 _check_fp32_like(name, t, weight)
         _check_device(weight, x, dy, *(t for t in (accum, acc_out) if t is not None),
                       *(states if not q8 else ()))
-    # CounterMap.identity(N) without the call where no counter is given
-    rand_stride, rand_base = (max(N, 1), 0) if counter is None else _linear_counter(counter, M, N)
+    rand_stride, rand_base = _linear_counter(counter, M, N)
     if config is None and accum is None and acc_out is None and not q8 and not _interpreting():
         ws = _ws_route(weight, x, dy, states)
         if ws is not None:  # the warp-specialized Gluon kernel, where measured faster: the same bits
@@ -762,7 +761,10 @@ def _ws_route(weight, x, dy, states):
 
 
 def _linear_counter(counter, M: int, N: int) -> tuple[int, int]:
-    """(row_stride, base) of a linear weight's counter map (emulator.philox.CounterMap.of checks it)."""
+    """(row_stride, base) of a linear weight's counter map (emulator.philox.CounterMap.of checks it);
+    None: the flat indices, CounterMap.identity(N) without building it (every training step's case)."""
+    if counter is None:
+        return max(N, 1), 0
     c = CounterMap.of(counter, M * N, cols=N)
     return c.row_stride, c.base
 

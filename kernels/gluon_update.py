@@ -75,6 +75,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from forge_num.rules import Rule
 
+from . import ieee as _ieee
 from . import random as _random
 from . import rounding as _rounding
 from .ieee import NAMESPACE as IEEE_NAMESPACE
@@ -86,15 +87,6 @@ from .launch_cache import CachedLaunch
 # of each op runs in both kernels: + - * round once (add.rn/sub.rn/mul.rn without fp fusion), fma
 # where the rule says fma, IEEE div and sqrt.
 # ---------------------------------------------------------------------------------------------
-
-
-def _in_gluon(op):
-    fn = op.fn  # the Python function under kernels/ieee.py's triton.jit
-    return gluon.jit(types.FunctionType(fn.__code__, {**fn.__globals__, "tl": gl}, fn.__name__, fn.__defaults__,
-                                        fn.__closure__))
-
-
-NAMESPACE = {**{name: _in_gluon(op) for name, op in IEEE_NAMESPACE.items() if name != "tl"}, "tl": gl}
 
 
 def _module_in_gluon(module, names):
@@ -115,6 +107,10 @@ def _module_in_gluon(module, names):
         setattr(twin_module, name, fn)
     return twin_module
 
+
+_IEEE_OPS = {name: op.fn.__name__ for name, op in IEEE_NAMESPACE.items() if name != "tl"}
+_IEEE = _module_in_gluon(_ieee, _IEEE_OPS.values())
+NAMESPACE = {**{name: getattr(_IEEE, fn_name) for name, fn_name in _IEEE_OPS.items()}, "tl": gl}
 
 # The bf16-sr regime's register operations, one text with the Triton kernel's: the Philox rounds
 # (philox4x32_10 = tl.randint4x's), the random-slice table, the bf16 widening and stochastic rounding
@@ -537,7 +533,7 @@ def fused_linear_update_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, nor
                                   PINGPONG: gl.constexpr, PINGPONG_REGS: gl.constexpr, num_warps: gl.constexpr):
     """The shared rings and their barriers, then the three partitions (module docstring).
     dy_desc [K, M] block [BK, BM], x_desc [K, N] block [BK, BN], w/s0/s1_desc [M, N] block
-    [BM, BN/4], fp32 or (BF16_STORAGE) bf16 (s0/s1 None for a rule with fewer states); seed,
+    [BM, BN/SPLIT] (SPLIT column sub-tiles, 4 or 8), fp32 or (BF16_STORAGE) bf16 (s0/s1 None for a rule with fewer states); seed,
     rand_stride, rand_base: the bf16-sr regime's Philox key and counter map (update_subtile)."""
     rand = (seed, rand_stride, rand_base)
     dy_bufs = gl.allocate_shared_memory(dy_desc.dtype, [STAGES] + dy_desc.block_type.shape, dy_desc.layout)
@@ -728,13 +724,12 @@ def _nvmma_desc(t: torch.Tensor, block, dtype):
 
 def _check_ws_operands(weight, x, dy, states, n_state, seed):
     """The scope of this kernel (module docstring), each violation named; True for the bf16-sr regime."""
-    bf16 = weight.dtype == torch.bfloat16
-    if weight.dtype not in (torch.float32, torch.bfloat16) or any(s.dtype != weight.dtype for s in states):
+    from forge_num import kernels
+
+    if any(s.dtype != weight.dtype for s in states):
         raise TypeError("fused_linear_update_ws: the fp32 regime (fp32 weight and state) or the bf16-sr regime "
                         f"(bf16 weight and state), got weight {weight.dtype}, states {[s.dtype for s in states]}")
-    if bf16 and (seed is None or not 0 <= int(seed) < 2**64):
-        raise ValueError("fused_linear_update_ws: the bf16-sr regime rounds stochastically and needs seed= (a "
-                         f"64-bit Philox key, emulator.philox.derive_seed), got {seed!r}")
+    bf16 = kernels._check_regime("fused_linear_update_ws: weight", weight, seed)  # the dtype, and bf16-sr's key
     if x.dtype != torch.bfloat16 or dy.dtype != torch.bfloat16:
         raise TypeError(f"fused_linear_update_ws: bf16 operands only, got x {x.dtype}, dy {dy.dtype}")
     if len(states) > n_state:
@@ -779,10 +774,7 @@ def fused_linear_update_ws(weight: torch.Tensor, x: torch.Tensor, dy: torch.Tens
         raise ValueError(f"fused_linear_update_ws: the split design ({config.label}) hands g over in an fp32 "
                          "layout of the state's tiles: the fp32 regime only")
     h, grad_scale = kernels._check_scalars(rule, h, grad_scale)
-    rand = None
-    if bf16:
-        M, N = weight.shape
-        rand = (int(seed), *((max(N, 1), 0) if counter is None else kernels._linear_counter(counter, M, N)))
+    rand = (int(seed), *kernels._linear_counter(counter, *weight.shape)) if bf16 else None
     return launch(weight, x, dy, states, rule, h, grad_scale, config, rand)
 
 
@@ -872,6 +864,9 @@ ROUTE_CONFIGS = (ROUTE_SMALL_K_CONFIG, ROUTE_MID_K_CONFIG)
 # (Refuted in call 4 and dropped, K blocks of 32: with two operand stages on the two-program tile,
 # 6-11% slower at K = 256; with three state slots on the split design, 1-11% slower at K = 1024 on
 # four shapes and 2% faster on 28672x8192; with two on the 128x128, 2-10% slower at K = 512-2048.)
+# (Refuted in session 13, call 1, and dropped: the two-program tile with eight column sub-tiles and
+# a second state slot, spill-free at 128 registers where the routed one spills 32 B, 5-7% slower at
+# K = 256 and 29% at 1024 on 4096x8192 and 14336x4096.)
 # The ping-pong design (bench/NOTES.md "v15"), two consumer warp groups on alternate tiles of one
 # program (12 warps with the loaders' padded group: 168 registers a thread at launch, 240 for each
 # consumer by setmaxnreg, 24 for the loaders), one shared 4-stage operand ring and 2-slot state
@@ -885,9 +880,6 @@ CANDIDATE_CONFIGS = (
     SPLIT_CONFIG,
     WSConfig(BK=32, STAGES=3, SLOTS=2, OUT_SLOTS=1, programs=2, max_registers=128),
     PINGPONG_CONFIG,
-    # the two-program tile with eight column sub-tiles and a second state slot: no spill at 128
-    # registers where the routed one spills 32 B (ptxas; session 13, not yet timed)
-    WSConfig(STAGES=2, SLOTS=2, OUT_SLOTS=1, programs=2, max_registers=128, split=8),
 )
 ROUTE_SMALL_K = 256
 ROUTE_MAX_K = 4096

@@ -33,6 +33,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from forge_num.emulator import philox as _philox
+
 __all__ = ["randint4x", "randint", "rounding_bits", "random_slices", "philox4x32_10"]
 
 
@@ -67,11 +69,11 @@ def rounding_bits(seed, offset):
     return random_slices(c0, c1, c2, c3)
 
 
-# Philox4x32's constants (Salmon et al. 2011; Triton 3.6's triton/language/random.py, philox_impl)
-PHILOX_ROUND_A: tl.constexpr = tl.constexpr(0xD2511F53)
-PHILOX_ROUND_B: tl.constexpr = tl.constexpr(0xCD9E8D57)
-PHILOX_KEY_A: tl.constexpr = tl.constexpr(0x9E3779B9)
-PHILOX_KEY_B: tl.constexpr = tl.constexpr(0xBB67AE85)
+# Philox4x32's constants, the emulator's (emulator/philox.py states where they come from)
+PHILOX_ROUND_A: tl.constexpr = tl.constexpr(_philox.PHILOX_ROUND_A)
+PHILOX_ROUND_B: tl.constexpr = tl.constexpr(_philox.PHILOX_ROUND_B)
+PHILOX_KEY_A: tl.constexpr = tl.constexpr(_philox.PHILOX_KEY_A)
+PHILOX_KEY_B: tl.constexpr = tl.constexpr(_philox.PHILOX_KEY_B)
 
 
 @triton.jit
