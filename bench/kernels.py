@@ -129,22 +129,31 @@ def adamw_problem(M: int, N: int, K: int):
     return x, dy, w, [torch.zeros_like(w), torch.zeros_like(w)], rules.ADAMW.scalars(HYPER, 1)
 
 
-def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", only=None) -> dict:
+SEED = 12345  # the low-precision regimes' Philox key in every kernel benchmark
+
+
+def regime_problem(M: int, N: int, K: int, precision: str = "fp32"):
+    """adamw_problem in a storage regime: (x, dy, w, states, h, seed) with w and states fp32 (seed
+    None), bf16 (bf16-sr) or a bf16 w with Q8State states (8bit)."""
     x, dy, w32, fp32_states, h = adamw_problem(M, N, K)
     if precision == "fp32":
-        w, states, seed = w32, fp32_states, None
-    elif precision == "bf16-sr":
-        w = w32.bfloat16()
-        states, seed = [torch.zeros_like(w), torch.zeros_like(w)], 12345
+        return x, dy, w32, fp32_states, h, None
+    w = w32.bfloat16()
+    if precision == "bf16-sr":
+        states = [torch.zeros_like(w), torch.zeros_like(w)]
     else:
-        w, seed = w32.bfloat16(), 12345
         states = [kernels.Q8State.zeros(M, N, "cuda"), kernels.Q8State.zeros(M, N, "cuda")]
+    return x, dy, w, states, h, SEED
+
+
+def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", only=None) -> dict:
+    x, dy, w, states, h, seed = regime_problem(M, N, K, precision)
 
     def forge(config=None):
         kernels.fused_linear_update(w, x, dy, states, rules.ADAMW, h, config=config, seed=seed)
 
     # the unfused baseline keeps its parameter in the regime's weight dtype: fp32 under AMP, or bf16
-    p = torch.nn.Parameter(w32.clone() if precision == "fp32" else w32.bfloat16())
+    p = torch.nn.Parameter(w.clone())
     opt = torch.optim.AdamW([p], fused=True, **HYPER)
 
     def unfused():

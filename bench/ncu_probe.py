@@ -28,7 +28,7 @@ import torch
 _HERE, _ROOT = str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])
 sys.path[:] = [p for p in sys.path if p not in (_HERE, _ROOT)] + [_ROOT]  # tests/conftest.py says why
 
-from bench.kernels import HYPER, adamw_problem  # noqa: E402
+from bench.kernels import HYPER, regime_problem  # noqa: E402
 from forge_num import kernels, rules  # noqa: E402
 
 
@@ -56,12 +56,8 @@ def main(argv=None) -> int:
         raise SystemExit("ncu_probe needs CUDA")
     M, N = (int(s) for s in args.shape.split("x"))
     K = args.tokens
-    x, dy, w, states, h = adamw_problem(M, N, K)
+    x, dy, w, states, h, seed = regime_problem(M, N, K, args.precision)
     bf16 = args.precision == "bf16-sr"
-    seed = 12345 if bf16 else None
-    if bf16:
-        w = w.bfloat16()
-        states = [torch.zeros_like(w), torch.zeros_like(w)]
     # labels hold spaces; "_" stands for one where a shell word cannot hold them (gpu_session.sh)
     tiles = [tile_by_label(c.replace("_", " "), M, N, K, bf16) for c in args.configs.split(",") if c]
     ws_tiles = []

@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from bench.kernels import (HYPER, LLAMA_SHAPES, STATE_BYTES, adamw_problem, graph_ms, host_us,  # noqa: E402
-                           measure_ceilings)
+from bench.kernels import (HYPER, LLAMA_SHAPES, STATE_BYTES, graph_ms, host_us, measure_ceilings,  # noqa: E402
+                           regime_problem)
 from forge_num import kernels, rules  # noqa: E402
 from forge_num.kernels import gluon_update  # noqa: E402
 from forge_num.kernels.gluon_update import fused_linear_update_ws  # noqa: E402
@@ -37,18 +37,11 @@ WS_CONFIGS = {
              *gluon_update.CANDIDATE_CONFIGS),   # measured beside them, not routed
     "bf16-sr": (*gluon_update.BF16_SR_ROUTE_CONFIGS, *gluon_update.BF16_SR_CANDIDATE_CONFIGS),
 }
-SEED = 12345  # the bf16-sr regime's Philox key (bench/kernels.py's)
 
 
 def bench_point(M: int, N: int, K: int, ceilings: dict, configs=WS_CONFIGS["fp32"], precision: str = "fp32") -> dict:
-    x, dy, w32, states, h = adamw_problem(M, N, K)
+    x, dy, w, states, h, seed = regime_problem(M, N, K, precision)
     bf16 = precision == "bf16-sr"
-    seed = SEED if bf16 else None
-    if bf16:
-        w = w32.bfloat16()
-        states = [torch.zeros_like(w), torch.zeros_like(w)]
-    else:
-        w = w32
     p = torch.nn.Parameter(w.clone())  # the unfused baseline's parameter in the regime's weight dtype
     opt = torch.optim.AdamW([p], fused=True, **HYPER)
 
