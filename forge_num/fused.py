@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from forge_num.optim import ForgeOptimizer
 
@@ -43,6 +44,7 @@ __all__ = ["prepare", "unprepare", "PreparedHandle"]
 
 _RUNTIME: "weakref.WeakKeyDictionary[nn.Module, _Layer]" = weakref.WeakKeyDictionary()
 _FUSED_CLASSES: dict[type, type] = {}
+_TIED_ROWS_CLASSES: dict[type, type] = {}
 
 
 # --------------------------------------------------------------------------------------------
@@ -262,6 +264,156 @@ def _layout_of(module: nn.Module) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------
+# A tied embedding's gradient: its touched rows added into the head's gradient
+# --------------------------------------------------------------------------------------------
+
+
+class _TiedRows:
+    """One weight tied between an ``nn.Embedding`` and an LM head whose gradient forge_num computes
+    (forge_num.loss.linear_cross_entropy's unfused head). Autograd would sum the two gradients of the
+    weight, ``G = G_head + G_emb``, both dense [V, H]: two such tensors alive at the embedding's
+    backward (2 x 1.47 GiB of fp32 at Llama-3B), where G_emb is zero outside the rows of the tokens in
+    the batch. Here the head *deposits* G_head instead of returning it, and the embedding's backward
+    adds its touched rows into it in place and returns G (``add_touched_rows``): the same bits as
+    autograd's sum, one [V, H] tensor fewer.
+
+    The deposit is made only when the embedding's backward is sure to run later in the same backward
+    pass (graph task): one of its nodes is in the task's graph (``torch._C._will_engine_execute_node``)
+    and has not run in it yet. Otherwise (a head fed by ``inputs_embeds``, a detached embedding, the
+    embedding's backward already run) the head returns G_head to autograd as before. A deposit the
+    embedding does not take in its task (a backward that stops short of it: ``autograd.grad`` with
+    ``inputs=``, where the weight's gradient is not accumulated either) is dropped when the task ends.
+    Without those private functions (another torch version) nothing is deposited: more memory, the
+    same bits."""
+
+    __slots__ = ("nodes", "deposit", "task", "__weakref__")
+
+    def __init__(self):
+        self.nodes: list[weakref.ref] = []  # the embedding's backward nodes that may still run
+        self.deposit = None  # G_head, waiting for the embedding's backward of graph task ``task``
+        self.task = None
+
+    def add_node(self, node) -> None:
+        self.nodes = [r for r in self.nodes if r() is not None]
+        self.nodes.append(weakref.ref(node))
+
+    def deposit_head_grad(self, grad) -> bool:
+        """Keep ``grad`` (G_head, or a callable that computes it) for the embedding's backward if that
+        will run later in this backward pass; False (keep nothing) otherwise, and the caller returns
+        G_head to autograd."""
+        try:
+            task = torch._C._current_graph_task_id()
+            pending = any(
+                node is not None and getattr(node, "forge_num_task", None) != task
+                and torch._C._will_engine_execute_node(node)
+                for node in (r() for r in self.nodes)
+            )
+            if not pending:
+                return False
+            torch.autograd.Variable._execution_engine.queue_callback(lambda: self._drop(task))
+        except (AttributeError, RuntimeError, TypeError):
+            return False
+        self.deposit, self.task = grad, task
+        return True
+
+    def take_head_grad(self, node):
+        """The deposit made in the current backward pass (None if there is none), handed over once;
+        marks ``node`` (the embedding's backward) as run in this pass."""
+        try:
+            task = torch._C._current_graph_task_id()
+        except (AttributeError, RuntimeError):
+            task = None
+        node.forge_num_task = task
+        grad = self.deposit if self.task == task and task is not None else None
+        self.deposit = self.task = None
+        return grad
+
+    def _drop(self, task) -> None:
+        if self.task == task:
+            self.deposit = self.task = None
+
+
+# keyed by the Parameter's identity (a WeakKeyDictionary would compare tensors with ==)
+_TIED_ROWS: "WeakIdKeyDictionary[torch.Tensor, _TiedRows]" = WeakIdKeyDictionary()
+
+
+def add_touched_rows(head_grad: torch.Tensor, grad: torch.Tensor, indices: torch.Tensor, padding_idx: int) -> torch.Tensor:
+    """``head_grad + embedding_dense_backward(grad, indices, V, padding_idx)`` bit for bit (autograd's sum
+    of a tied weight's two gradients, head's first), written into ``head_grad`` ([V, H]) and returned,
+    without the dense [V, H] embedding gradient:
+
+        touched, slot = unique(indices)                (sorted; indices == touched[slot])
+        compact       = embedding_dense_backward(grad, slot, len(touched), slot of padding_idx)
+        head_grad[touched] = head_grad[touched] + compact        (the one rounding autograd's add does)
+        head_grad[other]   = head_grad[other] + 0.0              (the dense gradient's +0.0 there)
+
+    compact's rows are the dense gradient's touched rows, bit for bit: the renumbering keeps the
+    indices' order (sorted ids map to sorted ids, equal to equal), and torch's kernels sum a row's
+    token gradients in an order that depends only on that (the CPU in token order; CUDA after a stable
+    sort by index, or per token for few indices), tested against the dense op on the CPU and the GPU
+    (tests/test_tied_rows.py). ``x + 0.0`` is ``x`` except ``-0.0 + 0.0 = +0.0``: kept so that the
+    untouched rows are autograd's too. Extra memory: ~3 [tokens, H] tensors."""
+    touched, slot = torch.unique(indices.reshape(-1), sorted=True, return_inverse=True)
+    pad = -1
+    if padding_idx is not None and padding_idx >= 0:
+        hit = (touched == padding_idx).nonzero()
+        pad = int(hit[0, 0]) if hit.numel() else -1
+    compact = torch.ops.aten.embedding_dense_backward(grad, slot, touched.numel(), pad, False)
+    summed = head_grad.index_select(0, touched).add_(compact)
+    del compact
+    head_grad.add_(0.0)
+    head_grad.index_copy_(0, touched, summed)
+    return head_grad
+
+
+class _TouchedRowsEmbeddingFn(torch.autograd.Function):
+    """F.embedding(indices, weight, padding_idx), whose weight gradient is torch's dense one, or, where
+    the tied head deposited its gradient, that gradient with the touched rows added (add_touched_rows)."""
+
+    @staticmethod
+    def forward(ctx, indices, weight, rows, padding_idx):
+        out = F.embedding(indices, weight, padding_idx)
+        ctx.save_for_backward(indices)
+        ctx.rows, ctx.num_weights, ctx.padding_idx = rows, weight.shape[0], padding_idx
+        rows.add_node(ctx)  # ctx is this call's backward node (out.grad_fn)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (indices,) = ctx.saved_tensors
+        pad = -1 if ctx.padding_idx is None else ctx.padding_idx
+        head_grad = ctx.rows.take_head_grad(ctx)
+        if head_grad is None:  # as torch's EmbeddingBackward for a dense weight
+            dw = torch.ops.aten.embedding_dense_backward(grad, indices, ctx.num_weights, pad, False)
+        else:
+            if callable(head_grad):  # deferred by the head (forge_num.loss.WeightGrad): computed now
+                head_grad = head_grad()
+            dw = add_touched_rows(head_grad, grad, indices, pad)
+            del head_grad
+        return None, dw, None, None
+
+
+def _tied_embedding_forward(self, input):
+    rows = _TIED_ROWS.get(self.weight)
+    if (rows is None or not (torch.is_grad_enabled() and self.weight.requires_grad) or self.max_norm is not None
+            or self.scale_grad_by_freq or self.sparse):
+        return nn.Embedding.forward(self, input)
+    return _TouchedRowsEmbeddingFn.apply(input, self.weight, rows, self.padding_idx)
+
+
+def _tied_embedding_class(cls: type) -> type:
+    tied = _TIED_ROWS_CLASSES.get(cls)
+    if tied is None:
+        tied = type(
+            f"TiedRows{cls.__name__}",
+            (cls,),
+            {"forward": _tied_embedding_forward, "_forge_num_original_class": cls, "__module__": __name__},
+        )
+        _TIED_ROWS_CLASSES[cls] = tied
+    return tied
+
+
+# --------------------------------------------------------------------------------------------
 # The loss of a Hugging Face model output: both backward passes from one loss.backward()
 # --------------------------------------------------------------------------------------------
 
@@ -325,6 +477,9 @@ class PreparedHandle:
     fused: dict = field(default_factory=dict)  # name -> module swapped to a fused class
     hooked: dict = field(default_factory=dict)  # name -> parameter with an in-backward hook
     tied: list = field(default_factory=list)  # names of Linear modules left unfused (tied weights)
+    # names of nn.Embedding modules tied to a head, whose backward adds its touched rows into the
+    # head's gradient (where forge_num.linear_cross_entropy computes it; _TiedRows)
+    tied_rows: dict = field(default_factory=dict)
     sharded: list = field(default_factory=list)  # names of Linear modules left unfused (FSDP2 reduces dW)
     hooks: list = field(default_factory=list)
 
@@ -383,6 +538,15 @@ def prepare(model: nn.Module, optimizer: ForgeOptimizer) -> nn.Module:
         module.__class__ = _fused_class(type(module))
         handle.fused[mname] = module
 
+    for mname, module in model.named_modules(remove_duplicate=False):
+        if (type(module).forward is nn.Embedding.forward and module.weight in opt_params
+                and module.weight.requires_grad and len(names.get(module.weight, ())) > 1
+                and module.weight not in fsdp and module.weight not in _TIED_ROWS
+                and sum(isinstance(m, nn.Embedding) and m.weight is module.weight for m in model.modules()) == 1):
+            _TIED_ROWS[module.weight] = _TiedRows()
+            module.__class__ = _tied_embedding_class(type(module))
+            handle.tied_rows[mname] = module
+
     passive = []
     for p, pnames in names.items():
         if not p.requires_grad:
@@ -424,6 +588,9 @@ def unprepare(model: nn.Module) -> nn.Module:
     for module in handle.fused.values():
         module.__class__ = module._forge_num_original_class
         _RUNTIME.pop(module, None)
+    for module in handle.tied_rows.values():
+        module.__class__ = module._forge_num_original_class
+        _TIED_ROWS.pop(module.weight, None)
     for h in handle.hooks:
         h.remove()
     del model._forge_num_handle

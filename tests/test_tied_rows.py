@@ -1,0 +1,233 @@
+"""A tied embedding's gradient by its touched rows (forge_num/fused.py, _TiedRows and add_touched_rows).
+
+Autograd sums a tied weight's two gradients, the head's G_head and the embedding's dense G_emb, each
+[V, H]. forge_num's prepared embedding adds only its touched rows into the head's gradient, in place:
+the same bits as autograd's sum (every row, signed zeros included), one [V, H] tensor fewer at the
+backward's end. Checked here against torch's own dense embedding backward, on the CPU and (marked gpu)
+on CUDA, whose kernel takes another algorithm above 3072 indices; and end to end in training.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import forge_num as fn
+import forge_num.fused as fused
+from forge_num.fused import add_touched_rows, prepare
+from tests.test_loss import _peak_cpu_bytes, chunked_lm_loss
+from tests.test_training_semantics import ADAMW, tiny_llama
+from tests.torch_reference import ExactSqrt, needs_fused_aten
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def dense_sum(head_grad, grad, indices, padding_idx):
+    """Autograd's sum of the two gradients: the head's plus torch's dense embedding gradient."""
+    dense = torch.ops.aten.embedding_dense_backward(grad, indices, head_grad.shape[0], padding_idx, False)
+    return head_grad + dense
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("tokens", [37, 1024, 4096])
+@pytest.mark.parametrize("padding_idx", [-1, 3, 250], ids=["no-pad", "pad-touched", "pad-untouched"])
+def test_touched_rows_equal_the_dense_sum_bit_for_bit(device, dtype, tokens, padding_idx):
+    """Duplicated indices (a vocabulary of 251 for up to 4096 tokens: every touched row sums many token
+    gradients, in an order the bits depend on), ±0.0 and subnormal entries in G_head, the padding row
+    touched or not. CUDA's dense backward takes its per-token kernel up to 3072 indices and its sorted
+    segments above: both counted by ``tokens``."""
+    if device == "cuda" and tokens == 37:
+        pytest.skip("covered by 1024")
+    g = torch.Generator().manual_seed(tokens + padding_idx)
+    vocab, hidden = 251, 40
+    indices = torch.randint(0, vocab - 1, (tokens,), generator=g)  # row 250 is never touched
+    indices[::7] = 3
+    grad = torch.randn(tokens, hidden, generator=g).to(dtype)
+    head = torch.randn(vocab, hidden, generator=g).to(dtype)
+    head[::5, ::3] = -0.0
+    head[1::5, ::4] = 0.0
+    head[2::5, 1] = torch.finfo(dtype).tiny / 4  # subnormal
+    indices, grad, head = indices.to(device), grad.to(device), head.to(device)
+    # G_emb's touched rows must not all be exact: the bits then depend on the order of the sums
+    assert indices.unique().numel() < tokens
+    expected = dense_sum(head, grad, indices, padding_idx)
+    got = add_touched_rows(head.clone(), grad, indices, padding_idx)
+    assert torch.equal(got.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                       expected.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rows,vocab,hidden", [(24, 4099, 64), (300, 1000, 96), (7, 3, 5)],
+                         ids=["in-place", "cast", "small"])
+@pytest.mark.parametrize("low", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_weight_grad_is_autograds_cast_product_bit_for_bit(device, rows, vocab, hidden, low):
+    """forge_num.loss.WeightGrad against ``(dy.t() @ x).to(fp32)``: widened in place where dY is the
+    smaller (24 rows: the halving chunks and the tail, 4099 x 64 elements > _WIDEN_TAIL), cast where
+    it is not (300 rows of 96 columns), and a product too small to widen in place."""
+    from forge_num.loss import _WIDEN_TAIL, WeightGrad
+
+    g = torch.Generator().manual_seed(rows)
+    dy = torch.randn(rows, vocab, generator=g).to(low).to(device)
+    x = torch.randn(rows, hidden, generator=g).to(low).to(device)
+    if rows == 24:
+        assert vocab * hidden > _WIDEN_TAIL and dy.numel() < vocab * hidden
+    expected = (dy.t() @ x).to(torch.float32)
+    got = WeightGrad(dy, x, torch.float32)()
+    assert got.dtype == torch.float32 and got.is_contiguous()
+    assert torch.equal(got.view(torch.int32), expected.view(torch.int32))
+
+
+def test_weight_grad_in_place_holds_no_second_product():
+    """Measured on the CPU by torch.profiler: the cast path holds the product (half the result's
+    bytes) beside dY, X and the fp32 result; the in-place path does not (the product lives inside the
+    result), holding besides them only the tail's copy and the CPU matmul's own small buffers (tens
+    of KiB here, far below the product's 4 MiB)."""
+    from forge_num.loss import _WIDEN_TAIL, WeightGrad
+
+    rows, vocab, hidden = 16, 8192, 256
+    g = torch.Generator().manual_seed(16)
+    dy = torch.randn(rows, vocab, generator=g).bfloat16()
+    x = torch.randn(rows, hidden, generator=g).bfloat16()
+    result = vocab * hidden * 4
+    inputs = (rows * vocab + rows * hidden) * 2
+    with_product = inputs + result + result // 2
+    assert _peak_cpu_bytes(lambda: (dy.t() @ x).to(torch.float32)) >= with_product
+    assert _peak_cpu_bytes(lambda: WeightGrad(dy, x, torch.float32)()) < with_product - result // 4
+    assert 2 * _WIDEN_TAIL < result // 4
+
+
+def test_negative_zero_in_an_untouched_row_becomes_autograds_positive_zero():
+    """-0.0 + 0.0 = +0.0: an untouched row of G_head is G_head + 0.0 in autograd's sum, not G_head."""
+    head = torch.full((4, 2), -0.0)
+    got = add_touched_rows(head, torch.ones(1, 2), torch.tensor([1]), -1)
+    assert not torch.signbit(got[[0, 2, 3]]).any() and torch.equal(got[1], torch.ones(2))
+
+
+def _spy_on_touched_rows(monkeypatch):
+    calls = []
+    original = fused.add_touched_rows
+
+    def spy(head_grad, *args):
+        out = original(head_grad, *args)
+        calls.append(out.data_ptr())
+        return out
+
+    monkeypatch.setattr(fused, "add_touched_rows", spy)
+    return calls
+
+
+@needs_fused_aten
+@pytest.mark.parametrize("seq,deposit", [(12, "WeightGrad"), (49, "Tensor")], ids=["deferred", "computed"])
+def test_training_takes_the_touched_rows_and_hands_the_deposit_to_the_hook_uncopied(monkeypatch, seq, deposit):
+    """With the chunked loss and a tied head, every step's embedding backward adds its rows into the
+    head's deposited gradient, and the optimizer's hook receives that tensor itself as ``.grad``
+    (autograd's AccumulateGrad steals it: no [V, H] copy); training equals torch bit for bit. The head
+    defers its dW to the embedding's backward where dY and X are smaller than dW (2 x 11 rows of 256
+    logits against 64 columns), and deposits dW itself where they are not (2 x 48 rows)."""
+    calls = _spy_on_touched_rows(monkeypatch)
+    kinds = []
+    original_deposit = fused._TiedRows.deposit_head_grad
+
+    def deposit_spy(self, grad):
+        kinds.append(type(grad).__name__)
+        return original_deposit(self, grad)
+
+    monkeypatch.setattr(fused._TiedRows, "deposit_head_grad", deposit_spy)
+    m1 = tiny_llama(tie=True)
+    m2 = copy.deepcopy(m1)
+    handed = []
+    m1.lm_head.weight.register_post_accumulate_grad_hook(lambda p: handed.append(p.grad.data_ptr()))
+    opt = fn.AdamW(m1.parameters(), **ADAMW)
+    prepare(m1, opt)
+    assert list(m1._forge_num_handle.tied_rows) == ["model.embed_tokens"]
+    ref = torch.optim.AdamW(m2.parameters(), foreach=False, **ADAMW)
+    g = torch.Generator().manual_seed(11)
+    for _ in range(3):
+        ids = torch.randint(0, 256, (2, seq), generator=g)
+        chunked_lm_loss(m1, ids).backward()
+        opt.step()
+        chunked_lm_loss(m2, ids).backward()
+        with ExactSqrt():
+            ref.step()
+        ref.zero_grad(set_to_none=True)
+    assert len(calls) == 3 and handed == calls and kinds == [deposit] * 3
+    for (name, a), b in zip(m1.named_parameters(), m2.parameters()):
+        assert torch.equal(a, b), name
+    m1._forge_num_handle.remove()
+    assert type(m1.model.embed_tokens) is torch.nn.Embedding and not fused._TIED_ROWS
+
+
+@needs_fused_aten
+def test_exact_clipping_deposits_in_each_of_its_two_passes(monkeypatch):
+    """Exact clipping backwards the graph twice (the norm, then the update): each pass is a graph task
+    of its own, with its own deposit."""
+    calls = _spy_on_touched_rows(monkeypatch)
+    m1 = tiny_llama(tie=True)
+    m2 = copy.deepcopy(m1)
+    opt = fn.AdamW(m1.parameters(), max_grad_norm=0.05, clipping="exact", **ADAMW)
+    prepare(m1, opt)
+    ref = torch.optim.AdamW(m2.parameters(), foreach=False, **ADAMW)
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(12))
+    opt.backward(chunked_lm_loss(m1, ids))
+    opt.step()
+    coef = opt.stats["clip_coef"]
+    assert coef < 1 and len(calls) == 2
+    chunked_lm_loss(m2, ids).backward()
+    torch._foreach_mul_([p.grad for p in m2.parameters()], torch.tensor(coef, dtype=torch.float32))
+    with ExactSqrt():
+        ref.step()
+    for (name, a), b in zip(m1.named_parameters(), m2.parameters()):
+        assert torch.equal(a, b), name
+
+
+@needs_fused_aten
+def test_no_deposit_where_the_embedding_is_not_in_the_backward(monkeypatch):
+    """The head fed by inputs_embeds (the embedding's node from an earlier forward is alive but not in
+    this backward's graph): the head's gradient goes to autograd, and the update equals torch's. A
+    backward that stops short of the embedding (autograd.grad with inputs=) leaves no deposit behind."""
+    calls = _spy_on_touched_rows(monkeypatch)
+    m1 = tiny_llama(tie=True)
+    m2 = copy.deepcopy(m1)
+    opt = fn.AdamW(m1.parameters(), **ADAMW)
+    prepare(m1, opt)
+    ref = torch.optim.AdamW(m2.parameters(), foreach=False, **ADAMW)
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(13))
+
+    def loss_from_embeds(model, embeds):
+        hidden = model.model(inputs_embeds=embeds).last_hidden_state
+        return fn.linear_cross_entropy(hidden[:, :-1], model.lm_head, ids[:, 1:], chunk_rows=5)
+
+    alive = m1.model.embed_tokens(ids)  # an embedding node alive outside the loss's graph
+    loss_from_embeds(m1, alive.detach()).backward()
+    opt.step()
+    loss_from_embeds(m2, m2.model.embed_tokens(ids).detach()).backward()
+    with ExactSqrt():
+        ref.step()
+    assert calls == []
+    for (name, a), b in zip(m1.named_parameters(), m2.parameters()):
+        assert torch.equal(a, b), name
+
+    rows = fused._TIED_ROWS[m1.lm_head.weight]
+    hidden = m1.model(input_ids=ids).last_hidden_state
+    loss = fn.linear_cross_entropy(hidden[:, :-1], m1.lm_head, ids[:, 1:], chunk_rows=5)
+    torch.autograd.grad(loss, [hidden])
+    assert rows.deposit is None and calls == []
+
+
+def test_the_touched_rows_take_no_vocabulary_sized_temporary():
+    """Measured on the CPU by torch.profiler: adding the touched rows holds G_head ([V, H], updated in
+    place) and the embedding's incoming gradient, plus at most [touched, H] twice (the head's selected
+    rows, the compact gradient) and three int64 index vectors of at most ``tokens`` entries (the
+    touched ids, each token's slot, the padding row's lookup); autograd's dense sum holds a second [V, H].
+    """
+    vocab, hidden, tokens = 65536, 64, 24
+    g = torch.Generator().manual_seed(15)
+    head, grad = torch.randn(vocab, hidden, generator=g), torch.randn(tokens, hidden, generator=g)
+    indices = torch.randint(0, vocab, (tokens,), generator=g)
+    table = vocab * hidden * 4
+    bound = table + tokens * hidden * 4 + 2 * tokens * hidden * 4 + 3 * tokens * 8
+    assert _peak_cpu_bytes(lambda: add_touched_rows(head, grad, indices, 3)) <= bound
+    assert _peak_cpu_bytes(lambda: dense_sum(head, grad, indices, 3)) >= 2 * table
