@@ -254,6 +254,14 @@ CANDIDATE_CONFIGS = (
     # session 6: 1.05-1.18x faster than the 64x64 default at K = 2048 and 4096, behind the promoted
     # four-per-SM tile (128 registers) at every point.
     TileConfig(64, 64, 64, num_warps=4, num_stages=4, epilogue_split=4, max_registers=168),
+    # bf16-sr, fewer elements a thread (session 14): ncu's stall samples of the 64x64 w4 r128 default
+    # at 4096x8192, K = 256, put 17% of its warps' cycles on "no instruction" (the instruction cache:
+    # 6,584 SASS instructions, the epilogue written out for 32 elements a thread) and 21% on "wait".
+    # Half the elements a thread halves the epilogue's code: the same tile over 8 warps, or half its
+    # columns; a quarter: 64x16.
+    TileConfig(64, 64, 64, num_warps=8, num_stages=3, epilogue_split=4, max_registers=128),
+    TileConfig(64, 32, 64, num_warps=4, num_stages=3, epilogue_split=2, max_registers=128),
+    TileConfig(64, 16, 64, num_warps=4, num_stages=3, epilogue_split=1, max_registers=128),
 )
 CANDIDATE_Q8_CONFIGS: tuple[TileConfig, ...] = ()
 
