@@ -13,7 +13,10 @@
   its layer returns ``dW`` to autograd, which sums all uses, and the hook applies the rule once after
   the last use. Tied weights (one Parameter in two modules, e.g. embedding and LM head) are found at
   prepare() time and those Linear modules are left as they are; a fused module called twice is found
-  when its backward runs (two live uses of one weight in the graph).
+  when its backward runs (two live uses of one weight in the graph). Where the tied head's dW comes
+  from ``forge_num.linear_cross_entropy``, the embedding (``handle.tied_rows``) adds only the rows of
+  its tokens into it in place (``_TiedRows``): autograd's sum bit for bit, without the embedding's
+  dense [V, H] gradient beside the head's.
 * Under FSDP2 (``fully_shard``) the Linear layers of FSDP2-managed weights stay unfused (FSDP2
   reduce-scatters their dW first) and every parameter is updated on its local shard in the hook that
   FSDP2 calls after the reduce-scatter (forge_num.distributed); ``handle.sharded`` names them.

@@ -254,14 +254,10 @@ CANDIDATE_CONFIGS = (
     # session 6: 1.05-1.18x faster than the 64x64 default at K = 2048 and 4096, behind the promoted
     # four-per-SM tile (128 registers) at every point.
     TileConfig(64, 64, 64, num_warps=4, num_stages=4, epilogue_split=4, max_registers=168),
-    # bf16-sr, fewer elements a thread (session 14): ncu's stall samples of the 64x64 w4 r128 default
-    # at 4096x8192, K = 256, put 17% of its warps' cycles on "no instruction" (the instruction cache:
-    # 6,584 SASS instructions, the epilogue written out for 32 elements a thread) and 21% on "wait".
-    # Half the elements a thread halves the epilogue's code: the same tile over 8 warps, or half its
-    # columns; a quarter: 64x16.
-    TileConfig(64, 64, 64, num_warps=8, num_stages=3, epilogue_split=4, max_registers=128),
-    TileConfig(64, 32, 64, num_warps=4, num_stages=3, epilogue_split=2, max_registers=128),
-    TileConfig(64, 16, 64, num_warps=4, num_stages=3, epilogue_split=1, max_registers=128),
+    # (session 14, dropped: bf16-sr with fewer elements a thread, after ncu put 17% of the default's
+    # warp cycles on the instruction cache. Against the default at 4096x4096 and 14336x4096: 64x32 w4
+    # r128 1.00x and 1.01x at K = 256, 0.90x and 0.85x at 1024; 64x64 w8 r128 0.73-0.77x; 64x16 w4
+    # r128 0.57-0.83x. bench/results/2026-12-04-h200-s14/call3.)
 )
 CANDIDATE_Q8_CONFIGS: tuple[TileConfig, ...] = ()
 
