@@ -399,8 +399,8 @@ class _TouchedRowsEmbeddingFn(torch.autograd.Function):
 def _tied_embedding_forward(self, input):
     rows = _TIED_ROWS.get(self.weight)
     if (rows is None or not (torch.is_grad_enabled() and self.weight.requires_grad) or self.max_norm is not None
-            or self.scale_grad_by_freq or self.sparse):
-        return nn.Embedding.forward(self, input)
+            or self.scale_grad_by_freq or self.sparse or type(self.weight).__name__ == "DTensor"):
+        return nn.Embedding.forward(self, input)  # torch's own backward: its dense gradient to autograd
     return _TouchedRowsEmbeddingFn.apply(input, self.weight, rows, self.padding_idx)
 
 
@@ -545,6 +545,7 @@ def prepare(model: nn.Module, optimizer: ForgeOptimizer) -> nn.Module:
         if (type(module).forward is nn.Embedding.forward and module.weight in opt_params
                 and module.weight.requires_grad and len(names.get(module.weight, ())) > 1
                 and module.weight not in fsdp and module.weight not in _TIED_ROWS
+                and type(module.weight).__name__ != "DTensor"
                 and sum(isinstance(m, nn.Embedding) and m.weight is module.weight for m in model.modules()) == 1):
             _TIED_ROWS[module.weight] = _TiedRows()
             module.__class__ = _tied_embedding_class(type(module))
