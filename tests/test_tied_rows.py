@@ -231,3 +231,44 @@ def test_the_touched_rows_take_no_vocabulary_sized_temporary():
     bound = table + tokens * hidden * 4 + 2 * tokens * hidden * 4 + 3 * tokens * 8
     assert _peak_cpu_bytes(lambda: add_touched_rows(head, grad, indices, 3)) <= bound
     assert _peak_cpu_bytes(lambda: dense_sum(head, grad, indices, 3)) >= 2 * table
+
+
+@needs_fused_aten
+@pytest.mark.parametrize("precision", ["fp32", "bf16-sr", "8bit"])
+@pytest.mark.parametrize("micro,clip", [(1, False), (2, False), (2, True)], ids=["plain", "accumulate", "accumulate-clip"])
+def test_the_deposit_changes_no_bit_in_any_regime(monkeypatch, precision, micro, clip):
+    """The same prepared model and data trained twice, with the tied rows and with the head's gradient
+    handed to autograd (the deposit refused): equal weights and optimizer state after 3 steps,
+    in each regime (bf16 weights and dW for bf16-sr and 8bit), with gradient accumulation and exact
+    clipping (whose norm pass backwards the last micro-batch's graph once more)."""
+    calls = _spy_on_touched_rows(monkeypatch)
+
+    def train(deposit):
+        m = tiny_llama(tie=True)
+        if precision != "fp32":
+            m = m.to(torch.bfloat16)
+        opt = fn.AdamW(m.parameters(), precision=precision, seed=5, accumulation_steps=micro,
+                       max_grad_norm=0.05 if clip else None, **ADAMW)
+        prepare(m, opt)
+        with monkeypatch.context() as patch:
+            if not deposit:
+                patch.setattr(fused._TiedRows, "deposit_head_grad", lambda self, grad: False)
+            g = torch.Generator().manual_seed(17)
+            for _ in range(3):
+                for _ in range(micro):
+                    loss = chunked_lm_loss(m, torch.randint(0, 256, (2, 12), generator=g)) / micro
+                    opt.backward(loss) if clip else loss.backward()
+                opt.step()
+        return m, opt
+
+    passes = 3 * (micro + clip)  # an update pass per micro-batch, and the norm pass of a step's last
+    m1, opt1 = train(True)
+    assert len(calls) == passes
+    m2, opt2 = train(False)
+    assert len(calls) == passes  # none more without the deposit
+    for (name, a), b in zip(m1.named_parameters(), m2.parameters()):
+        assert torch.equal(a, b), name
+    for a, b in zip(opt1.state_dict()["state"].values(), opt2.state_dict()["state"].values()):
+        for key in a:
+            if isinstance(a[key], torch.Tensor):
+                assert torch.equal(a[key], b[key]), key
