@@ -46,8 +46,9 @@ from forge_num.optim import ForgeOptimizer
 __all__ = ["prepare", "unprepare", "PreparedHandle"]
 
 _RUNTIME: "weakref.WeakKeyDictionary[nn.Module, _Layer]" = weakref.WeakKeyDictionary()
-_FUSED_CLASSES: dict[type, type] = {}
-_TIED_ROWS_CLASSES: dict[type, type] = {}
+# (original class, forward) -> the subclass prepare() swaps in, one per pair: module classes keep
+# their names' prefix, their Parameters and state_dict keys; unprepare() swaps the original back
+_SWAPPED_CLASSES: dict[tuple[type, object], type] = {}
 
 
 # --------------------------------------------------------------------------------------------
@@ -236,16 +237,17 @@ def _fused_forward(self, input):
     return _FusedLinearFn.apply(input, weight, bias, layer, layer.new_use())
 
 
-def _fused_class(cls: type) -> type:
-    fused = _FUSED_CLASSES.get(cls)
-    if fused is None:
-        fused = type(
-            f"Fused{cls.__name__}",
+def _swapped_class(cls: type, forward, prefix: str) -> type:
+    """The subclass of ``cls`` whose forward is ``forward``, named ``prefix + cls.__name__``."""
+    swapped = _SWAPPED_CLASSES.get((cls, forward))
+    if swapped is None:
+        swapped = type(
+            f"{prefix}{cls.__name__}",
             (cls,),
-            {"forward": _fused_forward, "_forge_num_original_class": cls, "__module__": __name__},
+            {"forward": forward, "_forge_num_original_class": cls, "__module__": __name__},
         )
-        _FUSED_CLASSES[cls] = fused
-    return fused
+        _SWAPPED_CLASSES[(cls, forward)] = swapped
+    return swapped
 
 
 def _is_conv1d(cls: type) -> bool:
@@ -404,18 +406,6 @@ def _tied_embedding_forward(self, input):
     return _TouchedRowsEmbeddingFn.apply(input, self.weight, rows, self.padding_idx)
 
 
-def _tied_embedding_class(cls: type) -> type:
-    tied = _TIED_ROWS_CLASSES.get(cls)
-    if tied is None:
-        tied = type(
-            f"TiedRows{cls.__name__}",
-            (cls,),
-            {"forward": _tied_embedding_forward, "_forge_num_original_class": cls, "__module__": __name__},
-        )
-        _TIED_ROWS_CLASSES[cls] = tied
-    return tied
-
-
 # --------------------------------------------------------------------------------------------
 # The loss of a Hugging Face model output: both backward passes from one loss.backward()
 # --------------------------------------------------------------------------------------------
@@ -538,7 +528,7 @@ def prepare(model: nn.Module, optimizer: ForgeOptimizer) -> nn.Module:
         if w.dim() != 2 or not w.is_contiguous():
             continue
         _RUNTIME[module] = _Layer(optimizer, layout)
-        module.__class__ = _fused_class(type(module))
+        module.__class__ = _swapped_class(type(module), _fused_forward, "Fused")
         handle.fused[mname] = module
 
     for mname, module in model.named_modules(remove_duplicate=False):
@@ -548,7 +538,7 @@ def prepare(model: nn.Module, optimizer: ForgeOptimizer) -> nn.Module:
                 and type(module.weight).__name__ != "DTensor"
                 and sum(isinstance(m, nn.Embedding) and m.weight is module.weight for m in model.modules()) == 1):
             _TIED_ROWS[module.weight] = _TiedRows()
-            module.__class__ = _tied_embedding_class(type(module))
+            module.__class__ = _swapped_class(type(module), _tied_embedding_forward, "TiedRows")
             handle.tied_rows[mname] = module
 
     passive = []
