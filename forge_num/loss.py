@@ -135,8 +135,10 @@ class WeightGrad:
     def __call__(self) -> torch.Tensor:
         rows, cols = self.dy.shape[1], self.x.shape[1]
         n, low = rows * cols, self.dy.dtype
+        # n % 256: the product's address (n 16-bit slots into the result) keeps a fresh tensor's 512-byte
+        # alignment, so cuBLAS is asked the same as for ``dy.t() @ x`` and picks its algorithm alike
         in_place = (self.dtype == torch.float32 and low in (torch.bfloat16, torch.float16) and self.x.dtype == low
-                    and n > _WIDEN_TAIL and self.dy.numel() < n)
+                    and n > _WIDEN_TAIL and n % 256 == 0 and self.dy.numel() < n)
         if not in_place:
             product = self.dy.t() @ self.x
             self.dy = self.x = None
