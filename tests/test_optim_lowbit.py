@@ -167,19 +167,27 @@ def test_a_bf16_gradient_widened_in_row_chunks_updates_the_same_bits(precision, 
     """The element-wise update of a large bf16 gradient widens it to fp32 in chunks of whole rows
     (optim._WIDEN_CHUNK_ELEMENTS; the 8B embedding's 1.96 GiB at once was the 8bit step's peak):
     each chunk's elements keep their Philox counters and quantization blocks, so weights and every
-    state are the same bits as with the gradient widened at once, over two steps."""
+    state are the same bits as with the gradient widened at once, over two steps. The caller lets go
+    of each chunk before the next is widened: one fp32 chunk alive at a time, not two (session 14:
+    the tied 1B embedding's 8bit step held two 256 MiB chunks at its peak)."""
+    import weakref
+
     import forge_num.optim as optim
 
     g = torch.Generator().manual_seed(5)
     w = torch.randn(7, 300, generator=g).bfloat16()
     grads = [torch.randn(7, 300, generator=g).bfloat16() for _ in range(2)]
-    outs, first_rows = [], []
+    outs, first_rows, alive_at_widening = [], [], []
     chunks = optim._widened_row_chunks
 
     def counted(grad2):
-        for r0, g32 in chunks(grad2):
+        previous = None
+        for r0, g32 in chunks(grad2):  # g32 is widened here, in chunks' next()
+            alive_at_widening.append(previous is not None and previous() is not None and grad2.dtype != torch.float32)
             first_rows.append(r0)
+            previous = weakref.ref(g32)
             yield r0, g32
+            del g32
 
     monkeypatch.setattr(optim, "_widened_row_chunks", counted)
     for chunk in (None, 2 * 300):  # whole; then 2 rows a chunk (rows 0-1, 2-3, 4-5, 6)
@@ -201,3 +209,4 @@ def test_a_bf16_gradient_widened_in_row_chunks_updates_the_same_bits(precision, 
     for a, c in zip(whole, chunked):
         assert torch.equal(a, c)
     assert bad_whole == bad_chunked == 0
+    assert len(alive_at_widening) > 2 and not any(alive_at_widening)
