@@ -309,3 +309,15 @@ def test_ws_probe_refuses_without_cuda():
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "ws_probe.py")], capture_output=True, text=True,
                           timeout=120, cwd=ROOT, check=False)
     assert proc.returncode != 0 and "needs an sm_90 CUDA device" in proc.stderr
+
+
+def test_cpu_peak_tiny():
+    """bench/cpu_peak.py on the tiny model: it runs, and the storages it lists at the peak add up to the
+    peak it reports (the listing is complete, not a sample)."""
+    from bench import cpu_peak
+
+    r = cpu_peak.run("tiny", 2, "1x16", "8bit", top=1000)
+    assert r["peak_gib"] > 0 and r["phase"] in ("forward", "backward", "step")
+    assert abs(sum(a["gib"] for a in r["alive"]) + r["other_gib"] - r["peak_gib"]) < 1e-12
+    proc = _run("cpu_peak.py", "--model", "tiny", "--tokens", "1x16", "--precision", "fp32")
+    assert "the step's peak" in proc.stdout
