@@ -94,19 +94,25 @@ _QBLOCK = 128  # 8bit: elements of a row per quantization block (kernels/quant8.
 _WIDEN_CHUNK_ELEMENTS = 64 * 2**20
 
 
-def _widened_row_chunks(grad2: torch.Tensor):
-    """(first row, rows' gradient in fp32) of a [rows, cols] gradient: one chunk where it is fp32
-    already (no copy), else whole rows of at most _WIDEN_CHUNK_ELEMENTS elements each. The caller
-    drops each chunk (``del``) before asking for the next: a ``for`` loop's variable still holds the
-    previous chunk while the generator widens the next one, two chunks alive at once (session 14:
-    2 x 256 MiB beside the tied 1B embedding's bf16 gradient, the 8bit step's peak)."""
+def _widen_rows(grad2: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
+    """The rows [r0, r1) of a gradient, in fp32."""
+    return grad2[r0:r1].float()
+
+
+def _update_in_widened_row_chunks(grad2: torch.Tensor, update) -> None:
+    """``update(first row, rows' gradient in fp32)`` over a [rows, cols] gradient: once with the gradient
+    itself where it is fp32 (no copy), else on whole rows of at most _WIDEN_CHUNK_ELEMENTS elements.
+    Each chunk goes straight into its call, so it is freed when the call returns, before the next one
+    is widened. (A ``for`` loop over a generator of chunks keeps the previous chunk in its variable
+    while the next is made: two chunks alive at once, 2 x 256 MiB beside the tied 1B embedding's bf16
+    gradient at the 8bit step's peak, session 14.)"""
     rows, cols = grad2.shape
     if grad2.dtype == torch.float32:
-        yield 0, grad2
+        update(0, grad2)
         return
     step = max(1, _WIDEN_CHUNK_ELEMENTS // max(cols, 1))
     for r0 in range(0, max(rows, 1), step):
-        yield r0, grad2[r0:r0 + step].float()
+        update(r0, _widen_rows(grad2, r0, min(r0 + step, rows)))
 
 
 def _row_chunk_counter(r0: int, cols: int) -> dict:
@@ -386,7 +392,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
             # materialized gradient (K = 0, accum = grad) on the parameter's 2-D view, in row chunks
             w2 = _local(p.detach()).view(rows, cols)
             q8 = self._q8(states)
-            for r0, g32 in _widened_row_chunks(grad.view(rows, cols)):
+
+            def update_q8(r0, g32):
                 r1 = r0 + g32.shape[0]
                 stats = backend.fused_linear_update(
                     w2[r0:r1], w2.new_zeros((0, cols), dtype=torch.float32),
@@ -394,7 +401,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
                     [_Q8(s.codes[r0:r1], s.scales[r0:r1]) for s in q8], rule, h, grad_scale=self._scale(),
                     accum=g32, seed=self._rounding_seed(p), **_row_chunk_counter(r0, cols))
                 self._record(stats, name, p)
-                del g32  # _widened_row_chunks says why
+
+            _update_in_widened_row_chunks(grad.view(rows, cols), update_q8)
             return
         counter_kw = self._counter_kw(p)
         if counter_kw or grad.dtype == torch.float32 or grad.numel() <= _WIDEN_CHUNK_ELEMENTS:
@@ -405,13 +413,15 @@ class ForgeOptimizer(torch.optim.Optimizer):
             self._record(stats, name, p)
             return
         w2 = _local(p.detach()).view(rows, cols)  # a large bf16 gradient (bf16-sr): widened in row chunks
-        for r0, g32 in _widened_row_chunks(grad.view(rows, cols)):
+
+        def update_rows(r0, g32):
             r1 = r0 + g32.shape[0]
             stats = backend.elementwise_update(
                 w2[r0:r1], g32, [_local(s).view(rows, cols)[r0:r1] for s in states], rule, h,
                 grad_scale=self._scale(), seed=self._rounding_seed(p), **_row_chunk_counter(r0, cols))
             self._record(stats, name, p)
-            del g32  # _widened_row_chunks says why
+
+        _update_in_widened_row_chunks(grad.view(rows, cols), update_rows)
 
     def _apply_linear(self, p, x, dy, accum, name):
         group = self._group_by_param[p]

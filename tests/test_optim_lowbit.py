@@ -178,18 +178,16 @@ def test_a_bf16_gradient_widened_in_row_chunks_updates_the_same_bits(precision, 
     w = torch.randn(7, 300, generator=g).bfloat16()
     grads = [torch.randn(7, 300, generator=g).bfloat16() for _ in range(2)]
     outs, first_rows, alive_at_widening = [], [], []
-    chunks = optim._widened_row_chunks
+    widen, previous = optim._widen_rows, [None]
 
-    def counted(grad2):
-        previous = None
-        for r0, g32 in chunks(grad2):  # g32 is widened here, in chunks' next()
-            alive_at_widening.append(previous is not None and previous() is not None and grad2.dtype != torch.float32)
-            first_rows.append(r0)
-            previous = weakref.ref(g32)
-            yield r0, g32
-            del g32
+    def counted(grad2, r0, r1):
+        alive_at_widening.append(previous[0] is not None and previous[0]() is not None)
+        first_rows.append(r0)
+        g32 = widen(grad2, r0, r1)
+        previous[0] = weakref.ref(g32)
+        return g32
 
-    monkeypatch.setattr(optim, "_widened_row_chunks", counted)
+    monkeypatch.setattr(optim, "_widen_rows", counted)
     for chunk in (None, 2 * 300):  # whole; then 2 rows a chunk (rows 0-1, 2-3, 4-5, 6)
         if chunk is not None:
             monkeypatch.setattr(optim, "_WIDEN_CHUNK_ELEMENTS", chunk)
