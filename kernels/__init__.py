@@ -247,7 +247,7 @@ INTERPRETER_Q8_CONFIG = TileConfig(16, 128, 16, num_warps=4, num_stages=1)
 #     twins on the defaults' own ranges (geometric means 0.97-1.02 over five shapes a K), so the
 #     barriers are not what holds the epilogue back. Only the persistent 128x128 gained at
 #     K <= 2048 (1.02-1.09x), where it is not the default.
-#   8bit: none now (the two row-split tiles were promoted into Q8_CONFIGS in session 5).
+#   8bit: after the tuple below.
 CANDIDATE_CONFIGS = (
     TileConfig(128, 128, 64, num_warps=8, num_stages=3, epilogue_split=8, persistent=2, tma=True, max_registers=128),
     # bf16-sr below BF16_SR_LARGE_K: the 64x64 with three programs per SM (168 registers, no spill);
@@ -259,7 +259,19 @@ CANDIDATE_CONFIGS = (
     # r128 1.00x and 1.01x at K = 256, 0.90x and 0.85x at 1024; 64x64 w8 r128 0.73-0.77x; 64x16 w4
     # r128 0.57-0.83x. bench/results/2026-12-04-h200-s14/call3.)
 )
-CANDIDATE_Q8_CONFIGS: tuple[TileConfig, ...] = ()
+# 8bit, session 15: the defaults hold one program of 8 warps per SM (32x128: 232 registers; 64x128:
+# 254; 128x128: 255 and spills), two warps a scheduler for an epilogue of ~300 instructions an
+# element, which ran at ~0.75 instructions a cycle per SM (bench/NOTES.md, "v22"). These cut the
+# registers with row quarters and caps so that two or three programs share an SM (ptxas of Triton
+# 3.6, sm_90a, AdamW: registers, spill stores per thread):
+CANDIDATE_Q8_CONFIGS: tuple[TileConfig, ...] = (
+    TileConfig(32, 128, 64, num_warps=8, num_stages=3, epilogue_split=4),  # 119, none: 2 programs
+    TileConfig(32, 128, 64, num_warps=8, num_stages=3, epilogue_split=4, max_registers=96),  # 96, 1 B: 2
+    TileConfig(16, 128, 64, num_warps=8, num_stages=3, epilogue_split=4, max_registers=80),  # 80, none: 3
+    TileConfig(32, 128, 64, num_warps=4, num_stages=3, epilogue_split=4, max_registers=168),  # 168, none: 3 x 4 warps
+    TileConfig(64, 128, 64, num_warps=8, num_stages=3, epilogue_split=4, max_registers=128),  # 128, 300 B: 2
+    TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=4),  # 235, none: 1 (the mid-K twin, halved rows)
+)
 
 
 def configs_for(input_dtype: torch.dtype) -> tuple[TileConfig, ...]:
