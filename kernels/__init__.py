@@ -191,16 +191,17 @@ BF16_CONFIGS = (
 )
 INTERPRETER_CONFIG = TileConfig(32, 32, 16, num_warps=4, num_stages=1, epilogue_split=2)
 # 8bit regime: the epilogue needs whole quantization blocks, so BN is a multiple of QBLOCK, and an
-# epilogue split is by rows. The tiles are short so that the epilogue fits in registers without
-# spills (python -m bench.registers --precision 8bit: an unsplit 64x128 spilled 532 B per thread,
-# these none). Timed on the H200 at 0.14-0.25x the unfused step (2026-12-02): taller tiles with a
-# row-split epilogue are benchmark candidates (bench/kernels.py Q8_CANDIDATES) until measured.
-# The taller tiles with a row-split epilogue (two halves / four quarters of whole blocks) were
-# candidates until session 5 timed them (default_q8_config says where each is the default).
+# epilogue split is by rows (two halves / four quarters of whole blocks). Since session 15 the
+# defaults are the tiles whose registers let two programs share an SM (default_q8_config says where
+# each is the default and what they were measured at); the older one-program tiles stay verified
+# beside them until a call has timed both at every K of issue 5.
+Q8_SMALL_K_CONFIG = TileConfig(32, 128, 64, num_warps=8, num_stages=3, epilogue_split=4)
+Q8_MID_K_CONFIG = TileConfig(64, 128, 64, num_warps=8, num_stages=3, epilogue_split=4, max_registers=128)
 Q8_CONFIGS = {
-    torch.bfloat16: (TileConfig(32, 128, 64, num_warps=8, num_stages=3), TileConfig(16, 128, 64, num_warps=4, num_stages=3),
-                     TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=2),
-                     TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4)),
+    torch.bfloat16: (Q8_SMALL_K_CONFIG, Q8_MID_K_CONFIG,
+                     TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4),
+                     TileConfig(32, 128, 64, num_warps=8, num_stages=3),
+                     TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=2)),
     torch.float32: (TileConfig(16, 128, 16, num_warps=4, num_stages=2),),
 }
 INTERPRETER_Q8_CONFIG = TileConfig(16, 128, 16, num_warps=4, num_stages=1)
@@ -247,7 +248,7 @@ INTERPRETER_Q8_CONFIG = TileConfig(16, 128, 16, num_warps=4, num_stages=1)
 #     twins on the defaults' own ranges (geometric means 0.97-1.02 over five shapes a K), so the
 #     barriers are not what holds the epilogue back. Only the persistent 128x128 gained at
 #     K <= 2048 (1.02-1.09x), where it is not the default.
-#   8bit: after the tuple below.
+#   8bit: see CANDIDATE_Q8_CONFIGS.
 CANDIDATE_CONFIGS = (
     TileConfig(128, 128, 64, num_warps=8, num_stages=3, epilogue_split=8, persistent=2, tma=True, max_registers=128),
     # bf16-sr below BF16_SR_LARGE_K: the 64x64 with three programs per SM (168 registers, no spill);
@@ -259,19 +260,13 @@ CANDIDATE_CONFIGS = (
     # r128 1.00x and 1.01x at K = 256, 0.90x and 0.85x at 1024; 64x64 w8 r128 0.73-0.77x; 64x16 w4
     # r128 0.57-0.83x. bench/results/2026-12-04-h200-s14/call3.)
 )
-# 8bit, session 15: the defaults hold one program of 8 warps per SM (32x128: 232 registers; 64x128:
-# 254; 128x128: 255 and spills), two warps a scheduler for an epilogue of ~300 instructions an
-# element, which ran at ~0.75 instructions a cycle per SM (bench/NOTES.md, "v22"). These cut the
-# registers with row quarters and caps so that two or three programs share an SM (ptxas of Triton
-# 3.6, sm_90a, AdamW: registers, spill stores per thread):
-CANDIDATE_Q8_CONFIGS: tuple[TileConfig, ...] = (
-    TileConfig(32, 128, 64, num_warps=8, num_stages=3, epilogue_split=4),  # 119, none: 2 programs
-    TileConfig(32, 128, 64, num_warps=8, num_stages=3, epilogue_split=4, max_registers=96),  # 96, 1 B: 2
-    TileConfig(16, 128, 64, num_warps=8, num_stages=3, epilogue_split=4, max_registers=80),  # 80, none: 3
-    TileConfig(32, 128, 64, num_warps=4, num_stages=3, epilogue_split=4, max_registers=168),  # 168, none: 3 x 4 warps
-    TileConfig(64, 128, 64, num_warps=8, num_stages=3, epilogue_split=4, max_registers=128),  # 128, 300 B: 2
-    TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=4),  # 235, none: 1 (the mid-K twin, halved rows)
-)
+# 8bit (session 15, bench/results/2026-12-05-h200-s15/): the two tiles that won were promoted
+# (Q8_SMALL_K_CONFIG, Q8_MID_K_CONFIG); the others were slower than one of them at every point timed
+# (4096x4096 and 14336x4096, K = 256, 1024, 4096, 8192): 32x128 w8 e4 r96 (within 2% of the uncapped
+# twin), 16x128 w8 e4 r80 (three programs per SM: 1.19-1.63x the promoted tiles' time), 32x128 w4 e4
+# r168 (1.06-1.36x), 64x128 w8 s4 e4 (1.4-1.9x: one program per SM), and the session-5 16x128 w4
+# (1.15-1.65x).
+CANDIDATE_Q8_CONFIGS: tuple[TileConfig, ...] = ()
 
 
 def configs_for(input_dtype: torch.dtype) -> tuple[TileConfig, ...]:
@@ -674,20 +669,21 @@ def default_config(M: int, N: int, K: int, dtype: torch.dtype, bf16_storage: boo
     return DEFAULT_TMA_CONFIGS["mid_k_tall" if K >= MID_K and M >= TALL_M else "small_k"]
 
 
-# 8bit regime, bf16 operands (bench/results/2026-12-03-h200-s5/kernels_lowbit_callB.json, 4096x4096
-# and 8192x8192 at K = 256, 2048, 16384; against torch AdamW(fused) on a bf16 parameter):
-#   K < Q8_MID_K: 32x128, 8 warps: 0.21-0.25x at K = 256 (the 64x128: 0.19-0.24x).
-#   Q8_MID_K <= K < Q8_LARGE_K: 64x128, 8 warps, two row halves: X is re-read M/64 times instead of
-#     M/32: 0.21-0.25x at K = 2048 against 0.17-0.20x for the 32x128.
-#   K >= Q8_LARGE_K: 128x128, four row quarters (92 B of spills, tests/test_ptx.py): 0.48x at
-#     K = 16384 on both shapes, against 0.40x for the 64x128 and 0.14-0.15x for the 32x128.
-# Session 6 (bench/results/2026-12-03-h200-s6/kernels_lowbit_callB.json, 4096x4096 and 14336x4096)
-# measured between: at K = 4096 the 64x128 was faster (1.16 against 1.20 ms; 4.12 against 4.40),
-# at 8192 the 128x128 (1.39 against 1.50 ms; 5.28 against 5.38): the edge moved from 16384 to 8192.
+# 8bit regime, bf16 operands, against torch AdamW(fused) on a bf16 parameter after cuBLAS's dW.
+# Session 15 (bench/results/2026-12-05-h200-s15/call1, 4096x4096 and 14336x4096, the unfused step /
+# the previous default / the new one, ms):
+#   K < Q8_MID_K: 32x128, 8 warps, four row quarters (119 registers: two programs per SM; the
+#     unsplit 32x128 took 232, one program): K = 256 0.133 / 0.415 / 0.335 and 0.349 / 1.512 / 1.160;
+#     K = 1024 0.123 / 0.578 / 0.461 and 0.458 / 2.475 / 1.754: 1.24-1.41x the previous default.
+#   K >= Q8_MID_K: 64x128, 8 warps, four row quarters at 128 registers (two programs per SM, 300 B of
+#     spills, tests/test_ptx.py): K = 4096 0.252 / 1.097 / 0.881 and 0.923 / 4.020 / 3.285; K = 8192
+#     (against the 128x128, the default there until now) 0.438 / 1.391 / 1.170 and 1.582 / 5.257 /
+#     4.395: 1.19-1.25x.
+#   K >= Q8_LARGE_K: the 128x128 with four row quarters, from session 5's 0.48x at K = 16384 (92 B
+#     of spills), until a call times the 64x128 there.
 Q8_MID_K = 2048
-Q8_LARGE_K = 8192
-DEFAULT_Q8_CONFIGS = {"small_k": Q8_CONFIGS[torch.bfloat16][0], "mid_k": Q8_CONFIGS[torch.bfloat16][2],
-                      "large_k": Q8_CONFIGS[torch.bfloat16][3]}
+Q8_LARGE_K = 16384
+DEFAULT_Q8_CONFIGS = {"small_k": Q8_SMALL_K_CONFIG, "mid_k": Q8_MID_K_CONFIG, "large_k": Q8_CONFIGS[torch.bfloat16][2]}
 
 
 def default_q8_config(K: int, dtype: torch.dtype) -> TileConfig:
