@@ -193,13 +193,13 @@ INTERPRETER_CONFIG = TileConfig(32, 32, 16, num_warps=4, num_stages=1, epilogue_
 # 8bit regime: the epilogue needs whole quantization blocks, so BN is a multiple of QBLOCK, and an
 # epilogue split is by rows (two halves / four quarters of whole blocks). Since session 15 the
 # defaults are the tiles whose registers let two programs share an SM (default_q8_config says where
-# each is the default and what they were measured at); the older one-program tiles stay verified
-# beside them until a call has timed both at every K of issue 5.
+# each is the default and what they were measured at). The one-program tiles that were the defaults
+# until then (an unsplit 32x128 and a 64x128 in two row halves) stay in the list, slower at every
+# point timed, so that the regime's GPU tests keep drawing the epilogue's other two splits.
 Q8_SMALL_K_CONFIG = TileConfig(32, 128, 64, num_warps=8, num_stages=3, epilogue_split=4)
-Q8_MID_K_CONFIG = TileConfig(64, 128, 64, num_warps=8, num_stages=3, epilogue_split=4, max_registers=128)
+Q8_LARGE_K_CONFIG = TileConfig(64, 128, 64, num_warps=8, num_stages=3, epilogue_split=4, max_registers=128)
 Q8_CONFIGS = {
-    torch.bfloat16: (Q8_SMALL_K_CONFIG, Q8_MID_K_CONFIG,
-                     TileConfig(128, 128, 64, num_warps=8, num_stages=4, epilogue_split=4),
+    torch.bfloat16: (Q8_SMALL_K_CONFIG, Q8_LARGE_K_CONFIG,
                      TileConfig(32, 128, 64, num_warps=8, num_stages=3),
                      TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=2)),
     torch.float32: (TileConfig(16, 128, 16, num_warps=4, num_stages=2),),
@@ -261,11 +261,12 @@ CANDIDATE_CONFIGS = (
     # r128 0.57-0.83x. bench/results/2026-12-04-h200-s14/call3.)
 )
 # 8bit (session 15, bench/results/2026-12-05-h200-s15/): the two tiles that won were promoted
-# (Q8_SMALL_K_CONFIG, Q8_MID_K_CONFIG); the others were slower than one of them at every point timed
-# (4096x4096 and 14336x4096, K = 256, 1024, 4096, 8192): 32x128 w8 e4 r96 (within 2% of the uncapped
-# twin), 16x128 w8 e4 r80 (three programs per SM: 1.19-1.63x the promoted tiles' time), 32x128 w4 e4
-# r168 (1.06-1.36x), 64x128 w8 s4 e4 (1.4-1.9x: one program per SM), and the session-5 16x128 w4
-# (1.15-1.65x).
+# (Q8_SMALL_K_CONFIG, Q8_LARGE_K_CONFIG); the others were slower than one of them at every point
+# timed (4096x4096 and 14336x4096, K = 256, 1024, 4096, 8192): 32x128 w8 e4 r96 (within 2% of the
+# uncapped twin), 16x128 w8 e4 r80 (three programs per SM: 1.19-1.63x the promoted tiles' time),
+# 32x128 w4 e4 r168 (1.06-1.36x), 64x128 w8 s4 e4 (1.4-1.9x: one program per SM), and the session-5
+# 16x128 w4 (1.15-1.65x) and 128x128 w8 e4 (1.04-1.50x, K = 256-16384: the default from 8192 tokens
+# until then).
 CANDIDATE_Q8_CONFIGS: tuple[TileConfig, ...] = ()
 
 
@@ -670,20 +671,19 @@ def default_config(M: int, N: int, K: int, dtype: torch.dtype, bf16_storage: boo
 
 
 # 8bit regime, bf16 operands, against torch AdamW(fused) on a bf16 parameter after cuBLAS's dW.
-# Session 15 (bench/results/2026-12-05-h200-s15/call1, 4096x4096 and 14336x4096, the unfused step /
-# the previous default / the new one, ms):
-#   K < Q8_MID_K: 32x128, 8 warps, four row quarters (119 registers: two programs per SM; the
+# Session 15 (bench/results/2026-12-05-h200-s15/call1 and call2, 4096x4096 and 14336x4096; the
+# unfused step / the previous default / the new one, ms):
+#   K < Q8_LARGE_K: 32x128, 8 warps, four row quarters (119 registers: two programs per SM; the
 #     unsplit 32x128 took 232, one program): K = 256 0.133 / 0.415 / 0.335 and 0.349 / 1.512 / 1.160;
-#     K = 1024 0.123 / 0.578 / 0.461 and 0.458 / 2.475 / 1.754: 1.24-1.41x the previous default.
-#   K >= Q8_MID_K: 64x128, 8 warps, four row quarters at 128 registers (two programs per SM, 300 B of
-#     spills, tests/test_ptx.py): K = 4096 0.252 / 1.097 / 0.881 and 0.923 / 4.020 / 3.285; K = 8192
-#     (against the 128x128, the default there until now) 0.438 / 1.391 / 1.170 and 1.582 / 5.257 /
-#     4.395: 1.19-1.25x.
-#   K >= Q8_LARGE_K: the 128x128 with four row quarters, from session 5's 0.48x at K = 16384 (92 B
-#     of spills), until a call times the 64x128 there.
-Q8_MID_K = 2048
-Q8_LARGE_K = 16384
-DEFAULT_Q8_CONFIGS = {"small_k": Q8_SMALL_K_CONFIG, "mid_k": Q8_MID_K_CONFIG, "large_k": Q8_CONFIGS[torch.bfloat16][2]}
+#     K = 1024 0.123 / 0.578 / 0.461 and 0.458 / 2.475 / 1.754; K = 2048 (against the 64x128 in two
+#     row halves) 0.163 / 0.656 / 0.624 and 0.599 / 3.105 / 2.567: 1.05-1.41x.
+#   K >= Q8_LARGE_K: 64x128, 8 warps, four row quarters at 128 registers (two programs per SM, 300 B
+#     of spills, tests/test_ptx.py): K = 4096 0.252 / 1.097 / 0.881 and 0.923 / 4.020 / 3.285;
+#     K = 8192 (against the 128x128, the default there until then) 0.438 / 1.391 / 1.170 and
+#     1.582 / 5.257 / 4.395; K = 16384 0.831 / 1.825 / 1.727 and 2.937 / 6.916 / 6.642: 1.04-1.25x.
+#     At 2048 tokens the 32x128 was 1.04-1.13x faster than it, at 4096 1.22-1.24x slower.
+Q8_LARGE_K = 4096
+DEFAULT_Q8_CONFIGS = {"small_k": Q8_SMALL_K_CONFIG, "large_k": Q8_LARGE_K_CONFIG}
 
 
 def default_q8_config(K: int, dtype: torch.dtype) -> TileConfig:
@@ -691,7 +691,7 @@ def default_q8_config(K: int, dtype: torch.dtype) -> TileConfig:
     FMA tile)."""
     if dtype == torch.float32:
         return Q8_CONFIGS[torch.float32][0]
-    return DEFAULT_Q8_CONFIGS["small_k" if K < Q8_MID_K else "mid_k" if K < Q8_LARGE_K else "large_k"]
+    return DEFAULT_Q8_CONFIGS["small_k" if K < Q8_LARGE_K else "large_k"]
 
 
 def fused_linear_update(

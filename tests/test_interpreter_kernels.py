@@ -109,10 +109,10 @@ def test_default_tile_by_k_and_operands():
             == sr_mid_cfg)
     assert kernels.default_config(8192, 8192, 16384, torch.float32) == kernels.IEEE_CONFIGS[0]
     q8 = kernels.DEFAULT_Q8_CONFIGS
-    assert kernels.default_q8_config(kernels.Q8_MID_K - 1, bf16) == q8["small_k"]
-    assert kernels.default_q8_config(kernels.Q8_MID_K, bf16) == q8["mid_k"]
-    assert kernels.default_q8_config(kernels.Q8_LARGE_K - 1, bf16) == q8["mid_k"]
+    assert kernels.default_q8_config(0, bf16) == q8["small_k"]  # the element-wise update of an 8bit parameter
+    assert kernels.default_q8_config(kernels.Q8_LARGE_K - 1, bf16) == q8["small_k"]
     assert kernels.default_q8_config(kernels.Q8_LARGE_K, bf16) == q8["large_k"]
+    assert kernels.default_q8_config(16384, bf16) == q8["large_k"]
     assert kernels.default_q8_config(16384, torch.float32) == kernels.Q8_CONFIGS[torch.float32][0]
     ok = lambda *shapes: kernels._tma_addressable(*(torch.zeros(s, dtype=bf16) for s in shapes))  # noqa: E731
     assert ok((40, 136), (40, 72))

@@ -115,13 +115,10 @@ SPILL_EXCEPTIONS = {
     # registers; 1.18-1.26x faster than the spill-free 64x64 at K = 2048 (bench/results/
     # 2026-12-03-h200-s6/kernels_lowbit_callB.json)
     ("64x64x64 w4 s3 e4 r128", "bf16-sr"): 36,
-    # the 8bit default from Q8_MID_K tokens: a 128-register cap so that two 8-warp programs share an
-    # SM; 1.19-1.25x faster than the spill-free one-program tiles at K = 4096 and 8192 (bench/results/
-    # 2026-12-05-h200-s15/call1)
+    # the 8bit default from Q8_LARGE_K tokens: a 128-register cap so that two 8-warp programs share an
+    # SM; 1.04-1.25x faster than the one-program tiles at K = 4096-16384 (bench/results/
+    # 2026-12-05-h200-s15/call1, call2)
     ("64x128x64 w8 s3 e4 r128", "8bit"): 300,
-    # the 8bit default from Q8_LARGE_K tokens (four row quarters): 0.48x the unfused step at
-    # K = 16384 against 0.40x for the spill-free 64x128 (kernels_lowbit_callB.json there)
-    ("128x128x64 w8 s4 e4", "8bit"): 92,
 }
 
 
