@@ -32,11 +32,17 @@ from bench.kernels import HYPER, regime_problem  # noqa: E402
 from forge_num import kernels, rules  # noqa: E402
 
 
-def tile_by_label(label: str, M: int, N: int, K: int, bf16_storage: bool = False):
-    """'default' (the launcher's pick) or a TileConfig label among the library's and candidate tiles."""
-    if label == "default":
-        return kernels.default_config(M, N, K, torch.bfloat16, bf16_storage)
-    tiles = {c.label: c for c in (*kernels.configs_for(torch.bfloat16), *kernels.CANDIDATE_CONFIGS)}
+def tile_by_label(label: str, M: int, N: int, K: int, precision: str = "fp32"):
+    """'default' (the launcher's pick) or a TileConfig label among the library's and candidate tiles
+    of the precision's kernel (the 8bit regime's own lists for "8bit")."""
+    if precision == "8bit":
+        if label == "default":
+            return kernels.default_q8_config(K, torch.bfloat16)
+        tiles = {c.label: c for c in (*kernels.Q8_CONFIGS[torch.bfloat16], *kernels.CANDIDATE_Q8_CONFIGS)}
+    elif label == "default":
+        return kernels.default_config(M, N, K, torch.bfloat16, precision == "bf16-sr")
+    else:
+        tiles = {c.label: c for c in (*kernels.configs_for(torch.bfloat16), *kernels.CANDIDATE_CONFIGS)}
     if label not in tiles:
         raise SystemExit(f"unknown tile label {label!r}; known: {sorted(tiles)}")
     return tiles[label]
@@ -49,17 +55,20 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default="default", help="comma-separated tile labels ('_' for space), or 'default'")
     ap.add_argument("--ws-configs", default="", help="comma-separated labels of bench/ws_kernel.py's Gluon tiles "
                     "('_' for space), launched after the Triton tiles")
-    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16-sr"],
-                    help="bf16-sr: bf16 weight and state (the Philox key 12345), unfused on a bf16 parameter")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16-sr", "8bit"],
+                    help="bf16-sr: bf16 weight and state (the Philox key 12345), unfused on a bf16 parameter; "
+                    "8bit: bf16 weight and 8-bit states (the same key), unfused on a bf16 parameter")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("ncu_probe needs CUDA")
     M, N = (int(s) for s in args.shape.split("x"))
     K = args.tokens
     x, dy, w, states, h, seed = regime_problem(M, N, K, args.precision)
-    bf16 = args.precision == "bf16-sr"
+    bf16 = args.precision != "fp32"  # the weight's dtype (and the unfused baseline's gradient's)
     # labels hold spaces; "_" stands for one where a shell word cannot hold them (gpu_session.sh)
-    tiles = [tile_by_label(c.replace("_", " "), M, N, K, bf16) for c in args.configs.split(",") if c]
+    tiles = [tile_by_label(c.replace("_", " "), M, N, K, args.precision) for c in args.configs.split(",") if c]
+    if args.precision == "8bit" and args.ws_configs:
+        raise SystemExit("the Gluon kernel has no 8bit regime: --ws-configs takes fp32 or bf16-sr")
     ws_tiles = []
     if args.ws_configs:
         from bench.ws_kernel import WS_CONFIGS
@@ -82,7 +91,8 @@ def main(argv=None) -> int:
         dw = dy.t() @ x
         p.grad = dw if bf16 else dw.float()
         opt.step()
-        kernels.elementwise_update(w, g, states, rules.ADAMW, h, seed=seed)
+        if args.precision != "8bit":  # (an 8bit parameter's element-wise update is the fused kernel at K = 0)
+            kernels.elementwise_update(w, g, states, rules.ADAMW, h, seed=seed)
 
     for _ in range(3):
         launches()
@@ -91,7 +101,8 @@ def main(argv=None) -> int:
     launches()
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
-    print("profiled:", ", ".join(t.label for t in tiles), "+ cuBLAS dW, cast, torch AdamW(fused), forge update only",
+    print("profiled:", ", ".join(t.label for t in tiles), "+ cuBLAS dW, cast, torch AdamW(fused)",
+          "" if args.precision == "8bit" else "+ forge update only",
           f"at {M}x{N}, K={K}")
     return 0
 
