@@ -137,13 +137,16 @@ class TileConfig:
     # multiprocessor's 65,536 registers, so one program's epilogue overlaps another's mainloop:
     # 128 registers x 256 threads = two 8-warp programs per SM (ptxas then spills what does not fit).
     max_registers: int = 0
+    # 8bit regime only, with 2 or 4 row sub-tiles: each sub-tile's loads are issued before the
+    # previous sub-tile's update (kernels/linear_update.py, update_rows_q8_prefetching)
+    prefetch: bool = False
 
     @property
     def label(self) -> str:
-        """Short name for tables: 64x128x64 w4 s4 e4 [p2] [tma] [r128]."""
+        """Short name for tables: 64x128x64 w4 s4 e4 [p2] [tma] [r128] [pf]."""
         return (f"{self.BM}x{self.BN}x{self.BK} w{self.num_warps} s{self.num_stages} e{self.epilogue_split}"
                 + (f" p{self.persistent}" if self.persistent else "") + (" tma" if self.tma else "")
-                + (f" r{self.max_registers}" if self.max_registers else ""))
+                + (f" r{self.max_registers}" if self.max_registers else "") + (" pf" if self.prefetch else ""))
 
     def __post_init__(self):
         for name in ("BM", "BN", "BK"):
@@ -156,6 +159,8 @@ class TileConfig:
             raise ValueError(f"TileConfig.persistent must be an int in [0, 8] (programs per SM), got {self}")
         if not (isinstance(self.max_registers, int) and (self.max_registers == 0 or 32 <= self.max_registers <= 255)):
             raise ValueError(f"TileConfig.max_registers must be 0 (no cap) or an int in [32, 255], got {self}")
+        if self.prefetch and self.epilogue_split not in (2, 4):
+            raise ValueError(f"TileConfig.prefetch needs 2 or 4 row sub-tiles (epilogue_split), got {self}")
 
 
 # Tile shapes the launcher may use, per mainloop mode. Every one of them is a test case
@@ -267,7 +272,15 @@ CANDIDATE_CONFIGS = (
 # 32x128 w4 e4 r168 (1.06-1.36x), 64x128 w8 s4 e4 (1.4-1.9x: one program per SM), and the session-5
 # 16x128 w4 (1.15-1.65x) and 128x128 w8 e4 (1.04-1.50x, K = 256-16384: the default from 8192 tokens
 # until then).
-CANDIDATE_Q8_CONFIGS: tuple[TileConfig, ...] = ()
+# Session 15, after call 4 (not yet timed): ncu put 16.5% of the small-K default's warp samples
+# (4096x14336, K = 256) on long-scoreboard waits, 91% of the byte permutes' samples, i.e. on the
+# epilogue's loads of W and the codes; these issue each row quarter's loads one quarter ahead, held
+# dequantized (bits unchanged: the rows are independent). Uncapped the 32x128 takes 163 registers
+# (one program per SM); at 128, 20 B of spills; the 64x128 at 128: 528 B (its twin: 220).
+CANDIDATE_Q8_CONFIGS: tuple[TileConfig, ...] = (
+    TileConfig(32, 128, 64, num_warps=8, num_stages=3, epilogue_split=4, max_registers=128, prefetch=True),
+    TileConfig(64, 128, 64, num_warps=8, num_stages=3, epilogue_split=4, max_registers=128, prefetch=True),
+)
 
 
 def configs_for(input_dtype: torch.dtype) -> tuple[TileConfig, ...]:
@@ -518,6 +531,8 @@ def _launch_linear(
             config = INTERPRETER_Q8_CONFIG if _interpreting() else default_q8_config(K, x.dtype)
         else:
             config = INTERPRETER_CONFIG if _interpreting() else default_config(M, N, K, x.dtype, bf16, tma_ok=tma_ok)
+    if config.prefetch and update and not q8:  # (a mainloop that only stores dW runs no epilogue to prefetch for)
+        raise ValueError(f"{config} prefetches the 8bit regime's row sub-tiles: it is not a tile of this regime")
     if q8 and (config.BN % QBLOCK or config.epilogue_split > 4 or config.BM % config.epilogue_split):
         raise ValueError(f"the 8bit regime needs BN a multiple of {QBLOCK} and its epilogue split into 1, 2 or 4 "
                          f"row sub-tiles, got {config}")
@@ -553,7 +568,7 @@ def _launch_linear(
             UPDATE=update, STORE_ACC=acc_out is not None, HAS_ACCUM=accum is not None,
             INPUT_PRECISION=precision,
             BM=config.BM, BN=config.BN, BK=config.BK, EPILOGUE_SPLIT=config.epilogue_split,
-            PERSISTENT=bool(config.persistent), USE_TMA=x_desc is not None,
+            PERSISTENT=bool(config.persistent), USE_TMA=x_desc is not None, Q8_PREFETCH=config.prefetch and q8,
             num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers or None,
             enable_fp_fusion=False,
         )
@@ -673,11 +688,11 @@ def default_config(M: int, N: int, K: int, dtype: torch.dtype, bf16_storage: boo
 # 8bit regime, bf16 operands, against torch AdamW(fused) on a bf16 parameter after cuBLAS's dW.
 # Session 15 (bench/results/2026-12-05-h200-s15/call1 and call2, 4096x4096 and 14336x4096; the
 # unfused step / the previous default / the new one, ms):
-#   K < Q8_LARGE_K: 32x128, 8 warps, four row quarters (119 registers: two programs per SM; the
+#   K < Q8_LARGE_K: 32x128, 8 warps, four row quarters (122 registers: two programs per SM; the
 #     unsplit 32x128 took 232, one program): K = 256 0.133 / 0.415 / 0.335 and 0.349 / 1.512 / 1.160;
 #     K = 1024 0.123 / 0.578 / 0.461 and 0.458 / 2.475 / 1.754; K = 2048 (against the 64x128 in two
 #     row halves) 0.163 / 0.656 / 0.624 and 0.599 / 3.105 / 2.567: 1.05-1.41x.
-#   K >= Q8_LARGE_K: 64x128, 8 warps, four row quarters at 128 registers (two programs per SM, 300 B
+#   K >= Q8_LARGE_K: 64x128, 8 warps, four row quarters at 128 registers (two programs per SM, 220 B
 #     of spills, tests/test_ptx.py): K = 4096 0.252 / 1.097 / 0.881 and 0.923 / 4.020 / 3.285;
 #     K = 8192 (against the 128x128, the default there until then) 0.438 / 1.391 / 1.170 and
 #     1.582 / 5.257 / 4.395; K = 16384 0.831 / 1.825 / 1.727 and 2.937 / 6.916 / 6.642: 1.04-1.25x.
