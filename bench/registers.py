@@ -77,8 +77,12 @@ def resource_usage(ptx: str) -> dict:
         m = re.search(pattern, text)
         return int(m.group(1)) if m else 0
 
+    # C7515: "wgmma.mma_async instructions are serialized due to non wgmma instructions defining
+    # accumulator registers of a wgmma between start and end of the pipeline stage" -- the tensor-core
+    # pipeline runs one wgmma at a time (seen on the capped 64x128 8bit tile, session 15)
     return {"registers": grab(r"Used (\d+) registers"), "spill_stores": grab(r"(\d+) bytes spill stores"),
-            "spill_loads": grab(r"(\d+) bytes spill loads"), "stack": grab(r"(\d+) bytes stack frame")}
+            "spill_loads": grab(r"(\d+) bytes spill loads"), "stack": grab(r"(\d+) bytes stack frame"),
+            "wgmma_serialized": "C7515" in text}
 
 
 def main(argv=None) -> int:
@@ -95,7 +99,8 @@ def main(argv=None) -> int:
         cfgs = kernels.CANDIDATE_Q8_CONFIGS if args.precision == "8bit" else kernels.CANDIDATE_CONFIGS
     for cfg in cfgs:
         u = resource_usage(compile_ptx(cfg, rule, args.dtype, args.precision))
-        print(f"{cfg}: {u['registers']} registers, spill stores {u['spill_stores']} B, loads {u['spill_loads']} B")
+        print(f"{cfg}: {u['registers']} registers, spill stores {u['spill_stores']} B, loads {u['spill_loads']} B"
+              + (", wgmma serialized (ptxas C7515)" if u["wgmma_serialized"] else ""))
     return 0
 
 
