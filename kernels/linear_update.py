@@ -414,7 +414,7 @@ def update_loaded_rows_q8(
 ):
     """update_rows_q8 on values load_q8 has loaded."""
     in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    finite = update_loaded_q8(loaded, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, offs_m, offs_n, M, N,
+    finite = update_in_place_q8(loaded, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, offs_m, offs_n, M, N,
                               g, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
     return tile_telemetry(g, in_tile, finite)
 
@@ -447,10 +447,9 @@ def update_rows_q8(
     GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr,
 ):
     """The 8bit epilogue on a row sub-tile of whole blocks; (Σ g² in fp64, non-finite count) over it."""
-    in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    finite = update_in_place_q8(w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, offs_m, offs_n, M, N,
-                                g, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
-    return tile_telemetry(g, in_tile, finite)
+    loaded = load_q8(w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, offs_m, offs_n, M, N, N_STATE)
+    return update_loaded_rows_q8(loaded, g, offs_m, offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr,
+                                 n_blocks, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
 
 
 @triton.jit
@@ -554,23 +553,15 @@ def load_q8(w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, offs_m, off
 
 
 @triton.jit
-def update_in_place_q8(w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, offs_m, offs_n, M, N,
+def update_in_place_q8(loaded, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, offs_m, offs_n, M, N,
                        g, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr):
-    """update_in_place for the 8bit regime on a tile [R, BN] of whole quantization blocks: W is bf16
-    (stochastic rounding, slice r_p); state 0 is signed E4M3 codes (m: slice r_m24), state 1 unsigned
-    E5M3 codes (v >= 0: slice r_v24), each with an fp32 power-of-two scale per block of QBLOCK
-    elements of a row (kernels/quant8.py). The rule runs on the dequantized fp32 state and the fp32
-    gradient; the new scale comes from the updated block. An element whose gradient was not finite
-    keeps its dequantized value, which is then requantized under its block's new scale."""
-    loaded = load_q8(w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, offs_m, offs_n, M, N, N_STATE)
-    return update_loaded_q8(loaded, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, offs_m, offs_n, M, N,
-                            g, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
-
-
-@triton.jit
-def update_loaded_q8(loaded, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, offs_m, offs_n, M, N,
-                     g, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr):
-    """update_in_place_q8 from the values load_q8 loaded at (offs_m, offs_n)."""
+    """update_in_place for the 8bit regime on a tile [R, BN] of whole quantization blocks, from the
+    values load_q8 loaded there: W is bf16 (stochastic rounding, slice r_p); state 0 is signed E4M3
+    codes (m: slice r_m24), state 1 unsigned E5M3 codes (v >= 0: slice r_v24), each with an fp32
+    power-of-two scale per block of QBLOCK elements of a row (kernels/quant8.py). The rule runs on the
+    dequantized fp32 state and the fp32 gradient; the new scale comes from the updated block. An
+    element whose gradient was not finite keeps its dequantized value, which is then requantized under
+    its block's new scale."""
     offs, in_tile, soffs, smask = q8_addresses(offs_m, offs_n, M, N, n_blocks)
     p, s0, s1 = loaded
     p, s0, s1, finite = GUARDED_UPDATE(p, g, s0, s1, h, grad_scale)
