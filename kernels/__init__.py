@@ -284,6 +284,9 @@ CANDIDATE_Q8_CONFIGS: tuple[TileConfig, ...] = (
     # (bench/registers.py) every 8-warp 64x128 with four row quarters has it, capped or not, and none
     # with two halves: this one (800 B of spills at 128 registers) keeps two programs per SM without it
     TileConfig(64, 128, 64, num_warps=8, num_stages=3, epilogue_split=2, max_registers=128),
+    # session 16: the 64x128 as one warp group (255 registers, 120 B of spills, no C7515): two
+    # programs per SM as the large-K default, each with its wgmma pipeline whole
+    TileConfig(64, 128, 64, num_warps=4, num_stages=3, epilogue_split=4),
 )
 
 
