@@ -48,8 +48,7 @@ def compile_ptx(cfg: kernels.TileConfig, rule: rules.Rule, dtype: str, precision
              "UPDATE": True, "STORE_ACC": False, "HAS_ACCUM": False,
              "INPUT_PRECISION": "ieee" if dtype == "fp32" else "tf32",
              "BM": cfg.BM, "BN": cfg.BN, "BK": cfg.BK, "EPILOGUE_SPLIT": cfg.epilogue_split,
-             "PERSISTENT": bool(cfg.persistent), "GROUP_M": 8, "USE_TMA": cfg.tma,
-             "Q8_PREFETCH": cfg.prefetch}
+             "PERSISTENT": bool(cfg.persistent), "GROUP_M": 8, "USE_TMA": cfg.tma}
     if not cfg.tma:
         const.update(x_desc=None, dy_desc=None)
     for k in const:

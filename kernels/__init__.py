@@ -137,16 +137,13 @@ class TileConfig:
     # multiprocessor's 65,536 registers, so one program's epilogue overlaps another's mainloop:
     # 128 registers x 256 threads = two 8-warp programs per SM (ptxas then spills what does not fit).
     max_registers: int = 0
-    # 8bit regime only, with 2 or 4 row sub-tiles: each sub-tile's loads are issued before the
-    # previous sub-tile's update (kernels/linear_update.py, update_rows_q8_prefetching)
-    prefetch: bool = False
 
     @property
     def label(self) -> str:
-        """Short name for tables: 64x128x64 w4 s4 e4 [p2] [tma] [r128] [pf]."""
+        """Short name for tables: 64x128x64 w4 s4 e4 [p2] [tma] [r128]."""
         return (f"{self.BM}x{self.BN}x{self.BK} w{self.num_warps} s{self.num_stages} e{self.epilogue_split}"
                 + (f" p{self.persistent}" if self.persistent else "") + (" tma" if self.tma else "")
-                + (f" r{self.max_registers}" if self.max_registers else "") + (" pf" if self.prefetch else ""))
+                + (f" r{self.max_registers}" if self.max_registers else ""))
 
     def __post_init__(self):
         for name in ("BM", "BN", "BK"):
@@ -159,8 +156,6 @@ class TileConfig:
             raise ValueError(f"TileConfig.persistent must be an int in [0, 8] (programs per SM), got {self}")
         if not (isinstance(self.max_registers, int) and (self.max_registers == 0 or 32 <= self.max_registers <= 255)):
             raise ValueError(f"TileConfig.max_registers must be 0 (no cap) or an int in [32, 255], got {self}")
-        if self.prefetch and self.epilogue_split not in (2, 4):
-            raise ValueError(f"TileConfig.prefetch needs 2 or 4 row sub-tiles (epilogue_split), got {self}")
 
 
 # Tile shapes the launcher may use, per mainloop mode. Every one of them is a test case
@@ -272,21 +267,21 @@ CANDIDATE_CONFIGS = (
 # 32x128 w4 e4 r168 (1.06-1.36x), 64x128 w8 s4 e4 (1.4-1.9x: one program per SM), and the session-5
 # 16x128 w4 (1.15-1.65x) and 128x128 w8 e4 (1.04-1.50x, K = 256-16384: the default from 8192 tokens
 # until then).
-# Session 15, after call 4 (not yet timed): ncu put 16.5% of the small-K default's warp samples
-# (4096x14336, K = 256) on long-scoreboard waits, 91% of the byte permutes' samples, i.e. on the
-# epilogue's loads of W and the codes; these issue each row quarter's loads one quarter ahead, held
-# dequantized (bits unchanged: the rows are independent). Uncapped the 32x128 takes 163 registers
-# (one program per SM); at 128, 20 B of spills; the 64x128 at 128: 528 B (its twin: 220).
+# Session 16 (call 1, bench/results/2026-12-05-s16/, an H100 that time): the v23 candidates
+# were slower than the defaults or within 3% of them at 4096x14336 and 8192x8192, K = 256, 1024,
+# 4096, 16384, and were dropped: the 32x128 r128 whose epilogue issued each row quarter's loads one
+# quarter ahead (0.99-1.03x the small-K default: the 16.5% of long-scoreboard samples ncu put on
+# those loads were not time the loads cost), its 64x128 twin (0.92-0.95x the large-K default at
+# 4096-16384), the 64x128 e2 r128 (0.94-1.03x) and the 64x128 w4 e4 (0.73-0.91x).
+# v24: ptxas serializes the wgmma instructions of the large-K default (C7515: "non wgmma
+# instructions defining accumulator registers ... between start and end of the pipeline stage"),
+# as of every pointer-mainloop 8-warp 64x128 8bit tile with row quarters; with TMA loads none of
+# them has it (e4 uncapped, r128 with 3 or 4 stages, e2 r128, p2 r128; `python bench/registers.py
+# --precision 8bit --candidates` on the CPU).
 CANDIDATE_Q8_CONFIGS: tuple[TileConfig, ...] = (
-    TileConfig(32, 128, 64, num_warps=8, num_stages=3, epilogue_split=4, max_registers=128, prefetch=True),
-    TileConfig(64, 128, 64, num_warps=8, num_stages=3, epilogue_split=4, max_registers=128, prefetch=True),
-    # ptxas warns (C7515) that the large-K default's wgmma instructions are serialized; on the CPU
-    # (bench/registers.py) every 8-warp 64x128 with four row quarters has it, capped or not, and none
-    # with two halves: this one (800 B of spills at 128 registers) keeps two programs per SM without it
-    TileConfig(64, 128, 64, num_warps=8, num_stages=3, epilogue_split=2, max_registers=128),
-    # session 16: the 64x128 as one warp group (255 registers, 120 B of spills, no C7515): two
-    # programs per SM as the large-K default, each with its wgmma pipeline whole
-    TileConfig(64, 128, 64, num_warps=4, num_stages=3, epilogue_split=4),
+    TileConfig(64, 128, 64, num_warps=8, num_stages=3, epilogue_split=4, tma=True, max_registers=128),  # 288 B spills
+    TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, tma=True, max_registers=128),  # 288 B spills
+    TileConfig(32, 128, 64, num_warps=8, num_stages=3, epilogue_split=4, tma=True),  # 126 registers, no spill
 )
 
 
@@ -538,8 +533,6 @@ def _launch_linear(
             config = INTERPRETER_Q8_CONFIG if _interpreting() else default_q8_config(K, x.dtype)
         else:
             config = INTERPRETER_CONFIG if _interpreting() else default_config(M, N, K, x.dtype, bf16, tma_ok=tma_ok)
-    if config.prefetch and update and not q8:  # (a mainloop that only stores dW runs no epilogue to prefetch for)
-        raise ValueError(f"{config} prefetches the 8bit regime's row sub-tiles: it is not a tile of this regime")
     if q8 and (config.BN % QBLOCK or config.epilogue_split > 4 or config.BM % config.epilogue_split):
         raise ValueError(f"the 8bit regime needs BN a multiple of {QBLOCK} and its epilogue split into 1, 2 or 4 "
                          f"row sub-tiles, got {config}")
@@ -575,7 +568,7 @@ def _launch_linear(
             UPDATE=update, STORE_ACC=acc_out is not None, HAS_ACCUM=accum is not None,
             INPUT_PRECISION=precision,
             BM=config.BM, BN=config.BN, BK=config.BK, EPILOGUE_SPLIT=config.epilogue_split,
-            PERSISTENT=bool(config.persistent), USE_TMA=x_desc is not None, Q8_PREFETCH=config.prefetch and q8,
+            PERSISTENT=bool(config.persistent), USE_TMA=x_desc is not None,
             num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers or None,
             enable_fp_fusion=False,
         )

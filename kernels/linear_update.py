@@ -130,7 +130,6 @@ def fused_linear_update_kernel(
     INPUT_PRECISION: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
     PERSISTENT: tl.constexpr = False, GROUP_M: tl.constexpr = 8, USE_TMA: tl.constexpr = False,
-    Q8_PREFETCH: tl.constexpr = False,
 ):
     """One program per tile (grid [cdiv(M, BM), cdiv(N, BN)]), or PERSISTENT: a 1-D grid of fewer
     programs, each walking tiles pid, pid + P, pid + 2P, ... in grouped order (GROUP_M tile rows
@@ -150,14 +149,14 @@ def fused_linear_update_kernel(
                 pid_m, pid_n, w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, x_desc, dy_desc, accum_ptr, acc_out_ptr,
                 norm_sq_ptr, nonfinite_ptr, scale0_ptr, scale1_ptr, n_blocks, M, N, K, stride_xk, stride_xn, stride_dyk,
                 stride_dym, h, grad_scale, seed, rand_stride, rand_base, slots_n, GUARDED_UPDATE, N_STATE, BF16_STORAGE, STATE_Q8,
-                UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA, Q8_PREFETCH)
+                UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA)
     else:
         linear_update_tile(
             tl.program_id(0), tl.program_id(1), w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, x_desc, dy_desc, accum_ptr,
             acc_out_ptr,
             norm_sq_ptr, nonfinite_ptr, scale0_ptr, scale1_ptr, n_blocks, M, N, K, stride_xk, stride_xn,
             stride_dyk, stride_dym, h, grad_scale, seed, rand_stride, rand_base, slots_n, GUARDED_UPDATE, N_STATE, BF16_STORAGE,
-            STATE_Q8, UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA, Q8_PREFETCH)
+            STATE_Q8, UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA)
 
 
 @triton.jit
@@ -172,7 +171,6 @@ def linear_update_tile(
     UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, HAS_ACCUM: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, USE_TMA: tl.constexpr,
-    Q8_PREFETCH: tl.constexpr = False,
 ):
     """The tile (pid_m, pid_n): mainloop, epilogue, telemetry slot (the module docstring's pseudocode)."""
     offs_m = pid_m * BM + tl.arange(0, BM)
@@ -198,7 +196,7 @@ def linear_update_tile(
             tl.store(acc_out_ptr + offs, g, mask=in_tile)
         norm_sq, nonfinite = update_rows_q8_split(
             g, pid_m * BM, offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr, scale1_ptr, n_blocks, h, grad_scale,
-            seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE, EPILOGUE_SPLIT, Q8_PREFETCH)
+            seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE, EPILOGUE_SPLIT)
     else:
         norm_sq, nonfinite = update_columns(
             g, offs_m, pid_n * BN, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed,
@@ -333,15 +331,10 @@ def pairwise_sum(xs, N: tl.constexpr):
 @triton.jit
 def update_rows_q8_split(
     g, m0, offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h, grad_scale, seed, rand_stride,
-    rand_base, GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr = False,
+    rand_base, GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, SPLIT: tl.constexpr,
 ):
-    """The 8bit epilogue on the rows [m0, m0 + R) of the tile g [R, BN], in SPLIT row sub-tiles;
-    PREFETCH: update_rows_q8_prefetching (SPLIT 2 or 4)."""
-    if PREFETCH:
-        return update_rows_q8_prefetching(
-            g, m0, offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h, grad_scale, seed,
-            rand_stride, rand_base, GUARDED_UPDATE, N_STATE, SPLIT)
-    elif SPLIT == 1:
+    """The 8bit epilogue on the rows [m0, m0 + R) of the tile g [R, BN], in SPLIT row sub-tiles."""
+    if SPLIT == 1:
         return update_rows_q8(
             g, m0 + tl.arange(0, g.shape[0]), offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks,
             h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
@@ -356,67 +349,6 @@ def update_rows_q8_split(
             gb, m0 + R // 2, offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h, grad_scale,
             seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE, SPLIT // 2)
         return a_sq + b_sq, a_bad + b_bad
-
-
-@triton.jit
-def update_rows_q8_prefetching(
-    g, m0, offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h, grad_scale, seed, rand_stride,
-    rand_base, GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, SPLIT: tl.constexpr,
-):
-    """update_rows_q8_split with each row sub-tile's loads (W, codes, scales: ~4 bytes an element,
-    held dequantized) issued before the previous sub-tile's update, so that their latency overlaps its arithmetic (ncu
-    put 16.5% of the 32x128 row-quarter tile's warp samples on long-scoreboard waits for them,
-    session 15). The sub-tiles read rows that the previous ones do not write, so every loaded value
-    and every bit stored is update_rows_q8_split's; the telemetry adds up in the same tree."""
-    tl.static_assert(SPLIT == 2 or SPLIT == 4, "the prefetching 8bit epilogue takes 2 or 4 row sub-tiles")
-    R: tl.constexpr = g.shape[0]
-    gt, gb = row_halves(g, R, g.shape[1])
-    if SPLIT == 2:
-        rows_t = m0 + tl.arange(0, R // 2)
-        rows_b = m0 + R // 2 + tl.arange(0, R // 2)
-        loaded_t = load_q8(w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, rows_t, offs_n, M, N, N_STATE)
-        loaded_b = load_q8(w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, rows_b, offs_n, M, N, N_STATE)
-        a_sq, a_bad = update_loaded_rows_q8(loaded_t, gt, rows_t, offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr,
-                                            scale1_ptr, n_blocks, h, grad_scale, seed, rand_stride, rand_base,
-                                            GUARDED_UPDATE, N_STATE)
-        b_sq, b_bad = update_loaded_rows_q8(loaded_b, gb, rows_b, offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr,
-                                            scale1_ptr, n_blocks, h, grad_scale, seed, rand_stride, rand_base,
-                                            GUARDED_UPDATE, N_STATE)
-        return a_sq + b_sq, a_bad + b_bad
-    else:
-        Q: tl.constexpr = R // 4
-        g0, g1 = row_halves(gt, R // 2, g.shape[1])
-        g2, g3 = row_halves(gb, R // 2, g.shape[1])
-        rows0 = m0 + tl.arange(0, Q)
-        rows1 = rows0 + Q
-        rows2 = rows0 + 2 * Q
-        rows3 = rows0 + 3 * Q
-        l0 = load_q8(w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, rows0, offs_n, M, N, N_STATE)
-        l1 = load_q8(w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, rows1, offs_n, M, N, N_STATE)
-        sq0, bad0 = update_loaded_rows_q8(l0, g0, rows0, offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr,
-                                          n_blocks, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
-        l2 = load_q8(w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, rows2, offs_n, M, N, N_STATE)
-        sq1, bad1 = update_loaded_rows_q8(l1, g1, rows1, offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr,
-                                          n_blocks, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
-        l3 = load_q8(w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, rows3, offs_n, M, N, N_STATE)
-        sq2, bad2 = update_loaded_rows_q8(l2, g2, rows2, offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr,
-                                          n_blocks, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
-        sq3, bad3 = update_loaded_rows_q8(l3, g3, rows3, offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr,
-                                          n_blocks, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
-        # update_rows_q8_split's tree: (q0 + q1) + (q2 + q3)
-        return (sq0 + sq1) + (sq2 + sq3), (bad0 + bad1) + (bad2 + bad3)
-
-
-@triton.jit
-def update_loaded_rows_q8(
-    loaded, g, offs_m, offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h, grad_scale, seed,
-    rand_stride, rand_base, GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr,
-):
-    """update_rows_q8 on values load_q8 has loaded."""
-    in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    finite = update_in_place_q8(loaded, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, offs_m, offs_n, M, N,
-                              g, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
-    return tile_telemetry(g, in_tile, finite)
 
 
 @triton.jit
@@ -448,8 +380,10 @@ def update_rows_q8(
 ):
     """The 8bit epilogue on a row sub-tile of whole blocks; (Σ g² in fp64, non-finite count) over it."""
     loaded = load_q8(w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, offs_m, offs_n, M, N, N_STATE)
-    return update_loaded_rows_q8(loaded, g, offs_m, offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr,
-                                 n_blocks, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
+    in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    finite = update_in_place_q8(loaded, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, offs_m, offs_n, M, N,
+                                g, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
+    return tile_telemetry(g, in_tile, finite)
 
 
 @triton.jit
