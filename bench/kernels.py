@@ -34,6 +34,7 @@ import torch
 import triton
 
 from forge_num import kernels, rules
+from forge_num.kernels import random as krandom
 
 # issue 5: the Llama-8B projections (4096x4096, 14336x4096, 4096x14336) and two of Llama-70B's
 LLAMA_SHAPES = "4096x4096,14336x4096,4096x14336,8192x8192,28672x8192"
@@ -311,6 +312,8 @@ def main(argv=None) -> int:
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
             "python": platform.python_version(), "ceilings": ceilings,
+            # the Philox rounds' multiply form (kernels/random.py; FORGE_NUM_PHILOX_WIDE=1: mul.wide.u32)
+            "philox_wide_products": bool(krandom.WIDE_PRODUCTS),
             "command": "python bench/kernels.py " + " ".join(sys.argv[1:] if argv is None else argv)}
     for precision, (M, N), K in itertools.product(args.precision.split(","), shapes, tokens):
         if precision not in STATE_BYTES:

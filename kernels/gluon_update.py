@@ -114,7 +114,8 @@ NAMESPACE = {**{name: getattr(_IEEE, fn_name) for name, fn_name in _IEEE_OPS.ite
 
 # The bf16-sr regime's register operations, one text with the Triton kernel's: the Philox rounds
 # (philox4x32_10 = tl.randint4x's), the random-slice table, the bf16 widening and stochastic rounding
-_RANDOM = _module_in_gluon(_random, ("philox4x32_10", "random_slices"))
+_RANDOM = _module_in_gluon(_random, ("wide_products_a", "wide_products_b", "products_a", "products_b", "philox4x32_10",
+                                     "random_slices"))
 _ROUNDING = _module_in_gluon(_rounding, ("_is_nan", "bf16_sr_bits", "bf16_to_f32"))
 
 

@@ -26,16 +26,24 @@ function); it runs ``philox4x32_10`` below, the same rounds written out in ops b
 (its text bound to Gluon's language, as kernels/ieee.py's ops are), and the same ``random_slices``.
 tests/test_interpreter_rounding.py holds ``philox4x32_10`` against ``tl.randint4x`` and the
 emulator bit for bit (interpreter and GPU); tests/test_gpu_gluon.py the Gluon kernel's bits.
+
+WIDE_PRODUCTS (FORGE_NUM_PHILOX_WIDE=1, a candidate): the Triton kernels take their words from
+``philox4x32_10`` too, each round's two products one ``mul.wide.u32`` apiece (the same words, fewer
+instructions); tests/test_interpreter_rounding.py runs its GPU mode once more with it on, and holds
+``wide_products_a``/``wide_products_b`` against the two multiplies.
 """
 
 from __future__ import annotations
+
+import os
 
 import triton
 import triton.language as tl
 
 from forge_num.emulator import philox as _philox
 
-__all__ = ["randint4x", "randint", "rounding_bits", "random_slices", "philox4x32_10"]
+__all__ = ["randint4x", "randint", "rounding_bits", "random_slices", "philox4x32_10", "products_a", "products_b",
+           "wide_products_a", "wide_products_b"]
 
 
 @triton.jit
@@ -64,8 +72,12 @@ def random_slices(c0, c1, c2, c3):
 
 @triton.jit
 def rounding_bits(seed, offset):
-    """The random-slice table: ``(r_p, r_m16, r_v16, r_m24, r_v24)`` as uint32 tiles."""
-    c0, c1, c2, c3 = tl.randint4x(seed, offset)
+    """The random-slice table: ``(r_p, r_m16, r_v16, r_m24, r_v24)`` as uint32 tiles, of
+    ``tl.randint4x``'s words (with WIDE_PRODUCTS: philox4x32_10's, the same words)."""
+    if WIDE_PRODUCTS:
+        c0, c1, c2, c3 = philox4x32_10(seed, offset)
+    else:
+        c0, c1, c2, c3 = tl.randint4x(seed, offset)
     return random_slices(c0, c1, c2, c3)
 
 
@@ -74,6 +86,53 @@ PHILOX_ROUND_A: tl.constexpr = tl.constexpr(_philox.PHILOX_ROUND_A)
 PHILOX_ROUND_B: tl.constexpr = tl.constexpr(_philox.PHILOX_ROUND_B)
 PHILOX_KEY_A: tl.constexpr = tl.constexpr(_philox.PHILOX_KEY_A)
 PHILOX_KEY_B: tl.constexpr = tl.constexpr(_philox.PHILOX_KEY_B)
+
+# A Philox round multiplies two counter words by constants and uses both halves of each 64-bit
+# product. ``tl.umulhi(x, A)`` and ``x * A`` are two PTX instructions (mul.hi.u32, mul.lo.u32) that
+# ptxas leaves as two (IMAD.HI.U32, IMAD); one ``mul.wide.u32`` is one IMAD.WIDE.U32 with both
+# halves, the same bits (the exact product either way). Per element, 69 -> 50 SASS instructions
+# for the ten rounds (sm_90, ptxas of Triton 3.6), ~5% of the 8bit epilogue's (bench/NOTES.md,
+# session 16). A candidate until the GPU has timed it: FORGE_NUM_PHILOX_WIDE=1 in the environment
+# when this module is imported turns it on for the Triton kernels' rounding_bits and the Gluon
+# kernel's rounds; the interpreter runs no PTX, so never under TRITON_INTERPRET.
+WIDE_PRODUCTS: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+                                           and os.environ.get("FORGE_NUM_PHILOX_WIDE", "0") == "1")
+# {hi, lo} of the product of $2 and a round constant: mov.b64's vector is {low word, high word}
+_MUL_WIDE_A: tl.constexpr = tl.constexpr(
+    "{ .reg .b64 t; mul.wide.u32 t, $2, %d; mov.b64 {$1, $0}, t; }" % _philox.PHILOX_ROUND_A)
+_MUL_WIDE_B: tl.constexpr = tl.constexpr(
+    "{ .reg .b64 t; mul.wide.u32 t, $2, %d; mov.b64 {$1, $0}, t; }" % _philox.PHILOX_ROUND_B)
+
+
+@triton.jit
+def wide_products_a(x):
+    """(umulhi(x, A), x A mod 2^32) for a uint32 tile x and A = PHILOX_ROUND_A, by one mul.wide.u32
+    (GPU only)."""
+    return tl.inline_asm_elementwise(_MUL_WIDE_A, "=r,=r,r", [x], dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1)
+
+
+@triton.jit
+def wide_products_b(x):
+    """wide_products_a for B = PHILOX_ROUND_B."""
+    return tl.inline_asm_elementwise(_MUL_WIDE_B, "=r,=r,r", [x], dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1)
+
+
+@triton.jit
+def products_a(x):
+    """(umulhi(x, A), x A mod 2^32) for a uint32 tile x and A = PHILOX_ROUND_A."""
+    if WIDE_PRODUCTS:
+        return wide_products_a(x)
+    else:
+        return tl.umulhi(x, PHILOX_ROUND_A), x * PHILOX_ROUND_A
+
+
+@triton.jit
+def products_b(x):
+    """(umulhi(x, B), x B mod 2^32) for a uint32 tile x and B = PHILOX_ROUND_B."""
+    if WIDE_PRODUCTS:
+        return wide_products_b(x)
+    else:
+        return tl.umulhi(x, PHILOX_ROUND_B), x * PHILOX_ROUND_B
 
 
 @triton.jit
@@ -92,12 +151,12 @@ def philox4x32_10(seed, offset):
     c2 = c0 * 0
     c3 = c0 * 0
     for _ in tl.static_range(10):
-        a = c0
-        b = c2
-        c0 = tl.umulhi(b, PHILOX_ROUND_B) ^ c1 ^ k0
-        c2 = tl.umulhi(a, PHILOX_ROUND_A) ^ c3 ^ k1
-        c1 = b * PHILOX_ROUND_B
-        c3 = a * PHILOX_ROUND_A
+        hi_b, lo_b = products_b(c2)
+        hi_a, lo_a = products_a(c0)
+        c0 = hi_b ^ c1 ^ k0
+        c2 = hi_a ^ c3 ^ k1
+        c1 = lo_b
+        c3 = lo_a
         k0 = k0 + PHILOX_KEY_A
         k1 = k1 + PHILOX_KEY_B
     return c0, c1, c2, c3

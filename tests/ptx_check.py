@@ -148,7 +148,25 @@ def _gluon_ws_bf16_sr_configs():
     return (*BF16_SR_ROUTE_CONFIGS, *BF16_SR_CANDIDATE_CONFIGS)
 
 
+def philox_products() -> dict:
+    """The Philox rounds' multiplications in the 8bit small-K default tile (AdamW; all four words of
+    each element's Philox call are used there): PTX mul.hi.u32 and mul.wide.u32 counts, elements a
+    thread, and whether kernels/random.py's WIDE_PRODUCTS was on (FORGE_NUM_PHILOX_WIDE=1)."""
+    from bench.registers import compile_ptx as compile_tuned
+    from forge_num import kernels, rules
+    from forge_num.kernels import random as krandom
+
+    cfg = kernels.Q8_SMALL_K_CONFIG
+    ptx = compile_tuned(cfg, rules.ADAMW, "bf16", "8bit")
+    return {"wide": bool(krandom.WIDE_PRODUCTS), "per_thread": cfg.BM * cfg.BN // (32 * cfg.num_warps),
+            "mul_hi": len(re.findall(r"mul\.hi\.u32", ptx)), "mul_wide": len(re.findall(r"mul\.wide\.u32", ptx)),
+            "forbidden": forbidden(ptx)}
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--philox"]:
+        json.dump(philox_products(), sys.stdout)
+        return 0
     from forge_num import rules
 
     from bench.registers import compile_ptx as compile_tuned, resource_usage

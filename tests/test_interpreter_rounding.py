@@ -82,6 +82,9 @@ def make_inputs(path: Path):
         codes = np.tile(np.arange(256, dtype=np.uint8), (2, 1))
         d[f"dq_{key}_codes"] = codes
         d[f"dq_{key}_scales"] = np.array([[2.0**-112 if signed else 2.0**-96, 1.0], [2.0**127, np.nan]], dtype=np.float32)
+    mul_x = rng.integers(0, 2**32, 4096, dtype=np.uint64).astype(np.uint32)
+    mul_x[:8] = [0, 1, 2, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFE, 0xFFFFFFFF, 0xD2511F53]
+    d["mul_x"] = mul_x
     p = rng.standard_normal((PIPE_ROWS, PIPE_COLS)).astype(np.float32)
     m = (rng.standard_normal((PIPE_ROWS, PIPE_COLS)) * 1e-3).astype(np.float32)
     v = (m.astype(np.float64) ** 2 * rng.uniform(0.5, 2, m.shape)).astype(np.float32)
@@ -121,6 +124,16 @@ if __name__ == "__main__":
         tl.store(out_ptr + N + i, c1)
         tl.store(out_ptr + 2 * N + i, c2)
         tl.store(out_ptr + 3 * N + i, c3)
+
+    @triton.jit
+    def k_wide_products(x_ptr, out_ptr, N: tl.constexpr):
+        x = tl.load(x_ptr + tl.arange(0, N))
+        hi_a, lo_a = KRand.wide_products_a(x)
+        hi_b, lo_b = KRand.wide_products_b(x)
+        tl.store(out_ptr + tl.arange(0, N), hi_a)
+        tl.store(out_ptr + N + tl.arange(0, N), lo_a)
+        tl.store(out_ptr + 2 * N + tl.arange(0, N), hi_b)
+        tl.store(out_ptr + 3 * N + tl.arange(0, N), lo_b)
 
     @triton.jit
     def k_rounding_bits(seed, off_ptr, out_ptr, N: tl.constexpr):
@@ -200,6 +213,12 @@ if __name__ == "__main__":
                     o = torch.zeros(4 * off.size, dtype=torch.uint32, device=dev)
                     k_philox_written_out[(1,)](int(seed), T(off), o, off.size)
                     res[f"px_{name}_{k}"] = o.cpu().numpy().reshape(4, off.size)
+        if device == "cuda":  # mul.wide.u32 is PTX: the interpreter cannot run it
+            x = d["mul_x"]
+            o = torch.zeros(4 * x.size, dtype=torch.uint32, device=dev)
+            k_wide_products[(1,)](T(x), o, x.size)
+            res["wide_products"] = o.cpu().numpy().reshape(4, x.size)
+        res["wide_rounds"] = np.array(bool(KRand.WIDE_PRODUCTS))
         n = d["bf16_x"].size
         rne = torch.zeros(n, dtype=torch.uint16, device=dev)
         sr = torch.zeros(n, dtype=torch.uint16, device=dev)
@@ -249,6 +268,9 @@ from forge_num.emulator import philox, quant8, rounding
 MODES = [
     pytest.param("interpreter", marks=pytest.mark.interpreter),
     pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.exactness]),
+    # the Philox rounds with one mul.wide.u32 a product (kernels/random.py, WIDE_PRODUCTS), which
+    # FORGE_NUM_PHILOX_WIDE=1 turns on: every kernel here, the optimizer tile's path included
+    pytest.param("cuda-wide", marks=[pytest.mark.gpu, pytest.mark.exactness]),
 ]
 
 
@@ -264,13 +286,16 @@ def run(request, tmp_path_factory):
         device = "cpu"
     else:
         env.pop("TRITON_INTERPRET", None)
+        env["FORGE_NUM_PHILOX_WIDE"] = "1" if mode == "cuda-wide" else "0"
         device = "cuda"
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), device, str(inp), str(out)],
         env=env, capture_output=True, text=True, timeout=600, cwd=str(ROOT),
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return dict(np.load(inp)), dict(np.load(out))
+    res = dict(np.load(out))
+    assert bool(res["wide_rounds"]) == (mode == "cuda-wide"), (mode, res["wide_rounds"])
+    return dict(np.load(inp)), res
 
 
 def bits32(a):
@@ -295,6 +320,20 @@ def test_philox_written_out_is_randint4x(run):
     for k, seed in enumerate(d["seeds"].tolist()):
         assert np.array_equal(res[f"px_off64_{k}"], res[f"r4_off64_{k}"][:4]), hex(int(seed))
         assert np.array_equal(res[f"px_off64_{k}"], np.stack(philox.randint4x(int(seed), d["off64"]))), hex(int(seed))
+
+
+def test_wide_products_are_the_two_multiplies(run):
+    """wide_products_a/b (one PTX mul.wide.u32) give umulhi(x, A) and x A mod 2^32 exactly, for the
+    two round constants, edge values and random words; GPU only (the interpreter runs no PTX)."""
+    d, res = run
+    if "wide_products" not in res:
+        pytest.skip("mul.wide.u32 is PTX: CUDA only")
+    x = d["mul_x"].astype(np.uint64)
+    got = res["wide_products"].astype(np.uint64)
+    for row, const in ((0, philox.PHILOX_ROUND_A), (2, philox.PHILOX_ROUND_B)):
+        product = x * np.uint64(const)  # < 2^64: exact in uint64
+        assert np.array_equal(got[row], product >> np.uint64(32)), hex(const)
+        assert np.array_equal(got[row + 1], product & np.uint64(0xFFFFFFFF)), hex(const)
 
 
 def test_triton_known_answer_vectors(run):

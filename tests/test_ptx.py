@@ -32,6 +32,30 @@ def report():
     return json.loads(proc.stdout)
 
 
+def test_philox_rounds_take_one_multiply_a_product_when_wide():
+    """kernels/random.py's WIDE_PRODUCTS (FORGE_NUM_PHILOX_WIDE=1): each round's two mul.hi.u32 of
+    the 8bit tile's Philox become mul.wide.u32 (the low halves with them), and nothing approximate
+    comes in; off, the tile keeps tl.randint4x's mul.hi.u32 (ten rounds, two a round, less the
+    first round's umulhi of the zero word c2: 19 an element)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    procs = {wide: subprocess.Popen([sys.executable, "-m", "tests.ptx_check", "--philox"], cwd=ROOT,
+                                    env={**env, "FORGE_NUM_PHILOX_WIDE": wide}, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+             for wide in ("0", "1")}
+    got = {}
+    for wide, proc in procs.items():
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-4000:]
+        got[wide] = json.loads(out)
+    off, on = got["0"], got["1"]
+    n = off["per_thread"]
+    assert not off["wide"] and on["wide"]
+    assert off["forbidden"] == [] and on["forbidden"] == []
+    # (a mul.hi or mul.wide or two of the tile's own addressing, the same on and off)
+    assert off["mul_hi"] >= 19 * n, off
+    assert off["mul_hi"] - on["mul_hi"] >= 19 * n and on["mul_wide"] - off["mul_wide"] >= 19 * n, (off, on)
+
+
 def test_elementwise_kernels_hold_exactly_the_rule_ops(report):
     for r in report["elementwise"]:
         assert r["forbidden"] == [], r
