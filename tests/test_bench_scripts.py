@@ -327,3 +327,20 @@ def test_cpu_peak_tiny():
     assert abs(sum(a["gib"] for a in r["alive"]) + r["other_gib"] - r["peak_gib"]) < 1e-12
     proc = _run("cpu_peak.py", "--model", "tiny", "--tokens", "1x16", "--precision", "fp32")
     assert "the step's peak" in proc.stdout
+
+
+def test_registers_main_path_stops_at_the_first_exit():
+    """bench/registers.py --sass counts the SASS a thread runs through: up to the first EXIT, opcodes
+    without predicates or modifiers; the slow-path subroutine placed after it is not counted."""
+    from bench.registers import main_path
+
+    sass = """
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+        /*0010*/                   IMAD.WIDE.U32 R2, R9, 0x4, R2 ;
+        /*0020*/               @P0 IMAD.HI.U32 R4, R5, R6, RZ ;
+        /*0030*/              @!P1 BRA `(.L_x_1) ;
+        /*0040*/                   EXIT ;
+        /*0050*/                   FFMA R11, -R7, R8, 1 ;
+        /*0060*/                   RET.REL.NODEC R2 `(kernel) ;
+"""
+    assert main_path(sass) == {"LDC": 1, "IMAD": 2, "BRA": 1, "EXIT": 1}
