@@ -74,7 +74,7 @@ For x with exponent field ex, ex' = max(ex, 1), significand S = mantissa | (ex >
     kept  = S >> D                                  grid points below |x|, in units of the step
     L     = S - (kept << D)                          dropped field: |x| = (kept + L/2^D) * step
     T     = L << (24 - D)   if D <= 24              threshold, P(up) = T / 2^24
-            L >> (D - 24)   if D >  24
+            L >> (D - 24)   if D >  24              (both: (L << 7) >> min(D - 17, 31), sr_threshold)
     up    = rand24 < T                              rand24 uniform in [0, 2^24)  (r_m24 / r_v24)
     c     = (max(0, 2^E - 2 - d) << M) + kept + up  (all shifts clamped to 0..31)
     code  = (sign << 7) | c   for m,    c   for v
@@ -132,6 +132,7 @@ __all__ = [
     "code_unit_value",
     "magnitude_key",
     "block_exponent",
+    "sr_threshold",
     "sr_code",
     "quant8_error_bound",
     "quant8_bias_bound",
@@ -180,6 +181,13 @@ def block_exponent(amax_key, signed: bool):
     return eb, poisoned
 
 
+def sr_threshold(low, D):
+    """T of the module docstring, floor(L 2^24 / 2^D), for uint32 L < 2^24 and int32 D >= 20, as
+    one shift pair: (L << 7) >> min(D - 17, 31) (L << 7 < 2^31; the right shift drops only zero bits
+    where D <= 24, and clamped at 31 gives the 0 every D >= 48 must)."""
+    return (low << _U(7)) >> np.minimum(D - np.int32(17), np.int32(31)).astype(np.uint32)
+
+
 def sr_code(bits, eb, rand24, signed: bool):
     """One element's code (uint32 < 256) from its encoding, its block's eb and 24 random bits."""
     E, M = code_format(signed)
@@ -192,10 +200,7 @@ def sr_code(bits, eb, rand24, signed: bool):
     Dc = np.minimum(D, np.int32(31)).astype(np.uint32)
     kept = sig >> Dc
     low = sig - (kept << Dc)
-    sh_up = np.clip(np.int32(RAND_BITS) - D, 0, 31).astype(np.uint32)
-    sh_dn = np.clip(D - np.int32(RAND_BITS), 0, 31).astype(np.uint32)
-    thresh = np.where(D <= np.int32(RAND_BITS), low << sh_up, low >> sh_dn)
-    up = (rand24 < thresh).astype(np.uint32)
+    up = (rand24 < sr_threshold(low, D)).astype(np.uint32)
     offset = (np.maximum(np.int32((1 << E) - 2) - d, np.int32(0)).astype(np.uint32)) << _U(M)
     mag = offset + kept + up
     if signed:

@@ -29,6 +29,7 @@ __all__ = [
     "RAND_BITS",
     "magnitude_key",
     "block_exponent",
+    "sr_threshold",
     "sr_code",
     "quantize_block_sr",
     "code_unit_value",
@@ -78,6 +79,15 @@ def block_exponent(amax_key, signed: tl.constexpr):
 
 
 @triton.jit
+def sr_threshold(low, D):
+    """The dropped field ``low`` (uint32 < 2^24) of D >= 20 dropped bits aligned to RAND_BITS = 24:
+    floor(low 2^24 / 2^D), i.e. low << (24 - D) for D <= 24 and low >> (D - 24) above, as one
+    shift pair: low << 7 < 2^31, and >> (D - 17) shifts out only its 7 zero bits or fewer where
+    D <= 24; clamped at 31 it gives 0, as every D >= 48 must (bit 31 of low << 7 is 0)."""
+    return (low << 7) >> tl.minimum(D - 17, 31).to(tl.uint32)
+
+
+@triton.jit
 def sr_code(bits, eb, rand24, signed: tl.constexpr):
     """One code per element (uint32 < 256) from its encoding, its block's eb and 24 random bits."""
     if signed:
@@ -93,10 +103,7 @@ def sr_code(bits, eb, rand24, signed: tl.constexpr):
     Dc = tl.minimum(D, 31).to(tl.uint32)
     kept = sig >> Dc
     low = sig - (kept << Dc)
-    sh_up = tl.minimum(tl.maximum(RAND_BITS - D, 0), 31).to(tl.uint32)
-    sh_dn = tl.minimum(tl.maximum(D - RAND_BITS, 0), 31).to(tl.uint32)
-    thresh = tl.where(D <= RAND_BITS, low << sh_up, low >> sh_dn)
-    up = (rand24 < thresh).to(tl.uint32)
+    up = (rand24 < sr_threshold(low, D)).to(tl.uint32)
     offset = tl.maximum((TOP - 1) - d, 0).to(tl.uint32) << MAN_BITS
     mag = offset + kept + up
     if signed:

@@ -450,6 +450,24 @@ def test_quantize_tile_against_reference(signed):
         assert np.all(np.abs(y[finite].astype(np.float64) - x[finite]) < bound[finite])
 
 
+def test_sr_threshold_is_the_dropped_field_aligned_to_24_bits():
+    """quant8.sr_threshold (one shift pair, the kernel's twin) equals the module docstring's T =
+    floor(L 2^24 / 2^D) -- L << (24 - D) up to D = 24, L >> (D - 24) above -- for every D a code can
+    drop (20 in the normal binades, up to 23 + 254 below them) and, for each, every L < 2^min(D, 24)
+    of a grid of edge and random values (all 2^20 at D = 20)."""
+    rng = np.random.default_rng(7)
+    for D in range(20, 23 + 255):
+        width = min(D, 24)
+        if D == 20:
+            L = np.arange(1 << 20, dtype=np.uint64)
+        else:
+            edges = [0, 1, 2, (1 << width) - 2, (1 << width) - 1, 1 << (width - 1), (1 << (width - 1)) - 1]
+            L = np.concatenate([np.array(edges, dtype=np.uint64), rng.integers(0, 1 << width, 4096, dtype=np.uint64)])
+        want = (L << np.uint64(24)) >> np.uint64(D) if D < 64 else np.zeros_like(L)
+        got = quant8.sr_threshold(L.astype(np.uint32), np.full(L.shape, D, dtype=np.int32))
+        assert got.dtype == np.uint32 and np.array_equal(got.astype(np.uint64), want), D
+
+
 def test_quantize_argument_checks():
     x = np.zeros((2, 256), dtype=np.float32)
     r = np.zeros((2, 256), dtype=np.uint32)
