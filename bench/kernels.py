@@ -25,6 +25,7 @@ import argparse
 import datetime
 import itertools
 import json
+import os
 import platform
 import statistics
 import sys
@@ -313,8 +314,10 @@ def main(argv=None) -> int:
             "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
             "python": platform.python_version(), "ceilings": ceilings,
             # the Philox rounds' multiply form (kernels/random.py; FORGE_NUM_PHILOX_WIDE=1: mul.wide.u32)
-            "philox_wide_products": bool(krandom.WIDE_PRODUCTS),
-            "command": "python bench/kernels.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+            "philox_wide_products": bool(getattr(krandom, "WIDE_PRODUCTS", False)),  # (an older build has none)
+            "command": "python bench/kernels.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            # which forge_num ran (an A/B puts an older build first on PYTHONPATH)
+            "forge_num_path": os.path.dirname(kernels.__file__)}
     for precision, (M, N), K in itertools.product(args.precision.split(","), shapes, tokens):
         if precision not in STATE_BYTES:
             raise SystemExit(f"unknown precision {precision!r}; choose from {sorted(STATE_BYTES)}")
