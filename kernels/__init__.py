@@ -279,8 +279,9 @@ CANDIDATE_CONFIGS = (
 # them has it (e4 uncapped, r128 with 3 or 4 stages, e2 r128, p2 r128; `python bench/registers.py
 # --precision 8bit --candidates` on the CPU).
 CANDIDATE_Q8_CONFIGS: tuple[TileConfig, ...] = (
-    TileConfig(64, 128, 64, num_warps=8, num_stages=3, epilogue_split=4, tma=True, max_registers=128),  # 244 B spills
-    TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, tma=True, max_registers=128),  # 244 B spills
+    # 244 B of spills each
+    TileConfig(64, 128, 64, num_warps=8, num_stages=3, epilogue_split=4, tma=True, max_registers=128),
+    TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, tma=True, max_registers=128),
     TileConfig(32, 128, 64, num_warps=8, num_stages=3, epilogue_split=4, tma=True),  # 126 registers, no spill
 )
 
@@ -688,13 +689,14 @@ def default_config(M: int, N: int, K: int, dtype: torch.dtype, bf16_storage: boo
 # 8bit regime, bf16 operands, against torch AdamW(fused) on a bf16 parameter after cuBLAS's dW.
 # Session 15 (bench/results/2026-12-05-h200-s15/call1 and call2, 4096x4096 and 14336x4096; the
 # unfused step / the previous default / the new one, ms):
-#   K < Q8_LARGE_K: 32x128, 8 warps, four row quarters (122 registers then, 115 since v27: two programs per SM; the
-#     unsplit 32x128 took 232, one program): K = 256 0.133 / 0.415 / 0.335 and 0.349 / 1.512 / 1.160;
-#     K = 1024 0.123 / 0.578 / 0.461 and 0.458 / 2.475 / 1.754; K = 2048 (against the 64x128 in two
-#     row halves) 0.163 / 0.656 / 0.624 and 0.599 / 3.105 / 2.567: 1.05-1.41x.
-#   K >= Q8_LARGE_K: 64x128, 8 warps, four row quarters at 128 registers (two programs per SM, 220 B
-#     of spills then, 248 since v27, tests/test_ptx.py): K = 4096 0.252 / 1.097 / 0.881 and 0.923 / 4.020 / 3.285;
-#     K = 8192 (against the 128x128, the default there until then) 0.438 / 1.391 / 1.170 and
+#   K < Q8_LARGE_K: 32x128, 8 warps, four row quarters (122 registers then, 115 since v27: two
+#     programs per SM; the unsplit 32x128 took 232, one program): K = 256 0.133 / 0.415 / 0.335
+#     and 0.349 / 1.512 / 1.160; K = 1024 0.123 / 0.578 / 0.461 and 0.458 / 2.475 / 1.754; K = 2048
+#     (against the 64x128 in two row halves) 0.163 / 0.656 / 0.624 and 0.599 / 3.105 / 2.567:
+#     1.05-1.41x.
+#   K >= Q8_LARGE_K: 64x128, 8 warps, four row quarters at 128 registers (two programs per SM,
+#     220 B of spills then, 248 since v27, tests/test_ptx.py): K = 4096 0.252 / 1.097 / 0.881 and
+#     0.923 / 4.020 / 3.285; K = 8192 (against the 128x128, the default there until then) 0.438 / 1.391 / 1.170 and
 #     1.582 / 5.257 / 4.395; K = 16384 0.831 / 1.825 / 1.727 and 2.937 / 6.916 / 6.642: 1.04-1.25x.
 #     At 2048 tokens the 32x128 was 1.04-1.13x faster than it, at 4096 1.22-1.24x slower.
 Q8_LARGE_K = 4096

@@ -108,13 +108,15 @@ _MUL_WIDE_B: tl.constexpr = tl.constexpr(
 def wide_products_a(x):
     """(umulhi(x, A), x A mod 2^32) for a uint32 tile x and A = PHILOX_ROUND_A, by one mul.wide.u32
     (GPU only)."""
-    return tl.inline_asm_elementwise(_MUL_WIDE_A, "=r,=r,r", [x], dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1)
+    return tl.inline_asm_elementwise(_MUL_WIDE_A, "=r,=r,r", [x], dtype=(tl.uint32, tl.uint32), is_pure=True,
+                                     pack=1)
 
 
 @triton.jit
 def wide_products_b(x):
     """wide_products_a for B = PHILOX_ROUND_B."""
-    return tl.inline_asm_elementwise(_MUL_WIDE_B, "=r,=r,r", [x], dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1)
+    return tl.inline_asm_elementwise(_MUL_WIDE_B, "=r,=r,r", [x], dtype=(tl.uint32, tl.uint32), is_pure=True,
+                                     pack=1)
 
 
 @triton.jit
