@@ -697,7 +697,8 @@ def default_config(M: int, N: int, K: int, dtype: torch.dtype, bf16_storage: boo
 #   K >= Q8_LARGE_K: 64x128, 8 warps, four row quarters at 128 registers (two programs per SM,
 #     220 B of spills then, 248 since v27, tests/test_ptx.py): K = 4096 0.252 / 1.097 / 0.881 and
 #     0.923 / 4.020 / 3.285; K = 8192 (against the 128x128, the default there until then) 0.438 /
-#     1.391 / 1.170 and 1.582 / 5.257 / 4.395; K = 16384 0.831 / 1.825 / 1.727 and 2.937 / 6.916 / 6.642: 1.04-1.25x.
+#     1.391 / 1.170 and 1.582 / 5.257 / 4.395; K = 16384 0.831 / 1.825 / 1.727 and 2.937 / 6.916 /
+#     6.642: 1.04-1.25x.
 #     At 2048 tokens the 32x128 was 1.04-1.13x faster than it, at 4096 1.22-1.24x slower.
 Q8_LARGE_K = 4096
 DEFAULT_Q8_CONFIGS = {"small_k": Q8_SMALL_K_CONFIG, "large_k": Q8_LARGE_K_CONFIG}
