@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session 16, call 2: the v24 8bit candidates (TMA mainloops, which ptxas does not serialize) timed
 # beside the two 8bit defaults on three Llama-8B shapes, K = 256-16384; their bits
-# (test_candidate_configs, `ci` hypothesis profile). Packed into $OUT/results.tgz.
+# (test_candidate_configs, `ci` hypothesis profile) and the defaults' since v27 (test_default_configs).
+# Packed into $OUT/results.tgz.
 set -uo pipefail
 OUT=${OUT:-out}; R=/tmp/s16c2; rm -rf "$R"; mkdir -p "$R" "$OUT"
 export PYTHONUNBUFFERED=1
@@ -14,7 +15,7 @@ timeout 250 python3 bench/kernels.py --precision 8bit --shapes 4096x14336,8192x8
   --out "$R/kernels_8bit.json" >"$R/kernels_8bit.log" 2>&1
 echo "== 8bit candidate exactness $(date -u +%T)"
 HYPOTHESIS_PROFILE=ci timeout -s INT -k 10 250 python3 -m pytest -q -rfE -p no:cacheprovider -n 12 tests/test_gpu_exactness.py \
-  -k "candidate_configs and 8bit" --junitxml="$R/junit.xml" >"$R/exactness.log" 2>&1
+  -k "(candidate_configs or default_configs) and 8bit" --junitxml="$R/junit.xml" >"$R/exactness.log" 2>&1
 echo "== done $(date -u +%T)"
 date -u >>"$R/env.txt"
 tar czf "$OUT/results.tgz" -C "$R" . ; cp "$R/env.txt" "$OUT/"
