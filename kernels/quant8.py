@@ -146,11 +146,11 @@ def code_unit_value(codes, signed: tl.constexpr):
         mag = c & 0x7F
     else:
         mag = c
-    ec = mag >> MAN_BITS
-    f = mag & MAN_MASK
-    normal = ((ec + (127 - TOP)) << 23) | (f << DROP_NORMAL)
-    sub = f.to(tl.float32) * SUB
-    q = tl.where(ec == 0, sub.to(tl.uint32, bitcast=True), normal)
+    # mag = e 2^M + f: ((e + 127 - TOP) << 23) | (f << DROP_NORMAL) is mag << DROP_NORMAL plus the
+    # exponent bias, one shift and one add (f << DROP_NORMAL stays below bit 23)
+    normal = (mag << DROP_NORMAL) + ((127 - TOP) << 23)
+    sub = mag.to(tl.float32) * SUB  # e = 0: mag = f < 2^M, exact
+    q = tl.where(mag <= MAN_MASK, sub.to(tl.uint32, bitcast=True), normal)
     if signed:
         q = q | ((c >> 7) << 31)  # the sign as a bit: Triton's -q is 0 - q, which loses -0
     return q.to(tl.float32, bitcast=True)
