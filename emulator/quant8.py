@@ -241,7 +241,7 @@ def code_unit_value(codes, signed: bool):
     # exponent bias, one shift and one add (f << (23 - M) stays below bit 23)
     normal = (mag << _U(23 - M)) + _U((127 - ((1 << E) - 1)) << 23)
     sub = mag.astype(np.float32) * np.float32(2.0 ** (2 - (1 << E) - M))  # e = 0: mag = f < 2^M, exact
-    q = np.where(mag < _U(1 << M), sub.view(np.uint32), normal)
+    q = np.where(mag <= _U((1 << M) - 1), sub.view(np.uint32), normal)
     if signed:
         q = q | ((c >> _U(7)) << _U(31))  # the sign as a bit, as the twin does (code 0x80 is -0.0)
     return q.astype(np.uint32).view(np.float32)

@@ -41,9 +41,10 @@ import triton
 import triton.language as tl
 
 from forge_num.emulator import philox as _philox
+from forge_num.interpreter import is_interpreter
 
-__all__ = ["randint4x", "randint", "rounding_bits", "random_slices", "philox4x32_10", "products_a", "products_b",
-           "wide_products_a", "wide_products_b"]
+__all__ = ["randint4x", "randint", "rounding_bits", "random_slices", "philox4x32_10", "products_a",
+           "products_b", "wide_products_a", "wide_products_b"]
 
 
 @triton.jit
@@ -95,7 +96,7 @@ PHILOX_KEY_B: tl.constexpr = tl.constexpr(_philox.PHILOX_KEY_B)
 # session 16). A candidate until the GPU has timed it: FORGE_NUM_PHILOX_WIDE=1 in the environment
 # when this module is imported turns it on for the Triton kernels' rounding_bits and the Gluon
 # kernel's rounds; the interpreter runs no PTX, so never under TRITON_INTERPRET.
-WIDE_PRODUCTS: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+WIDE_PRODUCTS: tl.constexpr = tl.constexpr(not is_interpreter()
                                            and os.environ.get("FORGE_NUM_PHILOX_WIDE", "0") == "1")
 # {hi, lo} of the product of $2 and a round constant: mov.b64's vector is {low word, high word}
 _MUL_WIDE_A: tl.constexpr = tl.constexpr(

@@ -321,5 +321,3 @@ def test_q8_tiles(config):
     # launcher falls back to the pointer mainloop); a partial last block either way
     M, N = (136, 264) if config.tma else (150, 260)
     run_q8_case("adamw", HYPERS["adamw"], torch.bfloat16, M, N, 20, seed=3, device=CPU, config=config)
-
-
