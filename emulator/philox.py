@@ -208,18 +208,23 @@ def derive_seed(user_seed: int, step: int, param_id: int) -> int:
 
 class CounterMap(NamedTuple):
     """Which Philox counter each element of a stored tensor draws: the element at row r, column c of
-    the tensor seen as [rows, cols] (row-major) gets ``r * row_stride + c + base``.
+    the tensor seen as [rows, cols] (row-major) gets ``R(r) * row_stride + c + base``, where R(r) = r,
+    or ``rows[r]`` for a tensor of gathered rows.
 
     A whole parameter is ``CounterMap(cols, cols, 0)`` (or ``identity(cols)``): the counter is the
     element's flat index. A shard of a parameter [R, C] (any tensor, seen as [R, C] over its last
     dimension) draws the counters of its elements in the whole parameter, so that the bits do not
     depend on how it is sharded (proofs/distributed.md §6): rows [r0, r1) give
-    ``CounterMap(C, C, r0 * C)``; columns [c0, c1) give ``CounterMap(c1 - c0, C, c0)``.
+    ``CounterMap(C, C, r0 * C)``; columns [c0, c1) give ``CounterMap(c1 - c0, C, c0)``. Rows gathered
+    from a parameter [R, C] (a tied head's rows touched by a batch, updated apart from the others:
+    forge_num.fused) give ``CounterMap(C, C, 0, rows)`` with ``rows`` their row indices in it, so a
+    row draws the same bits gathered or in place.
     """
 
     cols: int
     row_stride: int
     base: int
+    rows: "np.ndarray | None" = None  # int64 [numel / cols]: row r is row rows[r] of the parameter
 
     @staticmethod
     def identity(cols: int) -> "CounterMap":
@@ -227,28 +232,49 @@ class CounterMap(NamedTuple):
 
     @staticmethod
     def of(counter, numel: int, cols: int | None = None) -> "CounterMap":
-        """``counter`` (cols, row_stride, base) checked for a tensor of ``numel`` elements (and, where
-        given, rows of ``cols`` elements: a linear weight's N); None: the flat index."""
+        """``counter`` (cols, row_stride, base) or (cols, row_stride, base, rows) checked for a tensor
+        of ``numel`` elements (and, where given, rows of ``cols`` elements: a linear weight's N); None:
+        the flat index. ``rows``: a 1-D integer array (or tensor) of numel / cols entries >= 0."""
         if counter is None:
             return CounterMap.identity(cols if cols is not None else numel)
         try:
-            c, stride, base = (operator.index(v) for v in counter)
+            c, stride, base = (operator.index(v) for v in counter[:3])
+            if len(counter) not in (3, 4):
+                raise TypeError
         except TypeError:
-            raise TypeError(f"counter must be (cols, row_stride, base) integers, got {counter!r}") from None
+            raise TypeError(f"counter must be (cols, row_stride, base) integers, optionally with rows, got "
+                            f"{counter!r}") from None
         if c < 1 or stride < c or base < 0:
             raise ValueError(f"counter needs cols >= 1, row_stride >= cols, base >= 0, got {counter!r}")
         if cols is not None and c != max(cols, 1):
             raise ValueError(f"a linear weight's counter map has cols = N = {cols}, got {counter!r}")
         if numel % c:
             raise ValueError(f"counter cols = {c} does not divide the tensor's {numel} elements")
-        return CounterMap(c, stride, base)
+        rows = counter[3] if len(counter) == 4 else None
+        if rows is not None:
+            rows = np.asarray(rows.cpu() if hasattr(rows, "cpu") else rows)  # a torch tensor, on any device
+            if rows.ndim != 1 or rows.dtype.kind not in "iu" or rows.shape[0] != numel // c:
+                raise ValueError(f"counter rows must be 1-D integers, one per row ({numel // c}), got "
+                                 f"{rows.dtype} of shape {rows.shape}")
+            if rows.size and rows.min() < 0:
+                raise ValueError("counter rows must be >= 0")
+            rows = rows.astype(np.int64)
+        return CounterMap(c, stride, base, rows)
+
+    def _row_ids(self, r):
+        """R(r): the rows' indices in the parameter (0 for rows past the tensor's end: padding)."""
+        r = np.asarray(r, dtype=np.int64)
+        if self.rows is None:
+            return r
+        inside = r < self.rows.shape[0]
+        return np.where(inside, self.rows[np.where(inside, r, 0)] if self.rows.size else 0, 0)
 
     def of_flat(self, flat):
         """The counters of flat (row-major) indices into the tensor seen as [rows, cols]."""
         flat = np.asarray(flat, dtype=np.int64)
-        return (flat // self.cols) * self.row_stride + flat % self.cols + self.base
+        return self._row_ids(flat // self.cols) * self.row_stride + flat % self.cols + self.base
 
     def of_tile(self, offs_m, offs_n):
         """The counters of the tile rows offs_m x columns offs_n of a [rows, cols] tensor."""
-        return (np.asarray(offs_m, np.int64)[:, None] * self.row_stride
+        return (self._row_ids(offs_m)[:, None] * self.row_stride
                 + np.asarray(offs_n, np.int64)[None, :] + self.base)

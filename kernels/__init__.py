@@ -522,7 +522,7 @@ def _tma_descriptors(x: torch.Tensor, dy: torch.Tensor, config: TileConfig, tma_
 
 def _launch_linear(
     weight, states, x, dy, accum, acc_out, rule, h, grad_scale, *, update: bool, config: TileConfig | None,
-    n_state: int, seed: int = 0, bf16: bool = False, q8: bool = False, rand: tuple[int, int] | None = None,
+    n_state: int, seed: int = 0, bf16: bool = False, q8: bool = False, rand: tuple | None = None,
 ) -> UpdateStats:
     M, N = (weight.shape if weight is not None else (dy.shape[1], x.shape[1]))
     K = x.shape[0]
@@ -564,7 +564,7 @@ def _launch_linear(
             x_desc, dy_desc,
             scales[0], scales[1], _cdiv(N, QBLOCK),
             M, N, K, stride_xk, stride_xn, stride_dyk, stride_dym,
-            h, grad_scale, int(seed), *(rand or (max(N, 1), 0)), tiles_n,
+            h, grad_scale, int(seed), *(rand or (max(N, 1), 0, None)), tiles_n,
             GUARDED_UPDATE=guarded, N_STATE=n_state, BF16_STORAGE=bf16, STATE_Q8=q8,
             UPDATE=update, STORE_ACC=acc_out is not None, HAS_ACCUM=accum is not None,
             INPUT_PRECISION=precision,
@@ -725,7 +725,7 @@ def fused_linear_update(
     config: TileConfig | None = None,
     acc_out: torch.Tensor | None = None,
     seed: int | None = None,
-    counter: tuple[int, int, int] | None = None,
+    counter: tuple | None = None,
 ) -> UpdateStats:
     """Apply ``rule`` to ``weight`` (and ``states``) with the gradient dyᵀx, never stored.
 
@@ -733,7 +733,8 @@ def fused_linear_update(
     bfloat16 weight and ``Q8State`` states (8bit). The last two round stochastically and need
     ``seed`` (the Philox key of this parameter and step); ``counter`` (cols, row_stride, base) maps
     the weight's elements to their Philox counters (emulator.philox.CounterMap; cols must be N;
-    default: flat indices, a shard passes its elements' indices in the whole parameter)."""
+    default: flat indices, a shard passes its elements' indices in the whole parameter); a fourth
+    entry, an int64 tensor [M] on the weight's device, names gathered rows' indices in the parameter."""
     if weight.dim() != 2:
         raise ValueError(f"weight must be 2-D [out, in], got shape {tuple(weight.shape)}")
     bf16 = _check_regime("weight", weight, seed)
@@ -760,8 +761,9 @@ def fused_linear_update(
                 _check_fp32_like(name, t, weight)
         _check_device(weight, x, dy, *(t for t in (accum, acc_out) if t is not None),
                       *(states if not q8 else ()))
-    rand_stride, rand_base = _linear_counter(counter, M, N)
-    if config is None and accum is None and acc_out is None and not q8 and not _interpreting():
+    rand_stride, rand_base, rand_rows = _linear_counter(counter, M, N, weight.device)
+    plain = accum is None and acc_out is None and not q8 and rand_rows is None
+    if config is None and plain and not _interpreting():
         ws = _ws_route(weight, x, dy, states)
         if ws is not None:  # the warp-specialized Gluon kernel, where measured faster: the same bits
             from . import gluon_update
@@ -770,7 +772,8 @@ def fused_linear_update(
             return gluon_update.launch(weight, x, dy, states, rule, h, grad_scale, ws, rand)
     return _launch_linear(
         weight, states, x, dy, accum, acc_out, rule, h, grad_scale, update=True, config=config,
-        n_state=len(states), seed=seed or 0, bf16=bf16 and not q8, q8=q8, rand=(rand_stride, rand_base),
+        n_state=len(states), seed=seed or 0, bf16=bf16 and not q8, q8=q8,
+        rand=(rand_stride, rand_base, rand_rows),
     )
 
 
@@ -790,13 +793,35 @@ def _ws_route(weight, x, dy, states):
     return gluon_update.route_config(weight, x, dy, states)
 
 
-def _linear_counter(counter, M: int, N: int) -> tuple[int, int]:
-    """(row_stride, base) of a linear weight's counter map (emulator.philox.CounterMap.of checks it);
-    None: the flat indices, CounterMap.identity(N) without building it (every training step's case)."""
+def _linear_counter(counter, M: int, N: int, device) -> tuple[int, int, torch.Tensor | None]:
+    """(row_stride, base, rows) of a linear weight's counter map (emulator.philox.CounterMap.of checks
+    the integers, _counter_rows the rows); None: the flat indices, CounterMap.identity(N) without
+    building it (every training step's case)."""
     if counter is None:
-        return max(N, 1), 0
-    c = CounterMap.of(counter, M * N, cols=N)
-    return c.row_stride, c.base
+        return max(N, 1), 0, None
+    c = CounterMap.of(tuple(counter)[:3], M * N, cols=N)
+    return c.row_stride, c.base, _counter_rows(counter, M, device)
+
+
+def _counter_rows(counter, n_rows: int, device) -> torch.Tensor | None:
+    """The gathered rows' indices of a counter map (its fourth entry), checked: an int64 1-D contiguous
+    tensor of n_rows entries on ``device`` (their values are not read here: that would wait for the
+    device; a negative index draws other counters, never touches memory). None without one."""
+    if len(counter) == 3 or counter[3] is None:
+        return None
+    if len(counter) != 4:
+        raise TypeError(f"counter must be (cols, row_stride, base[, rows]), got {counter!r}")
+    rows = counter[3]
+    if not isinstance(rows, torch.Tensor) or rows.dtype != torch.int64 or rows.dim() != 1:
+        got = getattr(rows, "dtype", type(rows).__name__)
+        raise TypeError(f"counter rows must be a 1-D int64 tensor, got {got} of shape {tuple(getattr(rows, 'shape', ()))}")
+    if rows.shape[0] != n_rows:
+        raise ValueError(f"counter rows has {rows.shape[0]} entries, the tensor has {n_rows} rows")
+    if rows.device != device:
+        raise ValueError(f"counter rows is on {rows.device}, the weight on {device}")
+    if not rows.is_contiguous():
+        raise ValueError(f"counter rows must be contiguous, got strides {rows.stride()}")
+    return rows
 
 
 def linear_mainloop(
@@ -845,11 +870,11 @@ def elementwise_update(
     *,
     grad_scale: float = 1.0,
     seed: int | None = None,
-    counter: tuple[int, int, int] | None = None,
+    counter: tuple | None = None,
 ) -> UpdateStats:
     """Apply ``rule`` to ``param`` (any shape, contiguous; fp32, or bf16 with ``seed``: the bf16-sr
-    regime) with the materialized ``grad``. ``counter`` (cols, row_stride, base): the elements'
-    Philox counters, as in fused_linear_update (param seen as [numel / cols, cols])."""
+    regime) with the materialized ``grad``. ``counter`` (cols, row_stride, base[, rows]): the
+    elements' Philox counters, as in fused_linear_update (param seen as [numel / cols, cols])."""
     bf16 = _check_regime("param", param, seed)
     _check_fp32_like("param", param, param, param.dtype)
     if grad.shape != param.shape:
@@ -862,7 +887,8 @@ def elementwise_update(
     h, grad_scale = _check_scalars(rule, h, grad_scale)
     _check_one_device(param, grad, *states)
     numel = param.numel()
-    cols, stride, base = CounterMap.of(counter, numel)
+    cols, stride, base, _ = CounterMap.of(None if counter is None else tuple(counter)[:3], numel)
+    rows = None if counter is None else _counter_rows(counter, numel // cols, param.device)
     n_prog = max(1, _cdiv(numel, ELEMENTWISE_BLOCK))
     # every program writes its own slot: no fill needed, except when there is no launch at all
     norm_sq, nonfinite = _telemetry_buffers(n_prog, param.device, launched=bool(numel))
@@ -872,7 +898,7 @@ def elementwise_update(
             param, grad,
             s[0] if s[0] is not None else param,
             s[1] if s[1] is not None else param,
-            norm_sq, nonfinite, numel, h, grad_scale, int(seed or 0), cols, stride, base,
+            norm_sq, nonfinite, numel, h, grad_scale, int(seed or 0), cols, stride, base, rows,
             GUARDED_UPDATE=guarded_update_jit(rule), N_STATE=len(states), BF16_STORAGE=bf16,
             BLOCK=ELEMENTWISE_BLOCK, RAND_REMAP=stride != cols,
             enable_fp_fusion=False,
@@ -892,7 +918,7 @@ def unfused_linear_update(
     accum: torch.Tensor | None = None,
     config: TileConfig | None = None,
     seed: int | None = None,
-    counter: tuple[int, int, int] | None = None,
+    counter: tuple | None = None,
 ) -> UpdateStats:
     """The comparator: the same mainloop storing dW, then the element-wise update of the same rule
     (8bit regime: the fused kernel with K = 0 starting from the stored dW, whose whole-block tiles

@@ -119,8 +119,9 @@ def fused_linear_update_kernel(
     # the rule's per-step scalars (a tuple of fp32), the gradient scale (clipping coefficient) and
     # the Philox key of this parameter and step (bf16 storage: stochastic rounding); element (r, c)
     # draws counter r * rand_stride + c + rand_base (its flat index in the whole parameter; for a
-    # shard, in the unsharded parameter: emulator.philox.CounterMap)
-    h, grad_scale, seed: tl.uint64, rand_stride, rand_base: tl.int64,
+    # shard, in the unsharded parameter: emulator.philox.CounterMap); rand_rows None, or an int64
+    # [M] tensor for gathered rows: row r is row rand_rows[r] of the parameter (counter R(r) * ...)
+    h, grad_scale, seed: tl.uint64, rand_stride, rand_base: tl.int64, rand_rows,
     # telemetry: tile (pid_m, pid_n) writes slot pid_m * slots_n + pid_n, slots_n = cdiv(N, BN)
     slots_n,
     # compile-time
@@ -148,15 +149,15 @@ def fused_linear_update_kernel(
             linear_update_tile(
                 pid_m, pid_n, w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, x_desc, dy_desc, accum_ptr, acc_out_ptr,
                 norm_sq_ptr, nonfinite_ptr, scale0_ptr, scale1_ptr, n_blocks, M, N, K, stride_xk, stride_xn, stride_dyk,
-                stride_dym, h, grad_scale, seed, rand_stride, rand_base, slots_n, GUARDED_UPDATE, N_STATE, BF16_STORAGE, STATE_Q8,
-                UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA)
+                stride_dym, h, grad_scale, seed, rand_stride, rand_base, rand_rows, slots_n, GUARDED_UPDATE, N_STATE,
+                BF16_STORAGE, STATE_Q8, UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA)
     else:
         linear_update_tile(
             tl.program_id(0), tl.program_id(1), w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, x_desc, dy_desc, accum_ptr,
             acc_out_ptr,
             norm_sq_ptr, nonfinite_ptr, scale0_ptr, scale1_ptr, n_blocks, M, N, K, stride_xk, stride_xn,
-            stride_dyk, stride_dym, h, grad_scale, seed, rand_stride, rand_base, slots_n, GUARDED_UPDATE, N_STATE, BF16_STORAGE,
-            STATE_Q8, UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA)
+            stride_dyk, stride_dym, h, grad_scale, seed, rand_stride, rand_base, rand_rows, slots_n, GUARDED_UPDATE,
+            N_STATE, BF16_STORAGE, STATE_Q8, UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA)
 
 
 @triton.jit
@@ -165,7 +166,7 @@ def linear_update_tile(
     w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, x_desc, dy_desc, accum_ptr, acc_out_ptr, norm_sq_ptr, nonfinite_ptr,
     scale0_ptr, scale1_ptr, n_blocks,
     M, N, K, stride_xk, stride_xn, stride_dyk, stride_dym,
-    h, grad_scale, seed, rand_stride, rand_base, slots_n,
+    h, grad_scale, seed, rand_stride, rand_base, rand_rows, slots_n,
     GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr,
     STATE_Q8: tl.constexpr,
     UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, HAS_ACCUM: tl.constexpr,
@@ -196,11 +197,11 @@ def linear_update_tile(
             tl.store(acc_out_ptr + offs, g, mask=in_tile)
         norm_sq, nonfinite = update_rows_q8_split(
             g, pid_m * BM, offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr, scale1_ptr, n_blocks, h, grad_scale,
-            seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE, EPILOGUE_SPLIT)
+            seed, rand_stride, rand_base, rand_rows, GUARDED_UPDATE, N_STATE, EPILOGUE_SPLIT)
     else:
         norm_sq, nonfinite = update_columns(
             g, offs_m, pid_n * BN, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed,
-            rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC, EPILOGUE_SPLIT)
+            rand_stride, rand_base, rand_rows, GUARDED_UPDATE, N_STATE, BF16_STORAGE, UPDATE, STORE_ACC, EPILOGUE_SPLIT)
 
     slot = pid_m * slots_n + pid_n  # one slot per tile: every slot is written, no fill needed
     tl.store(norm_sq_ptr + slot, norm_sq)
@@ -269,8 +270,21 @@ def load_subtile_state(offs_m, n, M, N, w_ptr, s0_ptr, s1_ptr, N_STATE: tl.const
 
 
 @triton.jit
+def element_counters(offs_m, offs_n, M, rand_stride, rand_base, rand_rows):
+    """The Philox counters of the tile rows offs_m x columns offs_n (emulator.philox.CounterMap.of_tile):
+    R(r) * rand_stride + c + rand_base with R(r) = r, or rand_rows[r] (gathered rows; 0 past M) where
+    rand_rows is a pointer. None is a constexpr: without gathered rows the code is the plain product."""
+    if rand_rows is None:
+        rows = offs_m.to(tl.int64)
+    else:
+        rows = tl.load(rand_rows + offs_m, mask=offs_m < M, other=0)
+    return rows[:, None] * rand_stride + offs_n[None, :] + rand_base
+
+
+@triton.jit
 def finish_subtile(
     state, g, offs_m, n, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride, rand_base,
+    rand_rows,
     GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr,
     UPDATE: tl.constexpr, STORE_ACC: tl.constexpr,
 ):
@@ -282,7 +296,7 @@ def finish_subtile(
         tl.store(acc_out_ptr + offs, g, mask=in_tile)
     if UPDATE:
         p, s0, s1 = state
-        counters = offs_m[:, None].to(tl.int64) * rand_stride + offs_n[None, :] + rand_base
+        counters = element_counters(offs_m, offs_n, M, rand_stride, rand_base, rand_rows)
         finite = apply_and_store(p, s0, s1, w_ptr, s0_ptr, s1_ptr, offs, in_tile, g, h, grad_scale, seed, counters,
                                  GUARDED_UPDATE, N_STATE, BF16_STORAGE)
     else:
@@ -292,7 +306,7 @@ def finish_subtile(
 
 @triton.jit
 def update_columns(
-    g, offs_m, n0, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride, rand_base,
+    g, offs_m, n0, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed, rand_stride, rand_base, rand_rows,
     GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr,
     UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, SPLIT: tl.constexpr,
 ):
@@ -306,8 +320,8 @@ def update_columns(
         if UPDATE:
             state = load_subtile_state(offs_m, n0 + j * SW, M, N, w_ptr, s0_ptr, s1_ptr, N_STATE, BF16_STORAGE, SW)
         sq, bad = finish_subtile(state, subtiles[j], offs_m, n0 + j * SW, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr,
-                                 h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE, BF16_STORAGE,
-                                 UPDATE, STORE_ACC)
+                                 h, grad_scale, seed, rand_stride, rand_base, rand_rows, GUARDED_UPDATE, N_STATE,
+                                 BF16_STORAGE, UPDATE, STORE_ACC)
         sqs = sqs + (sq,)
         bads = bads + (bad,)
     return pairwise_sum(sqs, SPLIT), pairwise_sum(bads, SPLIT)
@@ -331,58 +345,59 @@ def pairwise_sum(xs, N: tl.constexpr):
 @triton.jit
 def update_rows_q8_split(
     g, m0, offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h, grad_scale, seed, rand_stride,
-    rand_base, GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, SPLIT: tl.constexpr,
+    rand_base, rand_rows, GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """The 8bit epilogue on the rows [m0, m0 + R) of the tile g [R, BN], in SPLIT row sub-tiles."""
     if SPLIT == 1:
         return update_rows_q8(
             g, m0 + tl.arange(0, g.shape[0]), offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks,
-            h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
+            h, grad_scale, seed, rand_stride, rand_base, rand_rows, GUARDED_UPDATE, N_STATE)
     else:
         tl.static_assert(SPLIT == 2 or SPLIT == 4, "the 8bit EPILOGUE_SPLIT must be 1, 2 or 4")
         R: tl.constexpr = g.shape[0]
         gt, gb = row_halves(g, R, g.shape[1])
         a_sq, a_bad = update_rows_q8_half(
             gt, m0, offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h, grad_scale, seed,
-            rand_stride, rand_base, GUARDED_UPDATE, N_STATE, SPLIT // 2)
+            rand_stride, rand_base, rand_rows, GUARDED_UPDATE, N_STATE, SPLIT // 2)
         b_sq, b_bad = update_rows_q8_half(
             gb, m0 + R // 2, offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h, grad_scale,
-            seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE, SPLIT // 2)
+            seed, rand_stride, rand_base, rand_rows, GUARDED_UPDATE, N_STATE, SPLIT // 2)
         return a_sq + b_sq, a_bad + b_bad
 
 
 @triton.jit
 def update_rows_q8_half(
     g, m0, offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h, grad_scale, seed, rand_stride,
-    rand_base, GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, SPLIT: tl.constexpr,
+    rand_base, rand_rows, GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """update_rows_q8_split one level down (SPLIT in 1, 2)."""
     if SPLIT == 1:
         return update_rows_q8(
             g, m0 + tl.arange(0, g.shape[0]), offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks,
-            h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
+            h, grad_scale, seed, rand_stride, rand_base, rand_rows, GUARDED_UPDATE, N_STATE)
     else:
         R: tl.constexpr = g.shape[0]
         gt, gb = row_halves(g, R, g.shape[1])
         a_sq, a_bad = update_rows_q8(
             gt, m0 + tl.arange(0, R // 2), offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h,
-            grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
+            grad_scale, seed, rand_stride, rand_base, rand_rows, GUARDED_UPDATE, N_STATE)
         b_sq, b_bad = update_rows_q8(
             gb, m0 + R // 2 + tl.arange(0, R // 2), offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr,
-            n_blocks, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
+            n_blocks, h, grad_scale, seed, rand_stride, rand_base, rand_rows, GUARDED_UPDATE, N_STATE)
         return a_sq + b_sq, a_bad + b_bad
 
 
 @triton.jit
 def update_rows_q8(
-    g, offs_m, offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h, grad_scale, seed, rand_stride, rand_base,
+    g, offs_m, offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h, grad_scale, seed,
+    rand_stride, rand_base, rand_rows,
     GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr,
 ):
     """The 8bit epilogue on a row sub-tile of whole blocks; (Σ g² in fp64, non-finite count) over it."""
     loaded = load_q8(w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, offs_m, offs_n, M, N, N_STATE)
     in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     finite = update_in_place_q8(loaded, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, offs_m, offs_n, M, N,
-                                g, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
+                                g, h, grad_scale, seed, rand_stride, rand_base, rand_rows, GUARDED_UPDATE, N_STATE)
     return tile_telemetry(g, in_tile, finite)
 
 
@@ -488,7 +503,8 @@ def load_q8(w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, offs_m, off
 
 @triton.jit
 def update_in_place_q8(loaded, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, offs_m, offs_n, M, N,
-                       g, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr):
+                       g, h, grad_scale, seed, rand_stride, rand_base, rand_rows, GUARDED_UPDATE: tl.constexpr,
+                       N_STATE: tl.constexpr):
     """update_in_place for the 8bit regime on a tile [R, BN] of whole quantization blocks, from the
     values load_q8 loaded there: W is bf16 (stochastic rounding, slice r_p); state 0 is signed E4M3
     codes (m: slice r_m24), state 1 unsigned E5M3 codes (v >= 0: slice r_v24), each with an fp32
@@ -499,7 +515,7 @@ def update_in_place_q8(loaded, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_
     offs, in_tile, soffs, smask = q8_addresses(offs_m, offs_n, M, N, n_blocks)
     p, s0, s1 = loaded
     p, s0, s1, finite = GUARDED_UPDATE(p, g, s0, s1, h, grad_scale)
-    counters = offs_m[:, None].to(tl.int64) * rand_stride + offs_n[None, :] + rand_base  # Philox counters
+    counters = element_counters(offs_m, offs_n, M, rand_stride, rand_base, rand_rows)  # Philox counters
     r_p, _, _, r_m24, r_v24 = rounding_bits(seed, counters)
     store_f32(w_ptr, offs, in_tile, p, r_p, True)
     if N_STATE >= 1:
@@ -516,19 +532,24 @@ def update_in_place_q8(loaded, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_
 @triton.jit(do_not_specialize=_UNSPECIALIZED)
 def elementwise_update_kernel(
     p_ptr, g_ptr, s0_ptr, s1_ptr, norm_sq_ptr, nonfinite_ptr,
-    numel, h, grad_scale, seed: tl.uint64, rand_cols, rand_stride, rand_base: tl.int64,
+    numel, h, grad_scale, seed: tl.uint64, rand_cols, rand_stride, rand_base: tl.int64, rand_rows,
     GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr, BLOCK: tl.constexpr,
     RAND_REMAP: tl.constexpr = False,
 ):
     """The same guarded rule on (param, grad, state) flattened: for every parameter that is not a
     fused linear weight, and as the second half of the unfused comparator. Element i draws Philox
     counter i + rand_base, or with RAND_REMAP (a column shard of a parameter seen as [rows, cols])
-    (i // rand_cols) * rand_stride + i % rand_cols + rand_base (emulator.philox.CounterMap)."""
+    (i // rand_cols) * rand_stride + i % rand_cols + rand_base, and with rand_rows (gathered rows: an
+    int64 pointer, else None) rand_rows[i // rand_cols] in place of i // rand_cols
+    (emulator.philox.CounterMap)."""
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     in_range = offs < numel
     g = tl.load(g_ptr + offs, mask=in_range, other=0.0).to(tl.float32)
-    if RAND_REMAP:
+    if rand_rows is not None:
+        rows = tl.load(rand_rows + offs // rand_cols, mask=in_range, other=0)
+        counters = rows * rand_stride + offs % rand_cols + rand_base
+    elif RAND_REMAP:
         counters = (offs // rand_cols) * rand_stride + offs % rand_cols + rand_base
     else:
         counters = offs + rand_base

@@ -297,3 +297,68 @@ def run_sharded_bf16_sr_case(backend: str, style: str, P: int, device) -> None:
         emu_e = emulate_elementwise(bits(cut(w)), cut(grad).cpu().numpy(), [bits(cut(s)) for s in states],
                                     rule="adamw", h=h, seed=key, counter=counter)
         assert np.array_equal(emu_e[0], bits(e_w)), (style, P, r, "emulator elementwise")
+
+
+def run_gathered_rows_case(backend: str, regime: str, device) -> None:
+    """Rows gathered from a parameter and updated apart, with their indices as the counter map's rows
+    (CounterMap(C, C, 0, rows)), are the rows of the whole parameter's update, bit for bit: weight and
+    states, and the emulator agrees. What a tied head's touched rows rely on (forge_num.fused).
+    ``regime``: "bf16-sr" (element-wise, and fused from X and the rows' dY columns) or "8bit" (the
+    fused kernel with K = 0 from the rows' gradient). ``backend``: "torch" or "kernels"."""
+    from forge_num import torch_backend as _tb
+    from forge_num.emulator import emulate, emulate_elementwise
+
+    be = _tb if backend == "torch" else kernels
+    rule = rules.ADAMW
+    h = rule.scalars(dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1), 3)
+    g = torch.Generator().manual_seed(31)
+    K, M, N = 24, 40, 256
+    x, dy = torch.randn(K, N, generator=g), torch.randn(K, M, generator=g) * 0.1
+    w = torch.randn(M, N, generator=g).bfloat16()
+    rows = torch.tensor([0, 3, 4, 17, 38, 39], dtype=torch.int64)  # a row tile's first and last rows among them
+    key = 0x0123_4567_89AB_CDEF
+    grad = (dy.t() @ x).contiguous()
+    bits = lambda t: t.view(torch.int16).cpu().numpy().view(np.uint16)  # noqa: E731
+    dev = lambda t: t.clone().to(device)  # noqa: E731
+    counter = (N, N, 0, rows.to(device))
+    if regime == "8bit":
+        raw = [torch.randn(M, N, generator=g) * 1e-2, torch.rand(M, N, generator=g) * 1e-4]
+        states = [_q8_state(raw[i], signed=(i == 0), seed=5 + i) for i in range(2)]
+        gather_q8 = lambda sts, idx: [kernels.Q8State(dev(s.codes[idx]), dev(s.scales[idx])) for s in sts]  # noqa: E731
+        full_w, full_s = dev(w), gather_q8(states, slice(None))
+        be.fused_linear_update(full_w, dev(x[:0]), dev(dy[:0]), full_s, rule, h, accum=dev(grad), seed=key)
+        part_w, part_s = dev(w[rows]), gather_q8(states, rows)
+        be.fused_linear_update(part_w, dev(x[:0]), dev(dy[:0, rows]), part_s, rule, h, accum=dev(grad[rows]),
+                               seed=key, counter=counter)
+        assert np.array_equal(bits(part_w), bits(full_w[rows.to(device)])), "gathered rows' weight"
+        for a, b in zip(part_s, full_s):
+            assert torch.equal(a.codes.cpu(), b.codes.cpu()[rows]), "gathered rows' codes"
+            assert torch.equal(a.scales.cpu(), b.scales.cpu()[rows]), "gathered rows' scales"
+        emu = emulate(bits(w[rows]), x[:0].numpy(), dy[:0, rows].numpy(),
+                      [(s.codes[rows].numpy(), s.scales[rows].numpy()) for s in states], rule=rule, h=h,
+                      accum=grad[rows].numpy(), tile=(32, 128, 16), precision="8bit", seed=key,
+                      counter=(N, N, 0, rows.numpy()))
+        assert np.array_equal(emu.weight, bits(part_w)), "emulated gathered rows"
+        assert not np.array_equal(bits(part_w), bits(w[rows])), "vacuous: the rows did not move"
+        return
+    states = [torch.randn(M, N, generator=g).bfloat16(), torch.rand(M, N, generator=g).bfloat16()]
+    full_w, full_s = dev(w), [dev(s) for s in states]
+    be.elementwise_update(full_w, dev(grad), full_s, rule, h, seed=key)
+    part_w, part_s = dev(w[rows]), [dev(s[rows]) for s in states]
+    be.elementwise_update(part_w, dev(grad[rows]), part_s, rule, h, seed=key, counter=counter)
+    idx = rows.to(device)
+    assert np.array_equal(bits(part_w), bits(full_w[idx])), "gathered rows' weight (element-wise)"
+    for a, b in zip(part_s, full_s):
+        assert np.array_equal(bits(a), bits(b[idx])), "gathered rows' state (element-wise)"
+    emu = emulate_elementwise(bits(w[rows]), grad[rows].numpy(), [bits(s[rows]) for s in states], rule="adamw", h=h,
+                              seed=key, counter=(N, N, 0, rows.numpy()))
+    assert np.array_equal(emu[0], bits(part_w)), "emulated gathered rows (element-wise)"
+    assert not np.array_equal(bits(part_w), bits(w[rows])), "vacuous: the rows did not move"
+    # fused from X and the rows' dY columns: the restriction of the whole fused update
+    full_w, full_s = dev(w), [dev(s) for s in states]
+    be.fused_linear_update(full_w, dev(x), dev(dy), full_s, rule, h, seed=key)
+    part_w, part_s = dev(w[rows]), [dev(s[rows]) for s in states]
+    be.fused_linear_update(part_w, dev(x), dev(dy[:, rows]), part_s, rule, h, seed=key, counter=counter)
+    assert np.array_equal(bits(part_w), bits(full_w[idx])), "gathered rows' weight (fused)"
+    for a, b in zip(part_s, full_s):
+        assert np.array_equal(bits(a), bits(b[idx])), "gathered rows' state (fused)"

@@ -53,11 +53,12 @@ def check_elementwise(rule_name: str) -> dict:
     sig = {"p_ptr": "*fp32", "g_ptr": "*fp32", "s0_ptr": "*fp32", "s1_ptr": "*fp32", "norm_sq_ptr": "*fp64",
            "nonfinite_ptr": "*i32", "numel": "i32", "h": tuple("fp32" for _ in rule.scalar_names),
            "grad_scale": "fp32", "seed": "u64", "rand_cols": "i32", "rand_stride": "i32", "rand_base": "i64",
-           "GUARDED_UPDATE": "constexpr", "N_STATE": "constexpr",
+           "rand_rows": "constexpr", "GUARDED_UPDATE": "constexpr", "N_STATE": "constexpr",
            "BF16_STORAGE": "constexpr", "BLOCK": "constexpr"}
     # BLOCK = 128 threads x 1 element: each op appears once per element in the PTX
     ptx = compile_ptx(elementwise_update_kernel, sig,
-                      {"GUARDED_UPDATE": guarded_update_jit(rule), "N_STATE": n_state, "BF16_STORAGE": False, "BLOCK": 128})
+                      {"GUARDED_UPDATE": guarded_update_jit(rule), "N_STATE": n_state, "BF16_STORAGE": False, "BLOCK": 128,
+                       "rand_rows": None})
     calls = vocabulary_calls(rule.update) + vocabulary_calls(rules.guarded_update)
     expected = {op: calls.get(op, 0) for op in PTX_OP}
     return {"rule": rule_name, "expected": expected, "ptx": count(ptx), "forbidden": forbidden(ptx)}
@@ -74,11 +75,11 @@ def check_fused(rule_name: str, dtype: str) -> dict:
            "x_desc": "constexpr", "dy_desc": "constexpr",
            "scale0_ptr": "*fp32", "scale1_ptr": "*fp32", "n_blocks": "i32", "M": "i32", "N": "i32", "K": "i32", "stride_xk": "i32", "stride_xn": "i32", "stride_dyk": "i32",
            "stride_dym": "i32", "h": tuple("fp32" for _ in rule.scalar_names), "grad_scale": "fp32",
-           "seed": "u64", "rand_stride": "i32", "rand_base": "i64", "slots_n": "i32"}
+           "seed": "u64", "rand_stride": "i32", "rand_base": "i64", "rand_rows": "constexpr", "slots_n": "i32"}
     const = {"GUARDED_UPDATE": guarded_update_jit(rule), "N_STATE": len(rule.state), "BF16_STORAGE": False, "STATE_Q8": False, "UPDATE": True,
              "STORE_ACC": False, "HAS_ACCUM": False, "INPUT_PRECISION": "ieee" if dtype == "fp32" else "tf32",
              "BM": 64, "BN": 64, "BK": 32 if dtype == "bf16" else 16, "EPILOGUE_SPLIT": 2,
-             "x_desc": None, "dy_desc": None, "USE_TMA": False}
+             "x_desc": None, "dy_desc": None, "USE_TMA": False, "rand_rows": None}
     if rule_name == "lion":
         # strides equal to 1 are specialized into Python ints at launch (a layer with one input or
         # output feature): the kernel must compile with them too
