@@ -291,34 +291,59 @@ class _TiedRows:
     Without those private functions (another torch version) nothing is deposited: more memory, the
     same bits."""
 
-    __slots__ = ("nodes", "deposit", "task", "__weakref__")
+    __slots__ = ("nodes", "deposit", "task", "opt", "__weakref__")
 
-    def __init__(self):
+    def __init__(self, opt: ForgeOptimizer | None = None):
         self.nodes: list[weakref.ref] = []  # the embedding's backward nodes that may still run
         self.deposit = None  # G_head, waiting for the embedding's backward of graph task ``task``
         self.task = None
+        self.opt = opt  # the optimizer of the tied weight (the split update: split_head_update)
 
     def add_node(self, node) -> None:
         self.nodes = [r for r in self.nodes if r() is not None]
         self.nodes.append(weakref.ref(node))
 
+    def _pending_nodes(self, task) -> list:
+        """The embedding's backward nodes that will run later in graph task ``task``."""
+        return [node for node in (r() for r in self.nodes)
+                if node is not None and getattr(node, "forge_num_task", None) != task
+                and torch._C._will_engine_execute_node(node)]
+
     def deposit_head_grad(self, grad) -> bool:
-        """Keep ``grad`` (G_head, or a callable that computes it) for the embedding's backward if that
-        will run later in this backward pass; False (keep nothing) otherwise, and the caller returns
-        G_head to autograd."""
+        """Keep ``grad`` (G_head, or a callable that computes it, or a _SplitHeadUpdate) for the
+        embedding's backward if that will run later in this backward pass; False (keep nothing)
+        otherwise, and the caller returns G_head to autograd."""
         try:
             task = torch._C._current_graph_task_id()
-            pending = any(
-                node is not None and getattr(node, "forge_num_task", None) != task
-                and torch._C._will_engine_execute_node(node)
-                for node in (r() for r in self.nodes)
-            )
-            if not pending:
+            if not self._pending_nodes(task):
                 return False
             torch.autograd.Variable._execution_engine.queue_callback(lambda: self._drop(task))
         except (AttributeError, RuntimeError, TypeError):
             return False
         self.deposit, self.task = grad, task
+        return True
+
+    def split_head_update(self, param: torch.Tensor, dy: torch.Tensor, x: torch.Tensor) -> bool:
+        """The tied weight's update split by rows (v26), where its optimizer allows it
+        (ForgeOptimizer._can_split_rows) and one embedding call will run later in this backward: the
+        rows the embedding's tokens do not touch are updated now from the head's gradient dYᵀX,
+        computed and updated in row blocks (_SplitHeadUpdate), and the touched rows' head gradient is
+        kept for the embedding's backward, which adds its own and updates them. No [V, H] gradient
+        exists. True if done (the caller returns no gradient), False (nothing done) otherwise."""
+        opt = self.opt
+        if opt is None or param not in opt._recs or not opt._can_split_rows(param):
+            return False
+        try:
+            pending = self._pending_nodes(torch._C._current_graph_task_id())
+        except (AttributeError, RuntimeError, TypeError):
+            return False
+        indices = getattr(pending[0], "forge_num_indices", None) if len(pending) == 1 else None
+        if indices is None or param.dim() != 2:
+            return False
+        split = _SplitHeadUpdate(indices)
+        if not self.deposit_head_grad(split):
+            return False
+        split.apply_head(opt._start_row_updates(param), dy, x, param.dtype)
         return True
 
     def take_head_grad(self, node):
@@ -335,11 +360,99 @@ class _TiedRows:
 
     def _drop(self, task) -> None:
         if self.task == task:
-            self.deposit = self.task = None
+            deposit, self.deposit, self.task = self.deposit, None, None
+            if isinstance(deposit, _SplitHeadUpdate):
+                # the embedding's backward did not run after all: its rows got no gradient from it
+                # in this pass, so they take the head's alone (as autograd would have accumulated)
+                deposit.finish(None, -1)
 
 
 # keyed by the Parameter's identity (a WeakKeyDictionary would compare tensors with ==)
 _TIED_ROWS: "WeakIdKeyDictionary[torch.Tensor, _TiedRows]" = WeakIdKeyDictionary()
+
+
+# rows of the tied head's gradient computed and updated at once by _SplitHeadUpdate: 16 Mi elements
+# (a 32 MiB bf16 block and its 64 MiB fp32 widening), below the chunked loss's 256 MiB of temporaries
+# (forge_num.loss.DEFAULT_CHUNK_BYTES), which the head's backward follows; whole 256-row tiles
+_SPLIT_BLOCK_ELEMENTS = 16 * 2**20
+_SPLIT_ROW_TILE = 256
+
+
+class _SplitHeadUpdate:
+    """A tied weight's update split between the head's backward and the embedding's (v26; bench/NOTES.md).
+
+    The tied gradient is G = G_head + G_emb, where G_emb is zero outside the rows the batch's tokens
+    touch (T). Rows outside T take G_head + 0.0 (autograd's sum with the embedding's dense zero row,
+    which turns a -0.0 into +0.0), rows in T take G_head + G_emb (autograd's add, in the gradient's
+    dtype). So:
+
+    * ``apply_head`` (the head's backward): G_head = (dYᵀX).to(weight dtype) as F.linear's autograd
+      computes it, but in blocks of rows [r0, r1); each block's rows in T are copied out (kept for the
+      embedding: at most tokens x H elements) and zeroed, the block (widened to fp32, + 0.0) is updated
+      in place, and the rows in T are put back as they were before it (ForgeOptimizer's row updater:
+      their weight and state copied out before the block's update, in after it). Zeroing them keeps
+      their head part out of the block's telemetry; it is counted once, with the embedding's.
+    * ``finish`` (the embedding's backward): their G_emb rows as add_touched_rows computes them, added
+      to the kept rows, and those rows updated gathered, each drawing its own Philox counters.
+
+    Every element's gradient is autograd's where each block's product equals the whole product's rows,
+    and the update is element-wise (8bit blocks lie within rows), so the bits are the unsplit update's.
+    Caveat, as for the chunked loss's logits: a GEMM over fewer rows may be computed by the library
+    with another algorithm, so a block's product may differ from the whole one's in its last bits
+    (seen on the CPU for one shape of four: tests/test_tied_rows.py compares against a reference that
+    forms the same blocks). Peak memory: one block (about 96 MiB) and the kept rows, instead of the
+    [V, H] product."""
+
+    __slots__ = ("touched", "slot", "head_rows", "updater")
+
+    def __init__(self, indices: torch.Tensor):
+        self.touched, self.slot = torch.unique(indices.reshape(-1), sorted=True, return_inverse=True)
+        self.head_rows = None  # G_head's rows in T, [len(T), H] in the weight's dtype
+        self.updater = None
+
+    def apply_head(self, updater, dy: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> None:
+        self.updater = updater
+        n_rows, cols = updater.n_rows, updater.cols
+        rows = _SPLIT_BLOCK_ELEMENTS // max(cols, 1) // _SPLIT_ROW_TILE * _SPLIT_ROW_TILE
+        rows = max(_SPLIT_ROW_TILE, rows)
+        starts = list(range(0, n_rows, rows))
+        # where each block's rows of T begin and end in T (sorted): one transfer for all blocks
+        bounds = torch.tensor(starts + [n_rows], device=self.touched.device)
+        edges = torch.searchsorted(self.touched, bounds).tolist()
+        self.head_rows = torch.empty((self.touched.numel(), cols), dtype=dtype, device=dy.device)
+        for i, r0 in enumerate(starts):
+            r1 = min(r0 + rows, n_rows)
+            block = (dy[:, r0:r1].t() @ x).to(dtype)  # F.linear's weight gradient, rows [r0, r1)
+            t0, t1 = edges[i], edges[i + 1]
+            held = None
+            if t1 > t0:
+                index = self.touched[t0:t1]
+                local = index - r0
+                self.head_rows[t0:t1] = block.index_select(0, local)
+                block.index_fill_(0, local, 0.0)
+                held = updater.hold(index)
+            g32 = block.float().add_(0.0)  # + the embedding's dense zero row (-0.0 -> +0.0)
+            del block
+            updater.rows(r0, g32)
+            del g32
+            if held is not None:
+                updater.put_back(index, held)
+
+    def finish(self, grad: torch.Tensor | None, padding_idx: int) -> None:
+        """The rows in T updated with G_head + G_emb; ``grad`` the embedding output's gradient (None:
+        the embedding's backward did not run in this pass, so G_emb is not added)."""
+        summed = self.head_rows
+        if grad is not None:
+            pad = -1
+            if padding_idx is not None and padding_idx >= 0:
+                hit = (self.touched == padding_idx).nonzero()
+                pad = int(hit[0, 0]) if hit.numel() else -1
+            compact = torch.ops.aten.embedding_dense_backward(grad, self.slot, len(self.touched), pad, False)
+            summed = summed.add_(compact)  # autograd's add on these rows (add_touched_rows)
+            del compact
+        self.head_rows = None
+        self.updater.gathered(self.touched, summed.float())
+        self.updater.opt._recs[self.updater.p].updated = True
 
 
 def add_touched_rows(head_grad: torch.Tensor, grad: torch.Tensor, indices: torch.Tensor, padding_idx: int) -> torch.Tensor:
@@ -380,6 +493,8 @@ class _TouchedRowsEmbeddingFn(torch.autograd.Function):
         out = F.embedding(indices, weight, padding_idx)
         ctx.save_for_backward(indices)
         ctx.rows, ctx.num_weights, ctx.padding_idx = rows, weight.shape[0], padding_idx
+        # the tokens, for a head's split update (_TiedRows.split_head_update) before this backward runs
+        ctx.forge_num_indices = indices
         rows.add_node(ctx)  # ctx is this call's backward node (out.grad_fn)
         return out
 
@@ -388,6 +503,9 @@ class _TouchedRowsEmbeddingFn(torch.autograd.Function):
         (indices,) = ctx.saved_tensors
         pad = -1 if ctx.padding_idx is None else ctx.padding_idx
         head_grad = ctx.rows.take_head_grad(ctx)
+        if isinstance(head_grad, _SplitHeadUpdate):  # the head updated the other rows: these now
+            head_grad.finish(grad, pad)
+            return None, None, None, None
         if head_grad is None:  # as torch's EmbeddingBackward for a dense weight
             dw = torch.ops.aten.embedding_dense_backward(grad, indices, ctx.num_weights, pad, False)
         else:
@@ -537,7 +655,7 @@ def prepare(model: nn.Module, optimizer: ForgeOptimizer) -> nn.Module:
                 and module.weight not in fsdp and module.weight not in _TIED_ROWS
                 and type(module.weight).__name__ != "DTensor"
                 and sum(isinstance(m, nn.Embedding) and m.weight is module.weight for m in model.modules()) == 1):
-            _TIED_ROWS[module.weight] = _TiedRows()
+            _TIED_ROWS[module.weight] = _TiedRows(optimizer)
             module.__class__ = _swapped_class(type(module), _tied_embedding_forward, "TiedRows")
             handle.tied_rows[mname] = module
 

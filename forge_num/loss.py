@@ -207,10 +207,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
             dx = (dy @ wc).to(ctx.x_dtype) if needs[0] else None
             del wc  # the head's bf16 cast (2 bytes a weight; 0.73 GiB at Llama-3B) is dead before dW
             dw = None
-            if needs[1]:
+            rows = _TIED_ROWS.get(ctx.param) if needs[1] else None
+            # tied, in a stochastic regime: the rows the batch's tokens do not touch are updated now, in
+            # row blocks, and the touched rows' gradient waits for the embedding's backward
+            # (forge_num.fused._SplitHeadUpdate): no [V, H] product at all
+            split = rows is not None and rows.split_head_update(ctx.param, dy, hc)
+            if needs[1] and not split:
                 weight_grad = WeightGrad(dy, hc, weight.dtype)
                 del dy
-                rows = _TIED_ROWS.get(ctx.param)
                 if rows is not None and weight_grad.nbytes() < weight.numel() * weight.element_size():
                     # a head tied to a prepared model's embedding, whose dY and input take less memory
                     # than its dW: dW is computed in the embedding's backward (forge_num.fused.

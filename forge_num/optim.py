@@ -179,6 +179,73 @@ class _Rec:
         )
 
 
+class _RowUpdater:
+    """The rule's update of one parameter, seen as [rows, cols] (rows of its last dimension), applied
+    to rows at a time from their fp32 gradient, with the step's (rule, h, states) prepared once:
+
+    * ``rows(r0, g32)``: the rows [r0, r0 + len(g32)) in place, their Philox counters their flat
+      indices (_row_chunk_counter);
+    * ``gathered(index, g32)``: the rows ``index`` (an int64 tensor of distinct row indices), copied
+      out, updated with counters CounterMap(cols, cols, 0, index) (each row draws its own counters,
+      as in place) and copied back;
+    * ``hold(index)`` / ``put_back(held)``: those rows' weight and state copied out and back (a row
+      updated in a block before its whole gradient is known is put back as it was).
+
+    The rule is element-wise and the 8bit quantization blocks lie within rows, so an element's new
+    bits depend on its gradient, its state and its counter only: any split into rows gives the same
+    bits as one update of the whole parameter. Each call records its telemetry."""
+
+    def __init__(self, opt, p, name, rule, h, states, backend):
+        self.opt, self.p, self.name, self.rule, self.h, self.backend = opt, p, name, rule, h, backend
+        self.n_rows, self.cols = _rows_cols(p)
+        self.w2 = _local(p.detach()).view(self.n_rows, self.cols)
+        self.q8 = opt.precision == "8bit"
+        if self.q8:
+            self.states = [_Q8(s["codes"], s["scales"]) for s in states]
+        else:
+            self.states = [_local(s).view(self.n_rows, self.cols) for s in states]
+        self.seed = opt._rounding_seed(p)
+
+    def _update(self, w, states, g32, counter):
+        if self.q8:
+            no_x = w.new_zeros((0, self.cols), dtype=torch.float32)  # K = 0: the update from accum = g32
+            no_dy = w.new_zeros((0, w.shape[0]), dtype=torch.float32)
+            stats = self.backend.fused_linear_update(w, no_x, no_dy, states, self.rule, self.h,
+                                                     grad_scale=self.opt._scale(), accum=g32, seed=self.seed, **counter)
+        else:
+            stats = self.backend.elementwise_update(w, g32, states, self.rule, self.h,
+                                                    grad_scale=self.opt._scale(), seed=self.seed, **counter)
+        self.opt._record(stats, self.name, self.p)
+
+    def _states_at(self, index):
+        if self.q8:
+            return [_Q8(s.codes[index], s.scales[index]) for s in self.states]
+        return [s[index] for s in self.states]
+
+    def rows(self, r0: int, g32: torch.Tensor) -> None:
+        self._update(self.w2[r0:r0 + g32.shape[0]], self._states_at(slice(r0, r0 + g32.shape[0])), g32,
+                     _row_chunk_counter(r0, self.cols))
+
+    def hold(self, index: torch.Tensor):
+        """Copies of the rows ``index``: (weight, states' tensors)."""
+        tensors = [t for s in self.states for t in (s if self.q8 else (s,))]
+        return self.w2.index_select(0, index), [t.index_select(0, index) for t in tensors]
+
+    def put_back(self, index: torch.Tensor, held) -> None:
+        w, saved = held
+        tensors = [t for s in self.states for t in (s if self.q8 else (s,))]
+        self.w2.index_copy_(0, index, w)
+        for t, v in zip(tensors, saved):
+            t.index_copy_(0, index, v)
+
+    def gathered(self, index: torch.Tensor, g32: torch.Tensor) -> None:
+        w, saved = self.hold(index)
+        it = iter(saved)
+        states = [_Q8(next(it), next(it)) for _ in self.states] if self.q8 else list(it)
+        self._update(w, states, g32, {"counter": (self.cols, self.cols, 0, index)})
+        self.put_back(index, (w, saved))
+
+
 class ForgeOptimizer(torch.optim.Optimizer):
     """Base class: the bookkeeping shared by AdamW, Adam, SGD and Lion."""
 
@@ -387,41 +454,38 @@ class ForgeOptimizer(torch.optim.Optimizer):
         backend = _backend_for(p, self.backend)
         rows, cols = _rows_cols(p)
         grad = grad.contiguous()
-        if self.precision == "8bit":
-            # whole quantization blocks along rows: the fused path with no tokens, starting from the
-            # materialized gradient (K = 0, accum = grad) on the parameter's 2-D view, in row chunks
-            w2 = _local(p.detach()).view(rows, cols)
-            q8 = self._q8(states)
-
-            def update_q8(r0, g32):
-                r1 = r0 + g32.shape[0]
-                stats = backend.fused_linear_update(
-                    w2[r0:r1], w2.new_zeros((0, cols), dtype=torch.float32),
-                    w2.new_zeros((0, r1 - r0), dtype=torch.float32),
-                    [_Q8(s.codes[r0:r1], s.scales[r0:r1]) for s in q8], rule, h, grad_scale=self._scale(),
-                    accum=g32, seed=self._rounding_seed(p), **_row_chunk_counter(r0, cols))
-                self._record(stats, name, p)
-
-            _update_in_widened_row_chunks(grad.view(rows, cols), update_q8)
-            return
         counter_kw = self._counter_kw(p)
-        if counter_kw or grad.dtype == torch.float32 or grad.numel() <= _WIDEN_CHUNK_ELEMENTS:
+        if self.precision != "8bit" and (counter_kw or grad.dtype == torch.float32
+                                         or grad.numel() <= _WIDEN_CHUNK_ELEMENTS):
             stats = backend.elementwise_update(
                 _local(p.detach()), grad.float(), [_local(s) for s in states], rule, h,
                 grad_scale=self._scale(), seed=self._rounding_seed(p), **counter_kw,
             )
             self._record(stats, name, p)
             return
-        w2 = _local(p.detach()).view(rows, cols)  # a large bf16 gradient (bf16-sr): widened in row chunks
+        # 8bit (whole quantization blocks along rows), or a large bf16 gradient (bf16-sr): in row chunks
+        update = _RowUpdater(self, p, name, rule, h, states, backend)
+        _update_in_widened_row_chunks(grad.view(rows, cols), update.rows)
 
-        def update_rows(r0, g32):
-            r1 = r0 + g32.shape[0]
-            stats = backend.elementwise_update(
-                w2[r0:r1], g32, [_local(s).view(rows, cols)[r0:r1] for s in states], rule, h,
-                grad_scale=self._scale(), seed=self._rounding_seed(p), **_row_chunk_counter(r0, cols))
-            self._record(stats, name, p)
+    def _start_row_updates(self, p) -> "_RowUpdater":
+        """The rule's update of ``p`` applied piece by piece (a tied head split between its backward and
+        the embedding's: forge_num.fused): counts the event, advances the step once, and returns the
+        updater; ``rec.updated`` is set by the caller once every row is done."""
+        rec = self._recs[p]
+        self._next_event(p, rec)
+        rule, h, states = self._prepare_state(p, self._group_by_param[p])
+        return _RowUpdater(self, p, rec.name, rule, h, states, _backend_for(p, self.backend))
 
-        _update_in_widened_row_chunks(grad.view(rows, cols), update_rows)
+    def _can_split_rows(self, p) -> bool:
+        """Whether this backward's update of ``p`` may be applied in pieces by rows from its gradient's
+        pieces (forge_num.fused's tied head): a stochastic regime (the fp32 regime's tied head keeps
+        autograd's whole product: bench/NOTES.md, v26), a pass that updates (not the norm pass, not a
+        skipped step), the step's last micro-batch with no gradient from earlier ones, no data-parallel
+        reduction, an unsharded parameter."""
+        rec = self._recs.get(p)
+        return (rec is not None and self.precision != "fp32" and self._mode in ("idle", "update")
+                and rec.events + 1 == self.accumulation_steps and rec.accum is None and p.grad is None
+                and self._grad_reducer is None and not _is_dtensor(p))
 
     def _apply_linear(self, p, x, dy, accum, name):
         group = self._group_by_param[p]

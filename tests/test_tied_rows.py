@@ -17,6 +17,7 @@ import torch
 import forge_num as fn
 import forge_num.fused as fused
 from forge_num.fused import add_touched_rows, prepare
+from forge_num.loss import WeightGrad
 from tests.test_loss import _peak_cpu_bytes, chunked_lm_loss
 from tests.test_training_semantics import ADAMW, tiny_llama
 from tests.torch_reference import ExactSqrt, needs_fused_aten
@@ -237,13 +238,19 @@ def test_the_touched_rows_take_no_vocabulary_sized_temporary():
 
 @needs_fused_aten
 @pytest.mark.parametrize("precision", ["fp32", "bf16-sr", "8bit"])
-@pytest.mark.parametrize("micro,clip", [(1, False), (2, False), (2, True)], ids=["plain", "accumulate", "accumulate-clip"])
+@pytest.mark.parametrize("micro,clip", [(1, False), (1, True), (2, False), (2, True)],
+                         ids=["plain", "clip", "accumulate", "accumulate-clip"])
 def test_the_deposit_changes_no_bit_in_any_regime(monkeypatch, precision, micro, clip):
     """The same prepared model and data trained twice, with the tied rows and with the head's gradient
     handed to autograd (the deposit refused): equal weights and optimizer state after 3 steps,
     in each regime (bf16 weights and dW for bf16-sr and 8bit), with gradient accumulation and exact
-    clipping (whose norm pass backwards the last micro-batch's graph once more)."""
+    clipping (whose norm pass backwards the last micro-batch's graph once more). Where the stochastic
+    regimes' update pass may split the head's update (a step's only micro-batch: _SplitHeadUpdate,
+    here one block, the whole product), it does, in place of adding the touched rows."""
     calls = _spy_on_touched_rows(monkeypatch)
+    original_finish = fused._SplitHeadUpdate.finish
+    monkeypatch.setattr(fused._SplitHeadUpdate, "finish",
+                        lambda self, *a: (calls.append("split"), original_finish(self, *a))[1])
 
     def train(deposit):
         m = tiny_llama(tie=True)
@@ -266,11 +273,130 @@ def test_the_deposit_changes_no_bit_in_any_regime(monkeypatch, precision, micro,
     passes = 3 * (micro + clip)  # an update pass per micro-batch, and the norm pass of a step's last
     m1, opt1 = train(True)
     assert len(calls) == passes
+    split = precision != "fp32" and micro == 1
+    assert calls.count("split") == (3 if split else 0)
     m2, opt2 = train(False)
     assert len(calls) == passes  # none more without the deposit
     for (name, a), b in zip(m1.named_parameters(), m2.parameters()):
         assert torch.equal(a, b), name
-    for a, b in zip(opt1.state_dict()["state"].values(), opt2.state_dict()["state"].values()):
+    s1, s2 = opt1.state_dict()["state"], opt2.state_dict()["state"]
+    assert s1.keys() == s2.keys()
+    for index, a in s1.items():  # by parameter index (a split update creates its state earlier in the step)
         for key in a:
             if isinstance(a[key], torch.Tensor):
-                assert torch.equal(a[key], b[key]), key
+                assert torch.equal(a[key], s2[index][key]), key
+
+
+def _tied_pair(vocab=300, hidden=8):
+    """An embedding and an LM head sharing one bf16 weight [vocab, hidden], as a prepared model."""
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(vocab, hidden, padding_idx=7)
+            self.head = torch.nn.Linear(hidden, vocab, bias=False)
+            self.head.weight = self.embed.weight
+
+    torch.manual_seed(3)
+    return Tied().to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("precision", ["bf16-sr", "8bit"])
+def test_split_update_is_the_whole_update_across_blocks(monkeypatch, precision):
+    """_SplitHeadUpdate against the unsplit path (the whole G_head, the touched rows added, the
+    element-wise update), bit for bit, weight and state, over blocks of 32 rows: touched rows in
+    several blocks and at block edges (rows 0, 31, 32, 299), repeated tokens, the padding row touched,
+    -0.0 and non-finite entries in G_head's rows inside and outside the touched ones. Small-integer
+    operands make every product exact, so the blocks' GEMMs equal the whole one's whatever their order."""
+    monkeypatch.setattr(fused, "_SPLIT_ROW_TILE", 32)
+    monkeypatch.setattr(fused, "_SPLIT_BLOCK_ELEMENTS", 32 * 8)
+    tokens = torch.tensor([0, 31, 32, 5, 5, 7, 299, 150, 31, 64])
+    g = torch.Generator().manual_seed(4)
+    dy = torch.randint(-3, 4, (tokens.numel(), 300), generator=g).to(torch.bfloat16)
+    dy[:, 100] = 0.0  # an untouched row of zero products (signed zeros, whichever the library sums to)
+    x = torch.randint(-4, 5, (tokens.numel(), 8), generator=g).to(torch.bfloat16)
+    bad = dy.clone()
+    bad[2, 200] = float("inf")  # non-finite gradients in an untouched row (step 1): kept out of its elements
+    emb_grad = (torch.randint(-2, 3, (tokens.numel(), 8), generator=g) / 4).to(torch.bfloat16)
+
+    def fresh():
+        m = _tied_pair()
+        opt = fn.AdamW(m.parameters(), precision=precision, seed=9, **ADAMW)
+        prepare(m, opt)
+        return m, opt
+
+    def unsplit(m, opt, dy):
+        p = m.embed.weight
+        p.grad = fused.add_touched_rows(WeightGrad(dy, x, p.dtype)(), emb_grad, tokens, 7)
+        opt._on_grad_ready(p)
+        opt.step()
+
+    def split(m, opt, dy):
+        p = m.embed.weight
+        s = fused._SplitHeadUpdate(tokens)
+        s.apply_head(opt._start_row_updates(p), dy, x, p.dtype)
+        s.finish(emb_grad, 7)
+        opt.step()
+
+    results = []
+    for apply in (unsplit, split):
+        m, opt = fresh()
+        for dy_step in (bad, dy):  # the second step from a state that is not zero
+            apply(m, opt, dy_step)
+        results.append((m, opt))
+    (m1, o1), (m2, o2) = results
+    assert torch.equal(m1.embed.weight.view(torch.int16), m2.embed.weight.view(torch.int16))
+    s1, s2 = o1.state_dict()["state"], o2.state_dict()["state"]
+    for key, value in s1[0].items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, s2[0][key]), key
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                assert torch.equal(v, s2[0][key][k]), (key, k)
+    first, second = o1.stats_history, o2.stats_history
+    assert first[0]["nonfinite"] == second[0]["nonfinite"] > 0 and first[1]["nonfinite"] == second[1]["nonfinite"] == 0
+    # the same Σ g² in fp64, summed in another grouping (blocks and touched rows): equal to rounding
+    assert first[1]["grad_norm"] == pytest.approx(second[1]["grad_norm"], rel=1e-12)
+
+
+@needs_fused_aten
+def test_split_update_holds_no_vocabulary_sized_tensor(monkeypatch):
+    """With the head's update split (8bit, blocks of 32 rows), no tensor of the backward has as many
+    elements as the tied weight [V, H]: the head's product exists one block at a time. Without the
+    split (the deposit refused) the [V, H] product is there: the check can fail."""
+    from torch.utils import _pytree as pytree
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    monkeypatch.setattr(fused, "_SPLIT_ROW_TILE", 32)
+    monkeypatch.setattr(fused, "_SPLIT_BLOCK_ELEMENTS", 32 * 64)
+
+    class Largest(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            inputs = {t.untyped_storage().data_ptr() for t in pytree.tree_leaves((args, kwargs))
+                      if isinstance(t, torch.Tensor)}
+            for t in pytree.tree_leaves(out):  # new memory only: not a view of an input, nor an input updated
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                    Largest.largest = max(Largest.largest, t.numel())
+            return out
+
+    def largest_in_backward(split):
+        m = tiny_llama(tie=True).to(torch.bfloat16)
+        opt = fn.AdamW(m.parameters(), precision="8bit", seed=1, **ADAMW)
+        prepare(m, opt)
+        g = torch.Generator().manual_seed(2)
+        with monkeypatch.context() as patch:
+            if not split:
+                patch.setattr(fused._TiedRows, "split_head_update", lambda self, *a: False)
+            for step in range(2):  # the second step's: the first creates the optimizer's state
+                loss = chunked_lm_loss(m, torch.randint(0, 256, (2, 12), generator=g))
+                Largest.largest = 0
+                with Largest():
+                    loss.backward()
+                opt.step()
+        return Largest.largest
+
+    vh = 256 * 64
+    assert largest_in_backward(True) < vh <= largest_in_backward(False)
