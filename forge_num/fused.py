@@ -372,7 +372,7 @@ _TIED_ROWS: "WeakIdKeyDictionary[torch.Tensor, _TiedRows]" = WeakIdKeyDictionary
 
 
 # rows of the tied head's gradient computed and updated at once by _SplitHeadUpdate: 16 Mi elements
-# (a 32 MiB bf16 block and its 64 MiB fp32 widening), below the chunked loss's 256 MiB of temporaries
+# (a 32 MiB bf16 block and its 64 MiB fp32 widening), below the chunked loss's 128 MiB of temporaries
 # (forge_num.loss.DEFAULT_CHUNK_BYTES), which the head's backward follows; whole 256-row tiles
 _SPLIT_BLOCK_ELEMENTS = 16 * 2**20
 _SPLIT_ROW_TILE = 256

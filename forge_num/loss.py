@@ -32,15 +32,17 @@ from torch import nn
 
 __all__ = ["linear_cross_entropy"]
 
-# Per-chunk temporaries, in bytes per logit: the logits (2, bf16), their fp32 upcast (4), the
-# log-softmax torch saves (4) and the fp32 gradient (4), rounded up to 16. They sit on top of the
-# backward's dY (2 bytes a logit, all rows) at the step's peak (bench/train_step.py's memory model;
-# Llama-8B at 4x1024: dY 0.98 GiB): 256 MiB of them (128 rows of Llama's 128,256-token vocabulary)
-# instead of 512 should take 0.25 GiB off that peak for twice the chunks (bench/NOTES.md, "v14":
-# predicted, not yet measured), each chunk's GEMM whole 128-row tiles (_CHUNK_ROW_TILE).
+# Per-chunk temporaries, in bytes per logit: four fp32 [rows, V] tensors at the backward's
+# recomputation (the upcast logits, the log-softmax torch saves, the nll loss's gradient and the
+# log-softmax's), 16 (a CPU probe at Llama-1B, bench/cpu_peak.py, counts exactly these). They sit on
+# top of the backward's dY (2 bytes a logit, all rows): with a tied head's update split by rows in the
+# stochastic regimes (forge_num.fused._SplitHeadUpdate), that is the 8bit step's peak at Llama-1B and
+# -3B, 4x1024 tokens. 128 MiB of them (64 rows of Llama's 128,256-token vocabulary; 256 MiB and 128
+# rows before, 512 MiB before that) for twice the chunks (bench/NOTES.md, "v28": predicted, not yet
+# measured), each chunk's GEMM whole 64-row tiles (_CHUNK_ROW_TILE).
 _BYTES_PER_CHUNK_LOGIT = 16
-DEFAULT_CHUNK_BYTES = 256 * 2**20
-_CHUNK_ROW_TILE = 128
+DEFAULT_CHUNK_BYTES = 128 * 2**20
+_CHUNK_ROW_TILE = 64
 
 
 def linear_cross_entropy(hidden: torch.Tensor, head: nn.Linear, labels: torch.Tensor, *, ignore_index: int = -100,

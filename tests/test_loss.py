@@ -248,15 +248,15 @@ def test_causal_lm_loss_refuses_a_transformed_head_output():
 @pytest.mark.parametrize("vocab", [37, 32000, 50257, 128256, 10**7])
 def test_default_chunks_hold_their_byte_budget_in_whole_row_tiles(vocab):
     """A default chunk's temporaries (16 bytes a logit) stay within DEFAULT_CHUNK_BYTES, in whole
-    128-row tiles of its GEMM where one fits, and a vocabulary too large for one row still gets one."""
-    from forge_num.loss import _BYTES_PER_CHUNK_LOGIT, DEFAULT_CHUNK_BYTES, default_chunk_rows
+    row tiles of its GEMM where one fits, and a vocabulary too large for one row still gets one."""
+    from forge_num.loss import _BYTES_PER_CHUNK_LOGIT, _CHUNK_ROW_TILE, DEFAULT_CHUNK_BYTES, default_chunk_rows
 
     rows = default_chunk_rows(vocab)
     assert rows >= 1
     if rows > 1:
         assert rows * vocab * _BYTES_PER_CHUNK_LOGIT <= DEFAULT_CHUNK_BYTES
     fits = DEFAULT_CHUNK_BYTES // (_BYTES_PER_CHUNK_LOGIT * vocab)
-    assert rows % 128 == 0 if fits >= 128 else rows == max(1, fits)
+    assert rows % _CHUNK_ROW_TILE == 0 if fits >= _CHUNK_ROW_TILE else rows == max(1, fits)
 
 
 def test_a_fused_heads_backward_casts_its_weight_once(monkeypatch):
