@@ -97,6 +97,20 @@ def tile_telemetry(g, in_tile, finite):
     return norm_sq, nonfinite
 
 
+@triton.jit
+def telemetry_terms(g, in_tile, finite):
+    """tile_telemetry's terms before their reduction, for sub-tiles whose terms are added first (the 8bit
+    row epilogue): (g² in fp64, 0 outside the tile; 1 where g is not finite, else 0)."""
+    g64 = g.to(tl.float64)
+    return tl.where(in_tile, g64 * g64, 0.0), tl.where(in_tile & (finite == 0), 1, 0)
+
+
+@triton.jit
+def reduce_telemetry(sq, bad):
+    """(Σ sq, Σ bad) over a tile of telemetry_terms: tile_telemetry in two steps."""
+    return tl.sum(tl.sum(sq, axis=1), axis=0), tl.sum(tl.sum(bad, axis=1), axis=0)
+
+
 # Triton specializes every int argument on its value (== 1, % 16 == 0) and its range (i32, i64,
 # u64). The Philox key is a uniform 64-bit value, so, specialized, it would select among five compiled
 # variants of every configuration (u64/i64 x divisible by 16 or not, i32 when < 2^31), each compiled
@@ -195,9 +209,14 @@ def linear_update_tile(
         # (a block's scale comes from its own row), so the split changes no bit of W, codes or scales.
         if STORE_ACC:
             tl.store(acc_out_ptr + offs, g, mask=in_tile)
-        norm_sq, nonfinite = update_rows_q8_split(
+        # the row sub-tiles' telemetry terms are added element by element and reduced once a tile: a
+        # reduction crosses the tile's warps (shuffles, shared memory, barriers), and one a sub-tile was
+        # 2-7% of the 8bit epilogue's instructions (bench/NOTES.md, session 17: v29). Not in the column
+        # epilogue: its sub-tiles' terms are 4-8x larger, and keeping them live spilled 130-500 B more
+        sq, bad = update_rows_q8_split(
             g, pid_m * BM, offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr, scale1_ptr, n_blocks, h, grad_scale,
             seed, rand_stride, rand_base, rand_rows, GUARDED_UPDATE, N_STATE, EPILOGUE_SPLIT)
+        norm_sq, nonfinite = reduce_telemetry(sq, bad)
     else:
         norm_sq, nonfinite = update_columns(
             g, offs_m, pid_n * BN, M, N, w_ptr, s0_ptr, s1_ptr, acc_out_ptr, h, grad_scale, seed,
@@ -347,7 +366,8 @@ def update_rows_q8_split(
     g, m0, offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h, grad_scale, seed, rand_stride,
     rand_base, rand_rows, GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, SPLIT: tl.constexpr,
 ):
-    """The 8bit epilogue on the rows [m0, m0 + R) of the tile g [R, BN], in SPLIT row sub-tiles."""
+    """The 8bit epilogue on the rows [m0, m0 + R) of the tile g [R, BN], in SPLIT row sub-tiles; the
+    sub-tiles' telemetry terms ([R / SPLIT, BN]) summed element by element."""
     if SPLIT == 1:
         return update_rows_q8(
             g, m0 + tl.arange(0, g.shape[0]), offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks,
@@ -393,12 +413,12 @@ def update_rows_q8(
     rand_stride, rand_base, rand_rows,
     GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr,
 ):
-    """The 8bit epilogue on a row sub-tile of whole blocks; (Σ g² in fp64, non-finite count) over it."""
+    """The 8bit epilogue on a row sub-tile of whole blocks; its telemetry terms (telemetry_terms)."""
     loaded = load_q8(w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, offs_m, offs_n, M, N, N_STATE)
     in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     finite = update_in_place_q8(loaded, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, offs_m, offs_n, M, N,
                                 g, h, grad_scale, seed, rand_stride, rand_base, rand_rows, GUARDED_UPDATE, N_STATE)
-    return tile_telemetry(g, in_tile, finite)
+    return telemetry_terms(g, in_tile, finite)
 
 
 @triton.jit

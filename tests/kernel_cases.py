@@ -362,3 +362,36 @@ def run_gathered_rows_case(backend: str, regime: str, device) -> None:
     assert np.array_equal(bits(part_w), bits(full_w[idx])), "gathered rows' weight (fused)"
     for a, b in zip(part_s, full_s):
         assert np.array_equal(bits(a), bits(b[idx])), "gathered rows' state (fused)"
+
+
+def run_q8_telemetry_case(device, config=None, M: int = 45, N: int = 200) -> None:
+    """The 8bit kernel's telemetry (its row sub-tiles' terms added element by element, reduced once a
+    tile): Σ g² within proofs/telemetry.md's bound of the exact sum (math.fsum of the exact fp64
+    squares), over rows past M and columns past N; then one inf and two NaN elements: counted 3, the
+    sum not finite. The gradient is the accumulation buffer (K = 0), so it is known exactly."""
+    import math
+
+    from forge_num.emulator.bounds import sum_of_squares_order_bound
+
+    rule = rules.ADAMW
+    h = rule.scalars(dict(lr=1e-3, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.0), 2)
+    gen = torch.Generator().manual_seed(M * N)
+    g = torch.randn(M, N, generator=gen) * torch.exp2(torch.randint(-20, 20, (M, N), generator=gen).float())
+    w = (torch.randn(M, N, generator=gen) * 0.1).bfloat16()
+    states = [_q8_state(torch.zeros(M, N), signed=True, seed=1), _q8_state(torch.zeros(M, N), signed=False, seed=2)]
+
+    def run(grad):
+        st = [kernels.Q8State(s.codes.clone().to(device), s.scales.clone().to(device)) for s in states]
+        return kernels.fused_linear_update(w.clone().to(device), torch.zeros(0, N, device=device),
+                                           torch.zeros(0, M, device=device), st, rule, h, accum=grad.to(device),
+                                           seed=3, config=config)
+
+    stats = run(g)
+    ref = math.fsum(float(v) ** 2 for v in g.double().reshape(-1).tolist())
+    got = float(stats.norm_sq)
+    assert int(stats.nonfinite) == 0
+    assert abs(got - ref) <= sum_of_squares_order_bound(M * N, ref), (got, ref)
+    bad = g.clone()
+    bad[0, 0], bad[M - 1, N - 1], bad[M // 2, 7] = float("inf"), float("nan"), float("nan")
+    stats = run(bad)
+    assert int(stats.nonfinite) == 3 and not math.isfinite(float(stats.norm_sq))

@@ -186,6 +186,15 @@ def _random_case_with_config(regime, config, data):
 
 
 
+@pytest.mark.parametrize("config", dict.fromkeys(kernels.DEFAULT_Q8_CONFIGS.values()), ids=str)
+def test_8bit_telemetry_within_its_bound(config):
+    """The 8bit defaults' telemetry, reduced once a tile (v29), against the exact Σ g² and the
+    non-finite count, over several tiles with rows and columns past the edges."""
+    from tests.kernel_cases import run_q8_telemetry_case
+
+    run_q8_telemetry_case(CUDA, config, M=2 * config.BM + 5, N=3 * config.BN - 56)
+
+
 @pytest.mark.parametrize("P", [2, 3])
 @pytest.mark.parametrize("style", ["colwise", "rowwise"])
 def test_bf16_sr_shard_counter_maps(style, P):

@@ -269,6 +269,14 @@ def test_8bit_row_split_epilogue(split, dtype):
     run_q8_case("adamw", HYPERS["adamw"], dtype, 45, 200, 9, seed=6, device=CPU, config=cfg)
 
 
+@pytest.mark.parametrize("split", [1, 2, 4])
+def test_8bit_telemetry_within_its_bound(split):
+    """The 8bit epilogue's telemetry terms, added over its row sub-tiles and reduced once a tile."""
+    from tests.kernel_cases import run_q8_telemetry_case
+
+    run_q8_telemetry_case(CPU, kernels.TileConfig(32, 128, 16, num_warps=4, num_stages=1, epilogue_split=split))
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16-sr"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["ieee", "bf16"])
 def test_tma_mainloop_computes_the_same_bits(precision, dtype, monkeypatch):

@@ -142,8 +142,9 @@ SPILL_EXCEPTIONS = {
     # the 8bit default from Q8_LARGE_K tokens: a 128-register cap so that two 8-warp programs share an
     # SM; 1.04-1.25x faster than the one-program tiles at K = 4096-16384 (bench/results/
     # 2026-12-05-h200-s15/call1, call2); 220 B then, 248 B since the stochastic rounding's threshold
-    # became one shift pair (session 16: 7 instructions an element fewer, 13 more local loads/stores)
-    ("64x128x64 w8 s3 e4 r128", "8bit"): 248,
+    # became one shift pair (session 16: 7 instructions an element fewer, 13 more local loads/stores),
+    # 272 B since the telemetry is reduced once a tile (session 17, v29: 20 instructions an element fewer)
+    ("64x128x64 w8 s3 e4 r128", "8bit"): 272,
 }
 
 
