@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Session 17's plan, call 1 (not run in session 17: no device was lent). Carry .whl (the baselines'
+# wheels, and .whl/ab-c4c1edf/: a wheel of c4c1edf, session 16's code, before v26 and v28).
+# v26 (a tied head's update split by rows) and v28 (128 MiB loss chunks): their bits on the GPU
+# (gathered rows in both kernels, the tied rows on CUDA's embedding kernels, gpt2's tied head trained
+# in 8bit and bf16-sr against the materialized reference), then the 8bit step at Llama-1B 4x1024
+# A/B (c4c1edf's wheel, then the tree) and at 3B 4x1024, beside flashoptim+cl, peaks by phase.
+# Packed into $OUT/results.tgz.
+set -uo pipefail
+OUT=${OUT:-out}; R=/tmp/s17c1; rm -rf "$R"; mkdir -p "$R" "$OUT"
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$R/install.log" 2>&1 || { cat "$R/install.log"; exit 1; }
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  >>"$R/install.log" 2>&1 || { cat "$R/install.log"; exit 1; }
+A=/tmp/forge_ab; rm -rf "$A"; mkdir -p "$A"
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$A" .whl/ab-c4c1edf/*.whl >>"$R/install.log" 2>&1 \
+  || { cat "$R/install.log"; exit 1; }
+export PYTHONPATH=/tmp/site
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; date -u; } | tee "$R/env.txt"
+echo "== v26 bits $(date -u +%T)"
+HYPOTHESIS_PROFILE=ci timeout -s INT -k 10 150 python3 -m pytest -q -rfE -p no:cacheprovider -n 8 tests/test_gathered_rows.py \
+  tests/test_tied_rows.py tests/test_gpu_training.py -k "gathered or tied or chunked" --junitxml="$R/junit.xml" \
+  >"$R/tests.log" 2>&1
+TRAIN=(--checkpointing on --warmup 2 --steps 3 --memory-phases)
+echo "== 1B 4x1024 A (c4c1edf) $(date -u +%T)"
+PYTHONPATH="$A:/tmp/site" timeout 120 python3 bench/train_step.py --methods forge_8bit+cl --models llama-1b --tokens 4x1024 \
+  "${TRAIN[@]}" --out "$R/train_1b_A.json" >"$R/train_1b_A.log" 2>&1
+echo "== 1B 4x1024 tree $(date -u +%T)"
+timeout 150 python3 bench/train_step.py --methods forge_8bit+cl,flashoptim+cl --models llama-1b --tokens 4x1024 \
+  "${TRAIN[@]}" --out "$R/train_1b.json" >"$R/train_1b.log" 2>&1
+echo "== 3B 4x1024 tree $(date -u +%T)"
+timeout 170 python3 bench/train_step.py --methods forge_8bit+cl,flashoptim+cl --models llama-3b --tokens 4x1024 \
+  "${TRAIN[@]}" --out "$R/train_3b.json" >"$R/train_3b.log" 2>&1
+echo "== done $(date -u +%T)"
+date -u >>"$R/env.txt"
+tar czf "$OUT/results.tgz" -C "$R" . ; cp "$R/env.txt" "$OUT/"
+tail -1 "$R/tests.log"; grep -E "^(FAILED|ERROR)" "$R/tests.log" | cut -c1-200 | head
+python3 - "$R" <<'PY'
+import glob, json, os, sys
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "train_*.json"))):
+    data = json.load(open(f))
+    print(os.path.basename(f), "forge_num from", data["meta"].get("forge_num_path"))
+    for r in data.get("rows", []):
+        print(os.path.basename(f), r.get("model"), "%sx%s" % (r.get("batch"), r.get("seq")), r.get("method"), r.get("status"),
+              "peak %.2f GiB" % r["peak_gib"] if r.get("peak_gib") else "", "tok/s %.0f" % r["tokens_per_s"] if r.get("tokens_per_s") else "")
+PY

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Session 17's plan, call 2 (not run in session 17: no device was lent). Carry .whl (it holds
+# .whl/ab-c4c1edf/, a wheel of c4c1edf: session 16's kernels, before v29). v29 (the 8bit epilogue's
+# telemetry reduced once a tile) timed A/B: the two 8bit defaults at 4096x14336 and 8192x8192,
+# K = 256, 1024, 4096, 16384, in one process each, A (c4c1edf), tree, A again; then the 8bit
+# telemetry tests and the 8bit defaults' bits. Packed into $OUT/results.tgz.
+set -uo pipefail
+OUT=${OUT:-out}; R=/tmp/s17c2; rm -rf "$R"; mkdir -p "$R" "$OUT"
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$R/install.log" 2>&1 || { cat "$R/install.log"; exit 1; }
+A=/tmp/forge_ab; rm -rf "$A"; mkdir -p "$A/site" "$A/bench"
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$A/site" .whl/ab-c4c1edf/*.whl >>"$R/install.log" 2>&1 \
+  || { cat "$R/install.log"; exit 1; }
+cp bench/kernels.py "$A/bench/"
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; date -u; } | tee "$R/env.txt"
+ARGS=(--precision 8bit --shapes 4096x14336,8192x8192 --tokens 256,1024,4096,16384)
+for run in A1 tree A2; do
+  echo "== kernels $run $(date -u +%T)"
+  if [ "$run" = tree ]; then
+    timeout 100 python3 bench/kernels.py "${ARGS[@]}" --out "$R/kernels_$run.json" >"$R/kernels_$run.log" 2>&1
+  else
+    PYTHONPATH="$A/site" timeout 100 python3 "$A/bench/kernels.py" "${ARGS[@]}" --out "$R/kernels_$run.json" \
+      >"$R/kernels_$run.log" 2>&1
+  fi
+done
+echo "== 8bit bits $(date -u +%T)"
+HYPOTHESIS_PROFILE=ci timeout -s INT -k 10 200 python3 -m pytest -q -rfE -p no:cacheprovider -n 12 tests/test_gpu_exactness.py \
+  -k "telemetry or (default_configs and 8bit) or 8bit_regime" --junitxml="$R/junit.xml" >"$R/exactness.log" 2>&1
+echo "== done $(date -u +%T)"
+date -u >>"$R/env.txt"
+tar czf "$OUT/results.tgz" -C "$R" . ; cp "$R/env.txt" "$OUT/"
+tail -1 "$R/exactness.log"; grep -E "^(FAILED|ERROR)" "$R/exactness.log" | cut -c1-200 | head
+python3 - "$R" <<'PY'
+import json, sys
+runs = {k: json.load(open(f"{sys.argv[1]}/kernels_{k}.json")) for k in ("A1", "tree", "A2")}
+print("forge_num:", {k: v["meta"].get("forge_num_path") for k, v in runs.items()})
+for i, r in enumerate(runs["tree"]["rows"]):
+    t = {k: runs[k]["rows"][i]["per_label_ms"][r["default_label"]] for k in runs}
+    print(r["M"], r["N"], r["K"], r["default_label"], "unfused %.3f" % r["unfused_ms"],
+          " ".join(f"{k} {v:.3f}" for k, v in t.items()), "v29 %.3f" % (min(t["A1"], t["A2"]) / t["tree"]))
+PY
