@@ -16,7 +16,10 @@
   when its backward runs (two live uses of one weight in the graph). Where the tied head's dW comes
   from ``forge_num.linear_cross_entropy``, the embedding (``handle.tied_rows``) adds only the rows of
   its tokens into it in place (``_TiedRows``): autograd's sum bit for bit, without the embedding's
-  dense [V, H] gradient beside the head's.
+  dense [V, H] gradient beside the head's. In the stochastic regimes (bf16-sr, 8bit) the tied
+  weight's update is split by rows instead (``_SplitHeadUpdate``): the rows its tokens do not touch
+  are updated in the head's backward, block by block, the touched rows in the embedding's: no
+  [V, H] gradient at all.
 * Under FSDP2 (``fully_shard``) the Linear layers of FSDP2-managed weights stay unfused (FSDP2
   reduce-scatters their dW first) and every parameter is updated on its local shard in the hook that
   FSDP2 calls after the reduce-scatter (forge_num.distributed); ``handle.sharded`` names them.
