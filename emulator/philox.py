@@ -88,6 +88,7 @@ __all__ = [
     "mix64",
     "derive_seed",
     "CounterMap",
+    "check_counter_rows",
 ]
 
 PHILOX_ROUND_A = 0xD2511F53
@@ -206,6 +207,18 @@ def derive_seed(user_seed: int, step: int, param_id: int) -> int:
     return h
 
 
+def check_counter_rows(rows, n_rows: int) -> None:
+    """The gathered rows of a counter map, checked alike by every backend: a 1-D int64 array or tensor
+    (NumPy or torch, duck-typed: this module does not import torch) of one entry per row. Where the
+    values are read (the emulator, the torch backend) they must be >= 0 too; the Triton kernels do
+    not read them on the host (that would wait for the device) and check their device instead."""
+    dtype, shape = str(getattr(rows, "dtype", type(rows).__name__)), tuple(getattr(rows, "shape", ()))
+    if dtype.removeprefix("torch.") != "int64" or len(shape) != 1:
+        raise TypeError(f"counter rows must be a 1-D int64 array or tensor, got {dtype} of shape {shape}")
+    if shape[0] != n_rows:
+        raise ValueError(f"counter rows has {shape[0]} entries, the tensor has {n_rows} rows")
+
+
 class CounterMap(NamedTuple):
     """Which Philox counter each element of a stored tensor draws: the element at row r, column c of
     the tensor seen as [rows, cols] (row-major) gets ``R(r) * row_stride + c + base``, where R(r) = r,
@@ -252,13 +265,10 @@ class CounterMap(NamedTuple):
             raise ValueError(f"counter cols = {c} does not divide the tensor's {numel} elements")
         rows = counter[3] if len(counter) == 4 else None
         if rows is not None:
+            check_counter_rows(rows, numel // c)
             rows = np.asarray(rows.cpu() if hasattr(rows, "cpu") else rows)  # a torch tensor, on any device
-            if rows.ndim != 1 or rows.dtype.kind not in "iu" or rows.shape[0] != numel // c:
-                raise ValueError(f"counter rows must be 1-D integers, one per row ({numel // c}), got "
-                                 f"{rows.dtype} of shape {rows.shape}")
             if rows.size and rows.min() < 0:
                 raise ValueError("counter rows must be >= 0")
-            rows = rows.astype(np.int64)
         return CounterMap(c, stride, base, rows)
 
     def _row_ids(self, r):

@@ -288,16 +288,19 @@ class _TiedRows:
     The deposit is made only when the embedding's backward is sure to run later in the same backward
     pass (graph task): one of its nodes is in the task's graph (``torch._C._will_engine_execute_node``)
     and has not run in it yet. Otherwise (a head fed by ``inputs_embeds``, a detached embedding, the
-    embedding's backward already run) the head returns G_head to autograd as before. A deposit the
+    embedding's backward already run) the head returns G_head to autograd as before. Nor is it made
+    where another use of the head (a second linear_cross_entropy over the same weight) will backward
+    in the same pass: each head returns its gradient to autograd, which sums them all. A deposit the
     embedding does not take in its task (a backward that stops short of it: ``autograd.grad`` with
     ``inputs=``, where the weight's gradient is not accumulated either) is dropped when the task ends.
     Without those private functions (another torch version) nothing is deposited: more memory, the
     same bits."""
 
-    __slots__ = ("nodes", "deposit", "task", "opt", "__weakref__")
+    __slots__ = ("nodes", "heads", "deposit", "task", "opt", "__weakref__")
 
     def __init__(self, opt: ForgeOptimizer | None = None):
         self.nodes: list[weakref.ref] = []  # the embedding's backward nodes that may still run
+        self.heads: list[weakref.ref] = []  # the heads' backward nodes (linear_cross_entropy's) likewise
         self.deposit = None  # G_head, waiting for the embedding's backward of graph task ``task``
         self.task = None
         self.opt = opt  # the optimizer of the tied weight (the split update: split_head_update)
@@ -306,19 +309,30 @@ class _TiedRows:
         self.nodes = [r for r in self.nodes if r() is not None]
         self.nodes.append(weakref.ref(node))
 
+    def add_head_node(self, node) -> None:
+        self.heads = [r for r in self.heads if r() is not None]
+        self.heads.append(weakref.ref(node))
+
     def _pending_nodes(self, task) -> list:
         """The embedding's backward nodes that will run later in graph task ``task``."""
         return [node for node in (r() for r in self.nodes)
                 if node is not None and getattr(node, "forge_num_task", None) != task
                 and torch._C._will_engine_execute_node(node)]
 
-    def deposit_head_grad(self, grad) -> bool:
+    def _other_heads(self, head) -> bool:
+        """Whether a head's backward node other than ``head`` is in the current pass's graph (pending
+        or run: either way its gradient is not this head's alone)."""
+        return any(node is not None and node is not head and torch._C._will_engine_execute_node(node)
+                   for node in (r() for r in self.heads))
+
+    def deposit_head_grad(self, grad, head=None) -> bool:
         """Keep ``grad`` (G_head, or a callable that computes it, or a _SplitHeadUpdate) for the
-        embedding's backward if that will run later in this backward pass; False (keep nothing)
-        otherwise, and the caller returns G_head to autograd."""
+        embedding's backward if that will run later in this backward pass and no other head of this
+        weight backwards in it (``head``: the calling head's node); False (keep nothing) otherwise,
+        and the caller returns G_head to autograd."""
         try:
             task = torch._C._current_graph_task_id()
-            if not self._pending_nodes(task):
+            if not self._pending_nodes(task) or self._other_heads(head) or self.task == task:
                 return False
             torch.autograd.Variable._execution_engine.queue_callback(lambda: self._drop(task))
         except (AttributeError, RuntimeError, TypeError):
@@ -326,27 +340,30 @@ class _TiedRows:
         self.deposit, self.task = grad, task
         return True
 
-    def split_head_update(self, param: torch.Tensor, dy: torch.Tensor, x: torch.Tensor) -> bool:
+    def split_head_update(self, param: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, head=None) -> bool:
         """The tied weight's update split by rows (v26), where its optimizer allows it
-        (ForgeOptimizer._can_split_rows) and one embedding call will run later in this backward: the
-        rows the embedding's tokens do not touch are updated now from the head's gradient dYᵀX,
-        computed and updated in row blocks (_SplitHeadUpdate), and the touched rows' head gradient is
-        kept for the embedding's backward, which adds its own and updates them. No [V, H] gradient
-        exists. True if done (the caller returns no gradient), False (nothing done) otherwise."""
+        (ForgeOptimizer._can_split_rows), the weight's gradient is accumulated in this backward (not an
+        ``autograd.grad`` that stops short of it), one embedding call and no other head (``head``: the
+        calling head's node) will backward in it: the rows the embedding's tokens do not touch are
+        updated now from the head's gradient dYᵀX, computed and updated in row blocks
+        (_SplitHeadUpdate), and the touched rows' head gradient is kept for the embedding's backward,
+        which adds its own and updates them. No [V, H] gradient exists. True if done (the caller
+        returns no gradient), False (nothing done) otherwise."""
         opt = self.opt
-        if opt is None or param not in opt._recs or not opt._can_split_rows(param):
+        if opt is None or param not in opt._recs or param.dim() != 2 or not opt._can_split_rows(param):
             return False
         try:
             pending = self._pending_nodes(torch._C._current_graph_task_id())
+            accumulated = torch._C._will_engine_execute_node(torch.autograd.graph.get_gradient_edge(param).node)
         except (AttributeError, RuntimeError, TypeError):
             return False
         indices = getattr(pending[0], "forge_num_indices", None) if len(pending) == 1 else None
-        if indices is None or param.dim() != 2:
+        if indices is None or not accumulated:
             return False
-        split = _SplitHeadUpdate(indices)
-        if not self.deposit_head_grad(split):
+        split = _SplitHeadUpdate(indices)  # checks and sorts the tokens before anything is counted
+        if not self.deposit_head_grad(split, head):
             return False
-        split.apply_head(opt._start_row_updates(param), dy, x, param.dtype)
+        split.apply_head(opt._start_row_updates(param, split), dy, x, param.dtype)
         return True
 
     def take_head_grad(self, node):
@@ -364,9 +381,10 @@ class _TiedRows:
     def _drop(self, task) -> None:
         if self.task == task:
             deposit, self.deposit, self.task = self.deposit, None, None
-            if isinstance(deposit, _SplitHeadUpdate):
-                # the embedding's backward did not run after all: its rows got no gradient from it
-                # in this pass, so they take the head's alone (as autograd would have accumulated)
+            if isinstance(deposit, _SplitHeadUpdate) and deposit.updater is not None:
+                # the embedding's backward did not run after all: the touched rows take the head's
+                # gradient alone, as the other rows did (ForgeOptimizer.step() does the same for a
+                # backward that failed between the two)
                 deposit.finish(None, -1)
 
 
@@ -401,15 +419,20 @@ class _SplitHeadUpdate:
     Every element's gradient is autograd's where each block's product equals the whole product's rows,
     and the update is element-wise (8bit blocks lie within rows), so the bits are the unsplit update's.
     Caveat, as for the chunked loss's logits: a GEMM over fewer rows may be computed by the library
-    with another algorithm, so a block's product may differ from the whole one's in its last bits
-    (seen on the CPU for one shape of four: tests/test_tied_rows.py compares against a reference that
-    forms the same blocks). Peak memory: one block (about 96 MiB) and the kept rows, instead of the
-    [V, H] product."""
+    with another kernel, so a block's product may differ from the whole one's: in its last bits (seen
+    on the CPU for one shape of four) and, on this machine's CPU, where one kernel flushes a subnormal
+    result to zero and the other does not. tests/test_tied_rows.py checks the split against the
+    unsplit path with exact operands on the CPU (any kernel gives the same products), and on the GPU
+    at a Llama-1B-wide head in 8192-row blocks against the whole product (cuBLAS). Peak memory: one
+    block (about 96 MiB) and the kept rows, instead of the [V, H] product. A backward that fails
+    between the head's and the embedding's leaves the split open: ForgeOptimizer.step() finishes it
+    with the head's gradient alone (the layers the backward reached are updated too)."""
 
     __slots__ = ("touched", "slot", "head_rows", "updater")
 
     def __init__(self, indices: torch.Tensor):
-        self.touched, self.slot = torch.unique(indices.reshape(-1), sorted=True, return_inverse=True)
+        # int64: the row indices of index_select / index_copy_ (an int32 input_ids works as well)
+        self.touched, self.slot = torch.unique(indices.reshape(-1).long(), sorted=True, return_inverse=True)
         self.head_rows = None  # G_head's rows in T, [len(T), H] in the weight's dtype
         self.updater = None
 
@@ -422,10 +445,11 @@ class _SplitHeadUpdate:
         # where each block's rows of T begin and end in T (sorted): one transfer for all blocks
         bounds = torch.tensor(starts + [n_rows], device=self.touched.device)
         edges = torch.searchsorted(self.touched, bounds).tolist()
-        self.head_rows = torch.empty((self.touched.numel(), cols), dtype=dtype, device=dy.device)
+        # zeros, not empty: should a block fail (out of memory), finish() applies no garbage
+        self.head_rows = torch.zeros((self.touched.numel(), cols), dtype=dtype, device=dy.device)
         for i, r0 in enumerate(starts):
             r1 = min(r0 + rows, n_rows)
-            block = (dy[:, r0:r1].t() @ x).to(dtype)  # F.linear's weight gradient, rows [r0, r1)
+            block = head_grad_rows(dy, x, r0, r1, dtype)
             t0, t1 = edges[i], edges[i + 1]
             held = None
             if t1 > t0:
@@ -446,16 +470,28 @@ class _SplitHeadUpdate:
         the embedding's backward did not run in this pass, so G_emb is not added)."""
         summed = self.head_rows
         if grad is not None:
-            pad = -1
-            if padding_idx is not None and padding_idx >= 0:
-                hit = (self.touched == padding_idx).nonzero()
-                pad = int(hit[0, 0]) if hit.numel() else -1
-            compact = torch.ops.aten.embedding_dense_backward(grad, self.slot, len(self.touched), pad, False)
+            compact = _compact_embedding_grad(grad, self.touched, self.slot, padding_idx)
             summed = summed.add_(compact)  # autograd's add on these rows (add_touched_rows)
             del compact
         self.head_rows = None
         self.updater.gathered(self.touched, summed.float())
-        self.updater.opt._recs[self.updater.p].updated = True
+        self.updater.done()
+
+
+def head_grad_rows(dy: torch.Tensor, x: torch.Tensor, r0: int, r1: int, dtype: torch.dtype) -> torch.Tensor:
+    """Rows [r0, r1) of F.linear's weight gradient, ``(dyᵀ x).to(dtype)`` (forge_num.loss.WeightGrad's
+    product, over fewer rows)."""
+    return (dy[:, r0:r1].t() @ x).to(dtype)
+
+
+def _compact_embedding_grad(grad: torch.Tensor, touched: torch.Tensor, slot: torch.Tensor, padding_idx) -> torch.Tensor:
+    """torch's dense embedding gradient's rows ``touched`` ([len(touched), H]), from the indices
+    renumbered to their slots in ``touched`` (add_touched_rows says why the bits are the dense op's)."""
+    pad = -1
+    if padding_idx is not None and padding_idx >= 0:
+        hit = (touched == padding_idx).nonzero()
+        pad = int(hit[0, 0]) if hit.numel() else -1
+    return torch.ops.aten.embedding_dense_backward(grad, slot, touched.numel(), pad, False)
 
 
 def add_touched_rows(head_grad: torch.Tensor, grad: torch.Tensor, indices: torch.Tensor, padding_idx: int) -> torch.Tensor:
@@ -474,12 +510,8 @@ def add_touched_rows(head_grad: torch.Tensor, grad: torch.Tensor, indices: torch
     sort by index, or per token for few indices), tested against the dense op on the CPU and the GPU
     (tests/test_tied_rows.py). ``x + 0.0`` is ``x`` except ``-0.0 + 0.0 = +0.0``: kept so that the
     untouched rows are autograd's too. Extra memory: ~3 [tokens, H] tensors."""
-    touched, slot = torch.unique(indices.reshape(-1), sorted=True, return_inverse=True)
-    pad = -1
-    if padding_idx is not None and padding_idx >= 0:
-        hit = (touched == padding_idx).nonzero()
-        pad = int(hit[0, 0]) if hit.numel() else -1
-    compact = torch.ops.aten.embedding_dense_backward(grad, slot, touched.numel(), pad, False)
+    touched, slot = torch.unique(indices.reshape(-1).long(), sorted=True, return_inverse=True)
+    compact = _compact_embedding_grad(grad, touched, slot, padding_idx)
     summed = head_grad.index_select(0, touched).add_(compact)
     del compact
     head_grad.add_(0.0)

@@ -180,6 +180,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
         ctx.save_for_backward(hc, weight, labels, count)
         ctx.param, ctx.layer, ctx.use, ctx.dt, ctx.x_dtype = weight, layer, use, dt, hidden.dtype
         ctx.ignore_index, ctx.chunk_rows = ignore_index, chunk_rows
+        if ctx.needs_input_grad[1]:
+            from forge_num.fused import _TIED_ROWS
+
+            rows = _TIED_ROWS.get(weight)
+            if rows is not None:  # a tied head: its other uses in a backward keep its gradient whole
+                rows.add_head_node(ctx)
         return loss_sum / count
 
     @staticmethod
@@ -213,7 +219,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             # tied, in a stochastic regime: the rows the batch's tokens do not touch are updated now, in
             # row blocks, and the touched rows' gradient waits for the embedding's backward
             # (forge_num.fused._SplitHeadUpdate): no [V, H] product at all
-            split = rows is not None and rows.split_head_update(ctx.param, dy, hc)
+            split = rows is not None and rows.split_head_update(ctx.param, dy, hc, ctx)
             if needs[1] and not split:
                 weight_grad = WeightGrad(dy, hc, weight.dtype)
                 del dy
@@ -221,12 +227,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     # a head tied to a prepared model's embedding, whose dY and input take less memory
                     # than its dW: dW is computed in the embedding's backward (forge_num.fused.
                     # _TiedRows), after every layer's backward, and no [V, H] tensor is held through them
-                    if not rows.deposit_head_grad(weight_grad):
+                    if not rows.deposit_head_grad(weight_grad, ctx):
                         dw = weight_grad()
                 else:
                     dw = weight_grad()
                     # tied: dW waits for the embedding's backward, which adds its touched rows into it,
                     # instead of going to autograd, which would sum it with a second dense [V, H] gradient
-                    if rows is not None and rows.deposit_head_grad(dw):
+                    if rows is not None and rows.deposit_head_grad(dw, ctx):
                         dw = None
         return dx, dw, None, None, None, None, None

@@ -166,7 +166,7 @@ def _is_sharded(p) -> bool:
 class _Rec:
     """Book-keeping of one parameter updated in backward (registered by prepare())."""
 
-    __slots__ = ("name", "events", "accum", "updated", "norm_seen", "fused_now")
+    __slots__ = ("name", "events", "accum", "updated", "norm_seen", "fused_now", "in_flight")
 
     def __init__(self, name):
         self.name = name
@@ -177,6 +177,9 @@ class _Rec:
         self.fused_now = (
             False  # the fused path took this backward's gradient (the hook that follows ignores it)
         )
+        # an update applied in two halves (forge_num.fused._SplitHeadUpdate) whose second half has not
+        # run yet: its finish(None, -1) completes it
+        self.in_flight = None
 
 
 class _RowUpdater:
@@ -226,17 +229,24 @@ class _RowUpdater:
         self._update(self.w2[r0:r0 + g32.shape[0]], self._states_at(slice(r0, r0 + g32.shape[0])), g32,
                      _row_chunk_counter(r0, self.cols))
 
+    def _state_tensors(self) -> list[torch.Tensor]:
+        """The states' tensors, each [rows, ...]: (codes, scales) of each 8bit state, else the states."""
+        return [t for s in self.states for t in (s if self.q8 else (s,))]
+
     def hold(self, index: torch.Tensor):
         """Copies of the rows ``index``: (weight, states' tensors)."""
-        tensors = [t for s in self.states for t in (s if self.q8 else (s,))]
-        return self.w2.index_select(0, index), [t.index_select(0, index) for t in tensors]
+        return self.w2.index_select(0, index), [t.index_select(0, index) for t in self._state_tensors()]
 
     def put_back(self, index: torch.Tensor, held) -> None:
         w, saved = held
-        tensors = [t for s in self.states for t in (s if self.q8 else (s,))]
         self.w2.index_copy_(0, index, w)
-        for t, v in zip(tensors, saved):
+        for t, v in zip(self._state_tensors(), saved):
             t.index_copy_(0, index, v)
+
+    def done(self) -> None:
+        """Every row updated: the step's update of this parameter is complete."""
+        rec = self.opt._recs[self.p]
+        rec.updated, rec.in_flight = True, None
 
     def gathered(self, index: torch.Tensor, g32: torch.Tensor) -> None:
         w, saved = self.hold(index)
@@ -467,13 +477,15 @@ class ForgeOptimizer(torch.optim.Optimizer):
         update = _RowUpdater(self, p, name, rule, h, states, backend)
         _update_in_widened_row_chunks(grad.view(rows, cols), update.rows)
 
-    def _start_row_updates(self, p) -> "_RowUpdater":
+    def _start_row_updates(self, p, in_flight) -> "_RowUpdater":
         """The rule's update of ``p`` applied piece by piece (a tied head split between its backward and
         the embedding's: forge_num.fused): counts the event, advances the step once, and returns the
-        updater; ``rec.updated`` is set by the caller once every row is done."""
+        updater, whose ``done()`` ends it once every row is updated. ``in_flight`` (with a ``finish(None,
+        -1)``) is kept until then, so that step() can complete an update a failed backward left open."""
         rec = self._recs[p]
         self._next_event(p, rec)
         rule, h, states = self._prepare_state(p, self._group_by_param[p])
+        rec.in_flight = in_flight
         return _RowUpdater(self, p, rec.name, rule, h, states, _backend_for(p, self.backend))
 
     def _can_split_rows(self, p) -> bool:
@@ -714,6 +726,12 @@ class ForgeOptimizer(torch.optim.Optimizer):
                 loss = closure()
         self._index_groups()
         prepared = bool(self._recs)
+        for rec in self._recs.values():
+            if rec.in_flight is not None:
+                # a split update whose second half never ran (a backward that failed or stopped between
+                # the tied head's backward and the embedding's): its touched rows take the head's
+                # gradient alone, as its other rows did
+                rec.in_flight.finish(None, -1)
         pending = [(p, rec) for p, rec in self._recs.items() if rec.events and not rec.updated]
         plain = [
             p for g in self.param_groups for p in g["params"] if p not in self._recs and p.grad is not None
@@ -802,6 +820,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
             rec.events = 0
             rec.updated = False
             rec.accum = None
+            rec.in_flight = None
         self._max_events = 0
         self._coef = None
         self._coef_float = None

@@ -43,7 +43,7 @@ import triton
 # in Triton 3.6: about 5 us a call on the host, several calls per launch; the launcher's host time
 # is on the critical path of a training step, bench/NOTES.md "v7".)
 from forge_num.emulator.linear_update import cdiv as _cdiv
-from forge_num.emulator.philox import CounterMap
+from forge_num.emulator.philox import CounterMap, check_counter_rows
 from forge_num.rules import Rule
 
 from .linear_update import elementwise_update_kernel, fused_linear_update_kernel
@@ -804,19 +804,19 @@ def _linear_counter(counter, M: int, N: int, device) -> tuple[int, int, torch.Te
 
 
 def _counter_rows(counter, n_rows: int, device) -> torch.Tensor | None:
-    """The gathered rows' indices of a counter map (its fourth entry), checked: an int64 1-D contiguous
-    tensor of n_rows entries on ``device`` (their values are not read here: that would wait for the
-    device; a negative index draws other counters, never touches memory). None without one."""
+    """The gathered rows' indices of a counter map (its fourth entry; None without one), checked as
+    every backend checks them (emulator.philox.check_counter_rows), and as the kernels read them: a
+    contiguous torch tensor on ``device``. Their values are not read here (that would wait for the
+    device); a negative index draws other counters and never touches memory."""
+    if len(counter) not in (3, 4):
+        raise TypeError(f"counter must be (cols, row_stride, base[, rows]), got {counter!r}")
     if len(counter) == 3 or counter[3] is None:
         return None
-    if len(counter) != 4:
-        raise TypeError(f"counter must be (cols, row_stride, base[, rows]), got {counter!r}")
     rows = counter[3]
-    if not isinstance(rows, torch.Tensor) or rows.dtype != torch.int64 or rows.dim() != 1:
-        got = getattr(rows, "dtype", type(rows).__name__)
-        raise TypeError(f"counter rows must be a 1-D int64 tensor, got {got} of shape {tuple(getattr(rows, 'shape', ()))}")
-    if rows.shape[0] != n_rows:
-        raise ValueError(f"counter rows has {rows.shape[0]} entries, the tensor has {n_rows} rows")
+    check_counter_rows(rows, n_rows)
+    if not isinstance(rows, torch.Tensor):
+        raise TypeError(f"counter rows must be a torch tensor on the weight's device for the kernels, got "
+                        f"{type(rows).__name__}")
     if rows.device != device:
         raise ValueError(f"counter rows is on {rows.device}, the weight on {device}")
     if not rows.is_contiguous():

@@ -89,7 +89,10 @@ def weight_grad_tile(
 
 @triton.jit
 def tile_telemetry(g, in_tile, finite):
-    """(Σ g² over the tile in fp64, number of non-finite g) -- g² is exact in fp64 (48 bits)."""
+    """(Σ g² over the tile in fp64, number of non-finite g) -- g² is exact in fp64 (48 bits).
+    telemetry_terms and reduce_telemetry are the same in two steps, but written as those two calls
+    this function compiled to other SASS for the column epilogue (the ops in another order: more
+    spills), so its text is kept as measured."""
     g64 = g.to(tl.float64)
     sq = tl.where(in_tile, g64 * g64, 0.0)
     norm_sq = tl.sum(tl.sum(sq, axis=1), axis=0)
