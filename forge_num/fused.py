@@ -421,9 +421,9 @@ class _SplitHeadUpdate:
     Caveat, as for the chunked loss's logits: a GEMM over fewer rows may be computed by the library
     with another kernel, so a block's product may differ from the whole one's: in its last bits (seen
     on the CPU for one shape of four) and, on this machine's CPU, where one kernel flushes a subnormal
-    result to zero and the other does not. tests/test_tied_rows.py checks the split against the
-    unsplit path with exact operands on the CPU (any kernel gives the same products), and on the GPU
-    at a Llama-1B-wide head in 8192-row blocks against the whole product (cuBLAS). Peak memory: one
+    result to zero and the other does not. tests/test_tied_rows.py checks the split's own logic against
+    the unsplit path with blocks that are the whole product's rows (on the CPU), and the premise on the
+    GPU: cuBLAS's 8192-row block products at a Llama-1B-wide head against the whole product. Peak memory: one
     block (about 96 MiB) and the kept rows, instead of the [V, H] product. A backward that fails
     between the head's and the embedding's leaves the split open: ForgeOptimizer.step() finishes it
     with the head's gradient alone (the layers the backward reached are updated too)."""

@@ -204,7 +204,7 @@ class _RowUpdater:
         self.w2 = _local(p.detach()).view(self.n_rows, self.cols)
         self.q8 = opt.precision == "8bit"
         if self.q8:
-            self.states = [_Q8(s["codes"], s["scales"]) for s in states]
+            self.states = opt._q8(states)
         else:
             self.states = [_local(s).view(self.n_rows, self.cols) for s in states]
         self.seed = opt._rounding_seed(p)
@@ -229,18 +229,18 @@ class _RowUpdater:
         self._update(self.w2[r0:r0 + g32.shape[0]], self._states_at(slice(r0, r0 + g32.shape[0])), g32,
                      _row_chunk_counter(r0, self.cols))
 
-    def _state_tensors(self) -> list[torch.Tensor]:
-        """The states' tensors, each [rows, ...]: (codes, scales) of each 8bit state, else the states."""
-        return [t for s in self.states for t in (s if self.q8 else (s,))]
+    def _tensors(self, states) -> list[torch.Tensor]:
+        """States' tensors, each [rows, ...]: (codes, scales) of each 8bit state, else the states."""
+        return [t for s in states for t in (s if self.q8 else (s,))]
 
     def hold(self, index: torch.Tensor):
-        """Copies of the rows ``index``: (weight, states' tensors)."""
-        return self.w2.index_select(0, index), [t.index_select(0, index) for t in self._state_tensors()]
+        """Copies of the rows ``index``: (weight, states), the states as _states_at gives them."""
+        return self.w2.index_select(0, index), self._states_at(index)
 
     def put_back(self, index: torch.Tensor, held) -> None:
-        w, saved = held
+        w, states = held
         self.w2.index_copy_(0, index, w)
-        for t, v in zip(self._state_tensors(), saved):
+        for t, v in zip(self._tensors(self.states), self._tensors(states)):
             t.index_copy_(0, index, v)
 
     def done(self) -> None:
@@ -249,11 +249,9 @@ class _RowUpdater:
         rec.updated, rec.in_flight = True, None
 
     def gathered(self, index: torch.Tensor, g32: torch.Tensor) -> None:
-        w, saved = self.hold(index)
-        it = iter(saved)
-        states = [_Q8(next(it), next(it)) for _ in self.states] if self.q8 else list(it)
-        self._update(w, states, g32, {"counter": (self.cols, self.cols, 0, index)})
-        self.put_back(index, (w, saved))
+        held = self.hold(index)
+        self._update(*held, g32, {"counter": (self.cols, self.cols, 0, index)})
+        self.put_back(index, held)
 
 
 class ForgeOptimizer(torch.optim.Optimizer):

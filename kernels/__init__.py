@@ -761,7 +761,7 @@ def fused_linear_update(
                 _check_fp32_like(name, t, weight)
         _check_device(weight, x, dy, *(t for t in (accum, acc_out) if t is not None),
                       *(states if not q8 else ()))
-    rand_stride, rand_base, rand_rows = _linear_counter(counter, M, N, weight.device)
+    _, rand_stride, rand_base, rand_rows = _kernel_counter(counter, M * N, weight.device, cols=N)
     plain = accum is None and acc_out is None and not q8 and rand_rows is None
     if config is None and plain and not _interpreting():
         ws = _ws_route(weight, x, dy, states)
@@ -793,14 +793,16 @@ def _ws_route(weight, x, dy, states):
     return gluon_update.route_config(weight, x, dy, states)
 
 
-def _linear_counter(counter, M: int, N: int, device) -> tuple[int, int, torch.Tensor | None]:
-    """(row_stride, base, rows) of a linear weight's counter map (emulator.philox.CounterMap.of checks
-    the integers, _counter_rows the rows); None: the flat indices, CounterMap.identity(N) without
-    building it (every training step's case)."""
+def _kernel_counter(counter, numel: int, device, cols: int | None = None) -> tuple[int, int, int, torch.Tensor | None]:
+    """(cols, row_stride, base, rows) of a counter map for a tensor of ``numel`` elements on ``device``
+    (``cols``: a linear weight's N), as the kernels take it (emulator.philox.CounterMap.of checks the
+    integers, _counter_rows the rows); None: the flat indices, CounterMap.identity without building it
+    (every training step's case)."""
     if counter is None:
-        return max(N, 1), 0, None
-    c = CounterMap.of(tuple(counter)[:3], M * N, cols=N)
-    return c.row_stride, c.base, _counter_rows(counter, M, device)
+        c = max(cols if cols is not None else numel, 1)
+        return c, c, 0, None
+    c = CounterMap.of(tuple(counter)[:3], numel, cols=cols)
+    return c.cols, c.row_stride, c.base, _counter_rows(counter, numel // c.cols, device)
 
 
 def _counter_rows(counter, n_rows: int, device) -> torch.Tensor | None:
@@ -887,8 +889,7 @@ def elementwise_update(
     h, grad_scale = _check_scalars(rule, h, grad_scale)
     _check_one_device(param, grad, *states)
     numel = param.numel()
-    cols, stride, base, _ = CounterMap.of(None if counter is None else tuple(counter)[:3], numel)
-    rows = None if counter is None else _counter_rows(counter, numel // cols, param.device)
+    cols, stride, base, rows = _kernel_counter(counter, numel, param.device)
     n_prog = max(1, _cdiv(numel, ELEMENTWISE_BLOCK))
     # every program writes its own slot: no fill needed, except when there is no launch at all
     norm_sq, nonfinite = _telemetry_buffers(n_prog, param.device, launched=bool(numel))

@@ -762,7 +762,7 @@ def _check_ws_operands(weight, x, dy, states, n_state, seed):
 
 def fused_linear_update_ws(weight: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, states, rule: Rule, h,
                            grad_scale: float = 1.0, config: WSConfig = DEFAULT_WS_CONFIG, seed: int | None = None,
-                           counter: tuple[int, int, int] | None = None):
+                           counter: tuple | None = None):
     """weight, states <- the guarded rule applied with g = dyᵀ x, in place, in the fp32 regime (fp32
     weight and state) or the bf16-sr regime (bf16 weight and state, ``seed`` and ``counter`` as
     kernels.fused_linear_update takes them); returns kernels.UpdateStats, like
@@ -775,7 +775,13 @@ def fused_linear_update_ws(weight: torch.Tensor, x: torch.Tensor, dy: torch.Tens
         raise ValueError(f"fused_linear_update_ws: the split design ({config.label}) hands g over in an fp32 "
                          "layout of the state's tiles: the fp32 regime only")
     h, grad_scale = kernels._check_scalars(rule, h, grad_scale)
-    rand = (int(seed), *kernels._linear_counter(counter, *weight.shape)) if bf16 else None
+    rand = None
+    if bf16:
+        _, rand_stride, rand_base, rows = kernels._kernel_counter(counter, weight.numel(), weight.device,
+                                                                  cols=weight.shape[1])
+        if rows is not None:
+            raise ValueError("fused_linear_update_ws: a counter map of gathered rows is the Triton kernel's only")
+        rand = (int(seed), rand_stride, rand_base)
     return launch(weight, x, dy, states, rule, h, grad_scale, config, rand)
 
 

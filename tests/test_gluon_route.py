@@ -122,6 +122,25 @@ def test_the_bf16_sr_kernel_names_what_it_refuses():
         gluon_update.fused_linear_update_ws(w, x, dy, [states[0].float(), states[1]], rules.ADAMW, h, seed=1)
     with pytest.raises(ValueError, match="split design"):
         gluon_update.fused_linear_update_ws(w, x, dy, states, rules.ADAMW, h, seed=1, config=gluon_update.SPLIT_CONFIG)
+    with pytest.raises(ValueError, match="gathered rows"):
+        gluon_update.fused_linear_update_ws(w, x, dy, states, rules.ADAMW, h, seed=1,
+                                            counter=(128, 128, 0, torch.arange(64)))
+
+
+def test_the_bf16_sr_kernel_takes_the_counter_map(monkeypatch):
+    """fused_linear_update_ws hands the launch (seed, row_stride, base) of its counter map, the flat
+    indices without one (the launch itself stubbed: checked before it, so on the CPU)."""
+    w = torch.zeros(64, 128, dtype=torch.bfloat16)
+    x = torch.zeros(64, 128, dtype=torch.bfloat16)
+    dy = torch.zeros(64, 64, dtype=torch.bfloat16)
+    states = [torch.zeros_like(w), torch.zeros_like(w)]
+    h = rules.ADAMW.scalars({"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}, 1)
+    seen = []
+    monkeypatch.setattr(gluon_update, "launch", lambda *args: seen.append(args[-1]))
+    gluon_update.fused_linear_update_ws(w, x, dy, states, rules.ADAMW, h, seed=7)
+    gluon_update.fused_linear_update_ws(w, x, dy, states, rules.ADAMW, h, seed=7, counter=(128, 256, 640))
+    gluon_update.fused_linear_update_ws(w.float(), x, dy, [s.float() for s in states], rules.ADAMW, h)
+    assert seen == [(7, 128, 0), (7, 256, 640), None]
 
 
 def test_no_bf16_sr_route_off_the_gpu_or_unless_enabled(monkeypatch):
