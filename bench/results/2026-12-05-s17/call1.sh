@@ -4,7 +4,8 @@
 # v26 (a tied head's update split by rows) and v28 (128 MiB loss chunks): their bits on the GPU
 # (gathered rows in both kernels, the tied rows on CUDA's embedding kernels, gpt2's tied head trained
 # in 8bit and bf16-sr against the materialized reference), then the 8bit step at Llama-1B 4x1024
-# A/B (c4c1edf's wheel, then the tree) and at 3B 4x1024, beside flashoptim+cl, peaks by phase.
+# A/B (c4c1edf's wheel, then the tree) and at 3B 4x1024, beside flashoptim+cl, peaks by phase; the tree's
+# 1B step profiled (session 18: where the 8bit step's time goes beside flashoptim+cl's).
 # Packed into $OUT/results.tgz.
 set -uo pipefail
 OUT=${OUT:-out}; R=/tmp/s17c1; rm -rf "$R"; mkdir -p "$R" "$OUT"
@@ -28,7 +29,7 @@ PYTHONPATH="$A:/tmp/site" timeout 120 python3 bench/train_step.py --methods forg
   "${TRAIN[@]}" --out "$R/train_1b_A.json" >"$R/train_1b_A.log" 2>&1
 echo "== 1B 4x1024 tree $(date -u +%T)"
 timeout 150 python3 bench/train_step.py --methods forge_8bit+cl,flashoptim+cl --models llama-1b --tokens 4x1024 \
-  "${TRAIN[@]}" --out "$R/train_1b.json" >"$R/train_1b.log" 2>&1
+  "${TRAIN[@]}" --profile --out "$R/train_1b.json" >"$R/train_1b.log" 2>&1
 echo "== 3B 4x1024 tree $(date -u +%T)"
 timeout 170 python3 bench/train_step.py --methods forge_8bit+cl,flashoptim+cl --models llama-3b --tokens 4x1024 \
   "${TRAIN[@]}" --out "$R/train_3b.json" >"$R/train_3b.log" 2>&1
