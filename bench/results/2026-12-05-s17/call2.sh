@@ -3,7 +3,9 @@
 # .whl/ab-c4c1edf/, a wheel of c4c1edf: session 16's kernels, before v29). v29 (the 8bit epilogue's
 # telemetry reduced once a tile) timed A/B: the two 8bit defaults at 4096x14336 and 8192x8192,
 # K = 256, 1024, 4096, 16384, in one process each, A (c4c1edf), tree, A again; then the 8bit
-# telemetry tests and the 8bit defaults' bits. Packed into $OUT/results.tgz.
+# telemetry tests and the 8bit defaults' bits. Session 18 added the 8bit and fp32 kernels at Llama-1B's four
+# linear shapes, K = 4096 (is the 1B step's 8bit time what the 8B shapes' table predicts?). Packed into
+# $OUT/results.tgz.
 set -uo pipefail
 OUT=${OUT:-out}; R=/tmp/s17c2; rm -rf "$R"; mkdir -p "$R" "$OUT"
 export PYTHONUNBUFFERED=1
@@ -24,6 +26,9 @@ for run in A1 tree A2; do
       >"$R/kernels_$run.log" 2>&1
   fi
 done
+echo "== kernels at Llama-1B's shapes, K = 4096 (session 18) $(date -u +%T)"
+timeout 80 python3 bench/kernels.py --precision 8bit,fp32 --shapes 2048x2048,512x2048,8192x2048,2048x8192 --tokens 4096 \
+  --out "$R/kernels_1b.json" >"$R/kernels_1b.log" 2>&1
 echo "== 8bit bits $(date -u +%T)"
 HYPOTHESIS_PROFILE=ci timeout -s INT -k 10 200 python3 -m pytest -q -rfE -p no:cacheprovider -n 12 tests/test_gpu_exactness.py \
   -k "telemetry or (default_configs and 8bit) or 8bit_regime" --junitxml="$R/junit.xml" >"$R/exactness.log" 2>&1
@@ -40,3 +45,4 @@ for i, r in enumerate(runs["tree"]["rows"]):
     print(r["M"], r["N"], r["K"], r["default_label"], "unfused %.3f" % r["unfused_ms"],
           " ".join(f"{k} {v:.3f}" for k, v in t.items()), "v29 %.3f" % (min(t["A1"], t["A2"]) / t["tree"]))
 PY
+grep -E "^(8bit|fp32) " "$R/kernels_1b.log" | cut -c1-160
