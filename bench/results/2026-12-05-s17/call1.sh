@@ -19,20 +19,24 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target "$A" .whl/a
 export PYTHONPATH=/tmp/site
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; date -u; } | tee "$R/env.txt"
+# Session 18: the steps in order of need (bits, the tree's 1B and 3B, then c4c1edf's 1B), each
+# under what is left of a 560 s budget, so that the results are packed before the 600 s limit.
+DEADLINE=$((SECONDS + 560))
+budget() { local left=$((DEADLINE - SECONDS)); echo $(( $1 < left ? $1 : (left > 5 ? left : 5) )); }
 echo "== v26 bits $(date -u +%T)"
-HYPOTHESIS_PROFILE=ci timeout -s INT -k 10 150 python3 -m pytest -q -rfE -p no:cacheprovider -n 8 tests/test_gathered_rows.py \
-  tests/test_tied_rows.py tests/test_gpu_training.py -k "gathered or tied or chunked" --junitxml="$R/junit.xml" \
-  >"$R/tests.log" 2>&1
+HYPOTHESIS_PROFILE=ci timeout -s INT -k 10 "$(budget 150)" python3 -m pytest -q -rfE -p no:cacheprovider -n 8 \
+  tests/test_gathered_rows.py tests/test_tied_rows.py tests/test_gpu_training.py -k "gathered or tied or chunked" \
+  --junitxml="$R/junit.xml" >"$R/tests.log" 2>&1
 TRAIN=(--checkpointing on --warmup 2 --steps 3 --memory-phases)
-echo "== 1B 4x1024 A (c4c1edf) $(date -u +%T)"
-PYTHONPATH="$A:/tmp/site" timeout 120 python3 bench/train_step.py --methods forge_8bit+cl --models llama-1b --tokens 4x1024 \
-  "${TRAIN[@]}" --out "$R/train_1b_A.json" >"$R/train_1b_A.log" 2>&1
 echo "== 1B 4x1024 tree $(date -u +%T)"
-timeout 150 python3 bench/train_step.py --methods forge_8bit+cl,flashoptim+cl --models llama-1b --tokens 4x1024 \
-  "${TRAIN[@]}" --profile --out "$R/train_1b.json" >"$R/train_1b.log" 2>&1
+timeout "$(budget 150)" python3 bench/train_step.py --methods forge_8bit+cl,flashoptim+cl --models llama-1b \
+  --tokens 4x1024 "${TRAIN[@]}" --profile --out "$R/train_1b.json" >"$R/train_1b.log" 2>&1
 echo "== 3B 4x1024 tree $(date -u +%T)"
-timeout 170 python3 bench/train_step.py --methods forge_8bit+cl,flashoptim+cl --models llama-3b --tokens 4x1024 \
-  "${TRAIN[@]}" --out "$R/train_3b.json" >"$R/train_3b.log" 2>&1
+timeout "$(budget 170)" python3 bench/train_step.py --methods forge_8bit+cl,flashoptim+cl --models llama-3b \
+  --tokens 4x1024 "${TRAIN[@]}" --out "$R/train_3b.json" >"$R/train_3b.log" 2>&1
+echo "== 1B 4x1024 A (c4c1edf) $(date -u +%T)"
+PYTHONPATH="$A:/tmp/site" timeout "$(budget 120)" python3 bench/train_step.py --methods forge_8bit+cl --models llama-1b \
+  --tokens 4x1024 "${TRAIN[@]}" --out "$R/train_1b_A.json" >"$R/train_1b_A.log" 2>&1
 echo "== done $(date -u +%T)"
 date -u >>"$R/env.txt"
 tar czf "$OUT/results.tgz" -C "$R" . ; cp "$R/env.txt" "$OUT/"
@@ -45,4 +49,7 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "train_*.json"))):
     for r in data.get("rows", []):
         print(os.path.basename(f), r.get("model"), "%sx%s" % (r.get("batch"), r.get("seq")), r.get("method"), r.get("status"),
               "peak %.2f GiB" % r["peak_gib"] if r.get("peak_gib") else "", "tok/s %.0f" % r["tokens_per_s"] if r.get("tokens_per_s") else "")
+        if r.get("profile_ms"):
+            print("   profile wall %.1f ms, kernels %.1f ms:" % (r["profile_wall_ms"], r["profile_device_ms"]),
+                  ", ".join("%s %.1f" % kv for kv in r["profile_ms"].items()))
 PY
