@@ -17,7 +17,7 @@ cp bench/kernels.py "$A/bench/"
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; date -u; } | tee "$R/env.txt"
 # Session 18: each step under what is left of a 540 s budget (results packed before the 600 s limit).
-DEADLINE=$((SECONDS + 540))
+DEADLINE=$((SECONDS + ${CALL_BUDGET_S:-540}))  # CALL_BUDGET_S: less where less device time is left
 budget() { local left=$((DEADLINE - SECONDS)); echo $(( $1 < left ? $1 : (left > 5 ? left : 5) )); }
 ARGS=(--precision 8bit --shapes 4096x14336,8192x8192 --tokens 256,1024,4096,16384)
 for run in A1 tree A2; do
