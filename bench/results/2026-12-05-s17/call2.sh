@@ -7,6 +7,8 @@
 # linear shapes, K = 4096 (is the 1B step's 8bit time what the 8B shapes' table predicts?). Packed into
 # $OUT/results.tgz.
 set -uo pipefail
+DEADLINE=$((SECONDS + ${CALL_BUDGET_S:-570}))  # CALL_BUDGET_S: less where less device time is left
+budget() { local left=$((DEADLINE - SECONDS)); echo $(( $1 < left ? $1 : (left > 5 ? left : 5) )); }
 OUT=${OUT:-out}; R=/tmp/s17c2; rm -rf "$R"; mkdir -p "$R" "$OUT"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$R/install.log" 2>&1 || { cat "$R/install.log"; exit 1; }
@@ -16,9 +18,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target "$A/site" .
 cp bench/kernels.py "$A/bench/"
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; date -u; } | tee "$R/env.txt"
-# Session 18: each step under what is left of a 540 s budget (results packed before the 600 s limit).
-DEADLINE=$((SECONDS + ${CALL_BUDGET_S:-540}))  # CALL_BUDGET_S: less where less device time is left
-budget() { local left=$((DEADLINE - SECONDS)); echo $(( $1 < left ? $1 : (left > 5 ? left : 5) )); }
+# Session 18: each step under what is left of 570 s from the start (CALL_BUDGET_S; results packed before the limit).
 ARGS=(--precision 8bit --shapes 4096x14336,8192x8192 --tokens 256,1024,4096,16384)
 for run in A1 tree A2; do
   echo "== kernels $run $(date -u +%T)"
