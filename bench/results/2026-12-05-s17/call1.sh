@@ -3,9 +3,9 @@
 # wheels, and .whl/ab-c4c1edf/: a wheel of c4c1edf, session 16's code, before v26 and v28).
 # v26 (a tied head's update split by rows) and v28 (128 MiB loss chunks): their bits on the GPU
 # (gathered rows in both kernels, the tied rows on CUDA's embedding kernels, gpt2's tied head trained
-# in 8bit and bf16-sr against the materialized reference), then the 8bit step at Llama-1B 4x1024
-# A/B (c4c1edf's wheel, then the tree) and at 3B 4x1024, beside flashoptim+cl, peaks by phase; the tree's
-# 1B step profiled (session 18: where the 8bit step's time goes beside flashoptim+cl's).
+# in 8bit and bf16-sr against the materialized reference), then the 8bit step at Llama-1B and 3B 4x1024
+# beside flashoptim+cl, peaks by phase, the 1B step profiled (session 18: where its time goes beside
+# flashoptim+cl's), and last the 1B step on c4c1edf's wheel (the A of the A/B).
 # Packed into $OUT/results.tgz.
 set -uo pipefail
 DEADLINE=$((SECONDS + ${CALL_BUDGET_S:-570}))  # CALL_BUDGET_S: less where less device time is left

@@ -40,8 +40,7 @@ date -u >>"$R/env.txt"
 tar czf "$OUT/results.tgz" -C "$R" . ; cp "$R/env.txt" "$OUT/"
 tail -1 "$R/exactness.log"; grep -E "^(FAILED|ERROR)" "$R/exactness.log" | cut -c1-200 | head
 python3 - "$R" <<'PY'
-import json, sys
-import os
+import json, os, sys
 runs = {k: json.load(open(f"{sys.argv[1]}/kernels_{k}.json")) for k in ("A1", "tree", "A2")
         if os.path.exists(f"{sys.argv[1]}/kernels_{k}.json")}
 if len(runs) < 3:
