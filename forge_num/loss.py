@@ -6,7 +6,8 @@ vocabulary that is 6.3 GB, more than the weight gradients forge_num never materi
 parameters. Here the logits exist one chunk of rows at a time:
 
     forward    loss = Σ_chunks cross_entropy(float(h_c · Wᵀ), y_c, reduction="sum") / count
-    backward   per chunk, again: dL/dlogits_c = autograd of the same chunk, with the scalar
+    backward   per chunk, again: dL/dlogits_c = the aten calls autograd would make for the same
+               chunk (nll_loss_backward, _log_softmax_backward_data), with the scalar
                grad_loss / count (what torch's mean reduction hands every row: -(grad / total_weight)
                at the label, in fp32), stored in the logits' dtype (the upcast's backward rounds it
                to bf16 so) into dY [tokens, vocabulary]; then dX = dY · W and the head's update
@@ -32,15 +33,15 @@ from torch import nn
 
 __all__ = ["linear_cross_entropy"]
 
-# Per-chunk temporaries, in bytes per logit: four fp32 [rows, V] tensors at the backward's
-# recomputation (the upcast logits, the log-softmax torch saves, the nll loss's gradient and the
-# log-softmax's), 16 (a CPU probe at Llama-1B, bench/cpu_peak.py, counts exactly these). They sit on
-# top of the backward's dY (2 bytes a logit, all rows): with a tied head's update split by rows in the
-# stochastic regimes (forge_num.fused._SplitHeadUpdate), that is the 8bit step's peak at Llama-1B and
-# -3B, 4x1024 tokens. 128 MiB of them (64 rows of Llama's 128,256-token vocabulary; 256 MiB and 128
-# rows before, 512 MiB before that) for twice the chunks (bench/NOTES.md, "v28": predicted, not yet
-# measured), each chunk's GEMM whole 64-row tiles (_CHUNK_ROW_TILE).
-_BYTES_PER_CHUNK_LOGIT = 16
+# Per-chunk temporaries, in bytes per logit: three fp32 [rows, V] tensors at the backward's
+# recomputation (the log-softmax, the nll loss's gradient and the log-softmax's; the upcast logits are
+# freed once their log-softmax exists), 12; four and 16 while the backward asked autograd for the
+# chunk's gradient (bench/NOTES.md, session 19). They sit on top of the backward's dY (2 bytes a logit,
+# all rows): with a tied head's update split by rows in the stochastic regimes
+# (forge_num.fused._SplitHeadUpdate), that is the 8bit step's peak at Llama-1B and -3B, 4x1024 tokens.
+# 128 MiB of them at most (64 rows of Llama's 128,256-token vocabulary, 96 MiB; 128 rows and 256 MiB
+# before v28, 512 MiB before that), each chunk's GEMM whole 64-row tiles (_CHUNK_ROW_TILE).
+_BYTES_PER_CHUNK_LOGIT = 12
 DEFAULT_CHUNK_BYTES = 128 * 2**20
 _CHUNK_ROW_TILE = 64
 
@@ -95,15 +96,33 @@ def _chunks(n: int, rows: int):
     return ((r, min(r + rows, n)) for r in range(0, n, rows))
 
 
-def _chunk_loss(hc, wc, labels, r0, r1, ignore_index, track_grad=False):
-    """(upcast logits, Σ of the rows' cross-entropy terms) of the rows [r0, r1), as torch's loss computes
-    them: the logits in the compute dtype, upcast to fp32, log-softmax and the label's term. One
-    definition for the forward and the backward's recomputation, which must give the same values.
-    ``track_grad``: the upcast requires grad (the backward differentiates the sum by it)."""
-    upcast = F.linear(hc[r0:r1], wc).float()
-    if track_grad:
-        upcast.requires_grad_()
-    return upcast, F.cross_entropy(upcast, labels[r0:r1], ignore_index=ignore_index, reduction="sum")
+def _chunk_log_probs(hc, wc, r0, r1):
+    """The fp32 log-softmax of the rows [r0, r1)'s logits, as torch's cross-entropy computes it: the logits
+    in the compute dtype, upcast to fp32, log-softmax over the vocabulary (the bf16 logits and their upcast
+    are freed on return). One definition for the forward and the backward's recomputation, which must
+    give the same values."""
+    return torch.log_softmax(F.linear(hc[r0:r1], wc).float(), 1)
+
+
+def _chunk_loss_sum(log_probs, labels, ignore_index):
+    """Σ of the rows' cross-entropy terms: torch's nll loss with reduction "sum", as F.cross_entropy
+    ends."""
+    return F.nll_loss(log_probs, labels, ignore_index=ignore_index, reduction="sum")
+
+
+_SUM = 2  # torch's reduction enum (at::Reduction::Sum), as F.nll_loss hands it to aten
+
+
+def _chunk_logits_grad(log_probs, labels, ignore_index, grad_sum):
+    """d(Σ_rows loss) / d(upcast logits) for one chunk, scaled by ``grad_sum`` (a 0-d fp32 tensor): the
+    aten calls autograd makes for it, nll_loss_forward's total weight, nll_loss_backward, then
+    _log_softmax_backward_data, so the bits are autograd's by construction, without its graph (a third
+    of the host time a chunk) and without holding the upcast logits beside the gradients (three fp32
+    [rows, V] tensors alive, not four)."""
+    aten = torch.ops.aten
+    total_weight = aten.nll_loss_forward(log_probs, labels, None, _SUM, ignore_index)[1]
+    grad_log_probs = aten.nll_loss_backward(grad_sum, log_probs, labels, None, _SUM, ignore_index, total_weight)
+    return aten._log_softmax_backward_data(grad_log_probs, log_probs, 1, torch.float32)
 
 
 class WeightGrad:
@@ -176,7 +195,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         count = (labels != ignore_index).sum().to(torch.float32)
         loss_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
         for r0, r1 in _chunks(hc.shape[0], chunk_rows):
-            loss_sum = loss_sum + _chunk_loss(hc, wc, labels, r0, r1, ignore_index)[1]
+            loss_sum = loss_sum + _chunk_loss_sum(_chunk_log_probs(hc, wc, r0, r1), labels[r0:r1], ignore_index)
         ctx.save_for_backward(hc, weight, labels, count)
         ctx.param, ctx.layer, ctx.use, ctx.dt, ctx.x_dtype = weight, layer, use, dt, hidden.dtype
         ctx.ignore_index, ctx.chunk_rows = ignore_index, chunk_rows
@@ -199,11 +218,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
         row_grad = grad_loss.to(torch.float32) / count
         dy = torch.empty((hc.shape[0], weight.shape[0]), dtype=hc.dtype, device=hc.device)
         for r0, r1 in _chunks(hc.shape[0], ctx.chunk_rows):
-            with torch.enable_grad():
-                upcast, loss = _chunk_loss(hc, wc, labels, r0, r1, ctx.ignore_index, track_grad=True)
-                (d_upcast,) = torch.autograd.grad(loss, upcast, grad_outputs=row_grad)
-            dy[r0:r1] = d_upcast  # rounded to the logits' dtype, as the upcast's backward does
-            del upcast, loss, d_upcast
+            log_probs = _chunk_log_probs(hc, wc, r0, r1)
+            # rounded to the logits' dtype, as the upcast's backward does
+            dy[r0:r1] = _chunk_logits_grad(log_probs, labels[r0:r1], ctx.ignore_index, row_grad)
+            del log_probs
         needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], False)
         if ctx.layer is not None:  # a fused head: dX first, then the update in its backward (or dW where materialized)
             # dX takes the cast the chunks were recomputed with (equal to weight.to(dt): the weight

@@ -17,6 +17,7 @@ from torch import nn
 import forge_num as fn
 from forge_num.emulator.bounds import mean_order_bound
 from forge_num.fused import prepare
+from forge_num.loss import _BYTES_PER_CHUNK_LOGIT, _chunk_log_probs, _chunk_logits_grad
 from tests.test_training_semantics import ADAMW, tiny_gpt2, tiny_llama
 from tests.torch_reference import ExactSqrt, needs_fused_aten
 
@@ -64,6 +65,32 @@ def test_grad_of_a_scaled_loss_is_torchs(rows, scale):
     (fn.linear_cross_entropy(h1, head, y, chunk_rows=4) * scale).backward()
     (F.cross_entropy(ref_head(h2), y) * scale).backward()
     assert torch.equal(h1.grad, h2.grad) and torch.equal(head.weight.grad, ref_head.weight.grad)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_chunks_gradient_is_autograds_bit_for_bit(seed):
+    """The backward's chunk gradient (forge_num.loss._chunk_logits_grad: the aten calls without the
+    graph) against torch.autograd.grad of the same chunk's cross-entropy sum, on random (inexact)
+    logits in bf16 and fp32: equal as bits, with ignored rows, a chunk with every row ignored, and a
+    non-finite logit's row (NaN where autograd's is)."""
+    g = torch.Generator().manual_seed(seed)
+    rows, hidden, vocab = 1 + seed * 7, 48, 301
+    for dtype in (torch.bfloat16, torch.float32):
+        h = (torch.randn(rows, hidden, generator=g) * 2).to(dtype)
+        w = torch.randn(vocab, hidden, generator=g).to(dtype)
+        y = torch.randint(0, vocab, (rows,), generator=g)
+        y[torch.rand(rows, generator=g) < 0.3] = -100
+        if seed == 4:
+            y[:] = -100
+        if seed == 5:
+            w[3, 0] = float("inf")
+        grad_sum = torch.rand((), generator=g) * 3
+        upcast = F.linear(h, w).float().requires_grad_()
+        (expected,) = torch.autograd.grad(F.cross_entropy(upcast, y, ignore_index=-100, reduction="sum"), upcast,
+                                          grad_outputs=grad_sum)
+        got = _chunk_logits_grad(_chunk_log_probs(h, w, 0, rows), y, -100, grad_sum)
+        assert got.dtype == torch.float32 and got.shape == expected.shape
+        assert torch.equal(got.view(torch.int32), expected.view(torch.int32)), (seed, dtype)
 
 
 def test_leading_dimensions_and_all_ignored():
@@ -168,7 +195,7 @@ def _peak_cpu_bytes(step) -> int:
 def test_the_backward_keeps_two_bytes_a_logit_where_hf_keeps_twelve():
     """The point of the chunked loss, measured on the CPU (autocast bf16, as in training): torch's loss
     peaks at >= 12 bytes a logit (bf16 logits, fp32 upcast, fp32 and bf16 gradients); the chunked one at
-    2 bytes a logit (dY in bf16) plus 16 bytes a logit of one chunk, beside the head's own tensors
+    2 bytes a logit (dY in bf16) plus 12 bytes a logit of one chunk (_BYTES_PER_CHUNK_LOGIT), beside the head's own tensors
     (fp32 weight, its bf16 cast, fp32 gradient, bf16 dW: 12 bytes a weight) and the hidden states'
     (fp32, bf16 cast, fp32 gradient: 10 bytes an element)."""
     rows, hidden, vocab, chunk = 2048, 64, 8192, 128
@@ -187,7 +214,7 @@ def test_the_backward_keeps_two_bytes_a_logit_where_hf_keeps_twelve():
     logits = rows * vocab
     others = 12 * vocab * hidden + 10 * rows * hidden
     assert _peak_cpu_bytes(lambda: step(False)) >= 12 * logits
-    assert _peak_cpu_bytes(lambda: step(True)) <= 2 * logits + 16 * chunk * vocab + others
+    assert _peak_cpu_bytes(lambda: step(True)) <= 2 * logits + _BYTES_PER_CHUNK_LOGIT * chunk * vocab + others
 
 
 def test_an_unfused_heads_dw_cast_does_not_meet_dy():
@@ -195,7 +222,7 @@ def test_an_unfused_heads_dw_cast_does_not_meet_dy():
     peak is the head's own 10 bytes a weight at dW's cast (fp32 weight, bf16 dW, fp32 dW), not those
     plus dY's 2 bytes a logit or the head's bf16 cast's 2 bytes a weight: both are freed before dW is
     cast to fp32. Holding dY to the end would exceed the bound below by 2 bytes a logit (4 MiB here),
-    the cast by 2 bytes a weight (8 MiB), against 1 MiB of chunk temporaries."""
+    the cast by 2 bytes a weight (8 MiB), against 0.75 MiB of chunk temporaries."""
     rows, hidden, vocab, chunk = 256, 512, 8192, 8
     torch.manual_seed(0)
     head = nn.Linear(hidden, vocab, bias=False)
@@ -209,8 +236,9 @@ def test_an_unfused_heads_dw_cast_does_not_meet_dy():
         loss.backward()
 
     weights, logits = vocab * hidden, rows * vocab
-    assert 2 * logits > 16 * chunk * vocab  # the test can tell dY from one chunk's temporaries
-    assert _peak_cpu_bytes(step) <= 10 * weights + 16 * chunk * vocab + 10 * rows * hidden
+    temporaries = _BYTES_PER_CHUNK_LOGIT * chunk * vocab
+    assert 2 * logits > temporaries  # the test can tell dY from one chunk's temporaries
+    assert _peak_cpu_bytes(step) <= 10 * weights + temporaries + 10 * rows * hidden
 
 
 @pytest.mark.parametrize("build", ["llama", "gpt2-tied"])
@@ -247,9 +275,9 @@ def test_causal_lm_loss_refuses_a_transformed_head_output():
 
 @pytest.mark.parametrize("vocab", [37, 32000, 50257, 128256, 10**7])
 def test_default_chunks_hold_their_byte_budget_in_whole_row_tiles(vocab):
-    """A default chunk's temporaries (16 bytes a logit) stay within DEFAULT_CHUNK_BYTES, in whole
+    """A default chunk's temporaries (12 bytes a logit) stay within DEFAULT_CHUNK_BYTES, in whole
     row tiles of its GEMM where one fits, and a vocabulary too large for one row still gets one."""
-    from forge_num.loss import _BYTES_PER_CHUNK_LOGIT, _CHUNK_ROW_TILE, DEFAULT_CHUNK_BYTES, default_chunk_rows
+    from forge_num.loss import _CHUNK_ROW_TILE, DEFAULT_CHUNK_BYTES, default_chunk_rows
 
     rows = default_chunk_rows(vocab)
     assert rows >= 1
