@@ -21,6 +21,8 @@ split   forge's host time inside a real training step, without a profiler: --spl
         times beside its wall time (AMP too). Both models are built first and their steps
         interleaved round by round (forge, forge with FORGE_NUM_FAST_LAUNCH=0, AMP), so the
         ratio to AMP (the median of each round's) is measured against the host's own drift.
+        --split-methods picks other methods (bench/train_step.py's names, the last the reference),
+        e.g. forge_8bit+cl,flashoptim+cl.
 python  forge's own per-linear Python, on any device (the CPU included): a narrow Llama
         (hidden 32, --python-layers layers, 16 tokens, --python-checkpointing on/off) trained with forge_num.AdamW
         on a backend whose functions return at once, against nn.Linear + torch AdamW(foreach);
@@ -288,33 +290,42 @@ def _forge_timers(opt) -> _Timers:
     return t
 
 
-def part_split(model_name: str, tokens: str, warmup: int = 3, steps: int = 6) -> dict:
+def part_split(model_name: str, tokens: str, warmup: int = 3, steps: int = 6,
+               methods: tuple[str, ...] = ("forge", "torch_adamw")) -> dict:
     """Each method's real training step (checkpointing), its host time split by phase and, for
-    forge, by function. Both models are built first and their steps interleaved, round by round:
-    forge with the launch that skips Triton's binder, forge with FORGE_NUM_FAST_LAUNCH=0
-    (kernels/launch_cache.py), AMP; so that a slow spell of the device's host hits every method
-    alike (session 12: three calls of the same 3B 1x1024 code gave forge 0.55-0.86x AMP, run one
-    method after the other). ``steps`` rounds after ``warmup``; ``speed_vs_torch_adamw`` is the
-    median over rounds of AMP's step time over the method's in the same round (tokens/s, x AMP).
-    See the module docstring."""
+    forge, by function. ``methods``: bench/train_step.py's names ("+cl": forge's chunked loss); the
+    last is the reference the speeds are given against. Every model is built first and the steps
+    interleaved, round by round, so that a slow spell of the device's host hits every method alike
+    (session 12: three calls of the same 3B 1x1024 code gave forge 0.55-0.86x AMP, run one method after
+    the other); the fp32 regime ("forge") runs once more with FORGE_NUM_FAST_LAUNCH=0 (Triton's binder
+    for the Gluon launches, kernels/launch_cache.py). ``steps`` rounds after ``warmup``;
+    ``speed_vs_reference`` is the median over rounds of the reference's step time over the method's in
+    the same round (tokens/s, x the reference). See the module docstring."""
     import gc
+
+    from forge_num.hf import causal_lm_loss
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     batch, seq = (int(v) for v in tokens.split("x"))
     cfg = ts.MODELS[model_name]
-    out = {"model": model_name, "tokens": tokens, "steps": steps, "interleaved": True}
+    reference = methods[-1]
+    out = {"model": model_name, "tokens": tokens, "steps": steps, "interleaved": True, "reference": reference}
     ids = torch.randint(0, cfg["vocab_size"], (batch, seq), device=device)
     built = {}
-    for method in ("forge", "torch_adamw"):
-        model = ts._build_model(cfg, torch.float32, device, True)
-        built[method] = (model, *ts._setup(method, model, cuda))
-    forge_opt = built["forge"][2].__self__
+    for method in methods:
+        base = ts.base_method(method)
+        dtype = torch.float32 if ts.FLOOR[base][4] == "fp32" else torch.bfloat16
+        model = ts._build_model(cfg, dtype, device, True)
+        built[method] = (model, *ts._setup(base, model, cuda))
     # name -> (method, FORGE_NUM_FAST_LAUNCH or None)
-    variants = {"forge": ("forge", "1"), "forge (FORGE_NUM_FAST_LAUNCH=0)": ("forge", "0"),
-                "torch_adamw": ("torch_adamw", None)}
-    timers = {name: _forge_timers(forge_opt) if method == "forge" else _Timers()
-              for name, (method, _) in variants.items()}
+    variants = {}
+    for method in methods:
+        variants[method] = (method, "1" if ts.base_method(method) in ts.FORGE_PRECISION else None)
+        if ts.base_method(method) == "forge":
+            variants[f"{method} (FORGE_NUM_FAST_LAUNCH=0)"] = (method, "0")
+    timers = {name: _forge_timers(built[method][2].__self__) if fast is not None else _Timers()
+              for name, (method, fast) in variants.items()}
     phases = {name: {"forward": [], "backward": [], "after": [], "wall": []} for name in variants}
     gc.collect()
     gc.freeze()
@@ -329,7 +340,10 @@ def part_split(model_name: str, tokens: str, warmup: int = 3, steps: int = 6) ->
                         torch.cuda.synchronize()
                     t0 = time.perf_counter()
                     with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                        loss = model(input_ids=ids, labels=ids).loss
+                        if method.endswith(ts.CHUNKED_LOSS):
+                            loss = causal_lm_loss(model, ids)
+                        else:
+                            loss = model(input_ids=ids, labels=ids).loss
                     t1 = time.perf_counter()
                     loss.backward()
                     t2 = time.perf_counter()
@@ -347,14 +361,15 @@ def part_split(model_name: str, tokens: str, warmup: int = 3, steps: int = 6) ->
     for name in variants:
         row = {phase: statistics.median(v) for phase, v in phases[name].items()}
         row["wall_all"] = phases[name]["wall"]
-        row["speed_vs_torch_adamw"] = statistics.median(
-            a / b for a, b in zip(phases["torch_adamw"]["wall"], phases[name]["wall"]))
+        row["speed_vs_reference"] = statistics.median(
+            a / b for a, b in zip(phases[reference]["wall"], phases[name]["wall"]))
         t = timers[name]
         row["functions"] = {label: {"ms_per_step": t.total[label] * 1e3 / steps,
                                     "calls_per_step": t.calls[label] / steps,
                                     "us_per_call": t.total[label] * 1e6 / t.calls[label]}
                             for label in t.total}
         out[name] = row
+    out["variants"] = list(variants)
     built.clear()
     if cuda:
         torch.cuda.empty_cache()
@@ -370,6 +385,8 @@ def main(argv=None) -> int:
     ap.add_argument("--split-model", default="llama-3b", choices=sorted(ts.MODELS))
     ap.add_argument("--split-tokens", default="1x1024")
     ap.add_argument("--split-steps", type=int, default=6)
+    ap.add_argument("--split-methods", default="forge,torch_adamw",
+                    help="bench/train_step.py's method names, the last the reference (e.g. forge_8bit+cl,flashoptim+cl)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     parts = args.part.split(",")
@@ -388,12 +405,13 @@ def main(argv=None) -> int:
         for row in r["cprofile_tottime"][:15]:
             print(f"  {row['tottime_ms']:7.1f} ms self {row['cumtime_ms']:7.1f} cum {row['calls']:>6}x  {row['function']}")
     if "split" in parts:
-        r = res["split"] = part_split(args.split_model, args.split_tokens, steps=args.split_steps)
-        for method in ("forge", "forge (FORGE_NUM_FAST_LAUNCH=0)", "torch_adamw"):
+        r = res["split"] = part_split(args.split_model, args.split_tokens, steps=args.split_steps,
+                                      methods=tuple(args.split_methods.split(",")))
+        for method in r["variants"]:
             m = r[method]
             print(f"split {r['model']} {r['tokens']} {method:<32} wall {m['wall']:7.1f} ms  issued: forward "
                   f"{m['forward']:6.1f} backward {m['backward']:6.1f} after {m['after']:6.1f} ms  "
-                  f"x AMP {m['speed_vs_torch_adamw']:.3f} (median of rounds)", flush=True)
+                  f"x {r['reference']} {m['speed_vs_reference']:.3f} (median of rounds)", flush=True)
             for label, f in m["functions"].items():
                 print(f"  {f['ms_per_step']:7.1f} ms/step {f['calls_per_step']:6.0f} calls {f['us_per_call']:7.1f} us/call  {label}")
     if "launch" in parts:

@@ -293,21 +293,34 @@ def test_tp_find_batch_search():
 
 def test_host_time_split_part_runs_on_the_cpu(tmp_path):
     """--part split on the CPU (--split-model tiny): both methods' phases, forge's two launch modes,
-    and forge's own functions timed inside the step (the wrappers were installed and counted calls)."""
+    and forge's own functions timed inside the step (the wrappers were installed and counted calls);
+    with --split-methods, an 8bit forge on the chunked loss against another reference."""
     out = tmp_path / "split.json"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "host_time.py"), "--part", "split",
                            "--split-model", "tiny", "--split-steps", "2", "--out", str(out)],
                           capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     r = json.loads(out.read_text())["split"]
-    for name in ("forge", "forge (FORGE_NUM_FAST_LAUNCH=0)", "torch_adamw"):
+    assert r["variants"] == ["forge", "forge (FORGE_NUM_FAST_LAUNCH=0)", "torch_adamw"]
+    for name in r["variants"]:
         assert r[name]["wall"] > 0 and len(r[name]["wall_all"]) == 2, name
     functions = r["forge"]["functions"]
     backward = next(v for k, v in functions.items() if "fused_linear_backward" in k)
     assert backward["calls_per_step"] > 0 and backward["us_per_call"] > 0
     assert not r["torch_adamw"]["functions"]  # torch's step has no forge functions to time
-    assert r["interleaved"] and r["torch_adamw"]["speed_vs_torch_adamw"] == 1.0
-    assert r["forge"]["speed_vs_torch_adamw"] > 0
+    assert r["interleaved"] and r["reference"] == "torch_adamw" and r["torch_adamw"]["speed_vs_reference"] == 1.0
+    assert r["forge"]["speed_vs_reference"] > 0
+
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "host_time.py"), "--part", "split",
+                           "--split-model", "tiny", "--split-steps", "2", "--split-methods",
+                           "forge_8bit+cl,torch_hooks", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(out.read_text())["split"]
+    assert r["variants"] == ["forge_8bit+cl", "torch_hooks"] and r["reference"] == "torch_hooks"
+    calls = r["forge_8bit+cl"]["functions"]
+    assert any("fused_linear_backward" in k and v["calls_per_step"] > 0 for k, v in calls.items())
+    assert "x torch_hooks" in proc.stdout
 
 
 def test_ws_probe_refuses_without_cuda():
