@@ -337,27 +337,55 @@ def _check_one_device(*tensors: torch.Tensor) -> None:
 _OPERAND_DTYPES = (torch.float32, torch.bfloat16)
 
 
+def _plain_operands_ok(weight: torch.Tensor, x, dy) -> bool:
+    """Whether x and dy pass _check_linear_inputs against a contiguous 2-D weight, read in few
+    attribute reads: tensors, 2-D, of one dtype, float32 or bfloat16, [K, N] and [K, M], no negative
+    stride. False only sends the call through the full checks (they raise what is wrong)."""
+    if not (isinstance(x, torch.Tensor) and isinstance(dy, torch.Tensor)):
+        return False
+    shape = weight.shape
+    x_shape, dy_shape, x_dtype = x.shape, dy.shape, x.dtype
+    return not (len(shape) != 2 or len(x_shape) != 2 or len(dy_shape) != 2 or dy.dtype != x_dtype
+                or x_dtype not in _OPERAND_DTYPES or x_shape[0] != dy_shape[0] or x_shape[1] != shape[1]
+                or dy_shape[1] != shape[0] or min(x.stride()) < 0 or min(dy.stride()) < 0
+                or not weight.is_contiguous())
+
+
 def _plain_linear_ok(weight: torch.Tensor, x, dy, states, rule: Rule) -> bool:
     """Whether fused_linear_update's tensor checks all pass in their common case, read in few
     attribute reads: weight 2-D and contiguous (its dtype checked by _check_regime before); x and dy
-    tensors, 2-D, of one dtype, float32 or bfloat16, [K, N] and [K, M], no negative stride
-    (_check_linear_inputs); a list or tuple of at most min(2, len(rule.state)) plain states, none
-    8bit, each of the weight's dtype and shape, contiguous (_check_states). True implies that each
-    of those checks passes; False only sends the call through them (they raise what is wrong)."""
+    as _plain_operands_ok (_check_linear_inputs); a list or tuple of at most min(2, len(rule.state))
+    plain states, none 8bit, each of the weight's dtype and shape, contiguous (_check_states). True
+    implies that each of those checks passes; False only sends the call through them (they raise what
+    is wrong)."""
     if type(states) not in (list, tuple) or len(states) > 2 or len(states) > len(rule.state):
         return False
-    if not (isinstance(x, torch.Tensor) and isinstance(dy, torch.Tensor)):
+    if not _plain_operands_ok(weight, x, dy):
         return False
     shape, dtype = weight.shape, weight.dtype
-    x_shape, dy_shape, x_dtype = x.shape, dy.shape, x.dtype
-    if (len(shape) != 2 or len(x_shape) != 2 or len(dy_shape) != 2 or dy.dtype != x_dtype
-            or x_dtype not in _OPERAND_DTYPES or x_shape[0] != dy_shape[0] or x_shape[1] != shape[1]
-            or dy_shape[1] != shape[0] or min(x.stride()) < 0 or min(dy.stride()) < 0
-            or not weight.is_contiguous()):
-        return False
     for st in states:
         if (not isinstance(st, torch.Tensor) or _is_q8(st) or st.dtype != dtype or st.shape != shape
                 or not st.is_contiguous()):
+            return False
+    return True
+
+
+def _plain_q8_linear_ok(weight: torch.Tensor, x, dy, states, rule: Rule) -> bool:
+    """_plain_linear_ok for the 8bit regime: a bfloat16 weight; x and dy as _plain_operands_ok; a list
+    or tuple of at most len(rule.state) 8bit states, each codes uint8 [M, N] and scales float32
+    [M, cdiv(N, QBLOCK)], both contiguous (_check_q8_states). True implies that _check_fp32_like,
+    _check_linear_inputs and _check_q8_states pass; False only sends the call through them."""
+    if (weight.dtype != torch.bfloat16 or type(states) not in (list, tuple) or len(states) > len(rule.state)
+            or not _plain_operands_ok(weight, x, dy)):
+        return False
+    M, N = weight.shape
+    scales_shape = (M, _cdiv(N, QBLOCK))
+    for st in states:
+        if type(st) is not Q8State and not _is_q8(st):
+            return False
+        codes, scales = st.codes, st.scales
+        if (codes.dtype != torch.uint8 or codes.shape != (M, N) or not codes.is_contiguous()
+                or scales.dtype != torch.float32 or scales.shape != scales_shape or not scales.is_contiguous()):
             return False
     return True
 
@@ -745,6 +773,12 @@ def fused_linear_update(
         q8, states = False, list(states)
         h, grad_scale = _check_scalars(rule, h, grad_scale)
         _check_one_device(weight, x, dy, *states)
+    elif accum is None and acc_out is None and _plain_q8_linear_ok(weight, x, dy, states, rule):
+        # the 8bit regime's training step: as the q8 branch below, the device before the scalars
+        M, N = weight.shape
+        q8, states = True, list(states)
+        _check_one_device(weight, x, dy, *(t for st in states for t in (st.codes, st.scales)))
+        h, grad_scale = _check_scalars(rule, h, grad_scale)
     else:
         _check_fp32_like("weight", weight, weight, weight.dtype)
         M, N = weight.shape

@@ -144,6 +144,25 @@ def _variants():
     yield "states as a generator", dict(s=(torch.zeros(M, N) for _ in range(2)))
     yield "8bit states, fp32 weight", dict(s=[kernels.Q8State.zeros(M, N)] * 2)
     yield "8bit states", dict(w=torch.zeros(M, N, dtype=torch.bfloat16), seed=5, s=[kernels.Q8State.zeros(M, N)] * 2)
+    w16 = torch.zeros(M, N, dtype=torch.bfloat16)
+    q = kernels.Q8State.zeros(M, N)
+    yield "8bit, one state as a tuple", dict(w=w16, seed=5, s=(q,))
+    yield "8bit, no state", dict(w=w16, seed=5, s=[])
+    yield "8bit, three states", dict(w=w16, seed=5, s=[q] * 3)
+    yield "8bit, no seed", dict(w=w16, s=[q] * 2)
+    yield "8bit, codes int8", dict(w=w16, seed=5, s=[q, q._replace(codes=q.codes.to(torch.int8))])
+    yield "8bit, codes shape", dict(w=w16, seed=5, s=[q, q._replace(codes=torch.zeros(N, M, dtype=torch.uint8))])
+    yield "8bit, codes strided", dict(w=w16, seed=5, s=[q, q._replace(codes=torch.zeros(N, M, dtype=torch.uint8).t())])
+    yield "8bit, scales shape", dict(w=w16, seed=5, s=[q, q._replace(scales=torch.ones(M, 2))])
+    yield "8bit, scales float64", dict(w=w16, seed=5, s=[q, q._replace(scales=q.scales.double())])
+    yield "8bit, scales strided", dict(w=w16, seed=5, s=[q, q._replace(scales=torch.ones(1, M).t())])
+    yield "8bit and a plain state", dict(w=w16, seed=5, s=[q, torch.zeros(M, N, dtype=torch.bfloat16)])
+    yield "8bit states as a generator", dict(w=w16, seed=5, s=(kernels.Q8State.zeros(M, N) for _ in range(2)))
+    yield "8bit, weight transposed", dict(w=torch.zeros(N, M, dtype=torch.bfloat16).t(), seed=5, s=[q] * 2)
+    yield "8bit, bad x", dict(w=w16, seed=5, s=[q] * 2, x=torch.zeros(K, N + 1))
+    yield "8bit, bad scalar", dict(w=w16, seed=5, s=[q] * 2, h=(math.inf,) + H[1:])
+    yield "8bit, bad grad_scale", dict(w=w16, seed=5, s=[q] * 2, scale=math.nan)
+    yield "8bit, accum", dict(w=w16, seed=5, s=[q] * 2, accum=torch.zeros(M, N))
     yield "scalar inf", dict(h=(math.inf,) + H[1:])
     yield "scalar nan, a list", dict(h=[math.nan] + list(H[1:]))
     yield "too few scalars", dict(h=H[:-1])
@@ -181,7 +200,7 @@ def test_every_input_gets_the_detailed_checks_answer(name, change):
     """The same error (type and message) as the detailed checks, or none where they pass; and the
     fast path says yes only where every detailed check passes."""
     a = _args(change)
-    if name == "states as a generator":  # consumed once per call
+    if name.endswith("states as a generator"):  # consumed once per call
         want = _error(_detailed_checks, a["w"], a["x"], a["dy"], list(_args(change)["s"]), rules.ADAMW, a["h"],
                       a["scale"], a["seed"], a["accum"])
     else:
@@ -192,6 +211,11 @@ def test_every_input_gets_the_detailed_checks_answer(name, change):
             assert _error(KM._check_fp32_like, "weight", a["w"], a["w"], a["w"].dtype) is None
             assert _error(KM._check_linear_inputs, a["x"], a["dy"], *a["w"].shape) is None
             assert _error(KM._check_states, a["s"], a["w"], rules.ADAMW) is None
+        if KM._plain_q8_linear_ok(a["w"], a["x"], a["dy"], a["s"], rules.ADAMW):
+            assert a["w"].dim() == 2
+            assert _error(KM._check_fp32_like, "weight", a["w"], a["w"], a["w"].dtype) is None
+            assert _error(KM._check_linear_inputs, a["x"], a["dy"], *a["w"].shape) is None
+            assert _error(KM._check_q8_states, a["s"], a["w"], rules.ADAMW) is None
     got = _error(kernels.fused_linear_update, a["w"], a["x"], a["dy"], a["s"], rules.ADAMW, a["h"],
                  grad_scale=a["scale"], seed=a["seed"], accum=a["accum"])
     assert got == want
