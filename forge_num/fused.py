@@ -357,10 +357,14 @@ class _TiedRows:
             accumulated = torch._C._will_engine_execute_node(torch.autograd.graph.get_gradient_edge(param).node)
         except (AttributeError, RuntimeError, TypeError):
             return False
-        indices = getattr(pending[0], "forge_num_indices", None) if len(pending) == 1 else None
+        node = pending[0] if len(pending) == 1 else None
+        indices = getattr(node, "forge_num_indices", None)
         if indices is None or not accumulated:
             return False
-        split = _SplitHeadUpdate(indices)  # checks and sorts the tokens before anything is counted
+        tokens = getattr(node, "forge_num_tokens", None)  # the embedding's forward sorted them (v30)
+        if tokens is None or tokens.shape != tuple(param.shape):
+            tokens = _TokenRows(indices, *param.shape)  # waits for the device here
+        split = _SplitHeadUpdate(tokens)
         if not self.deposit_head_grad(split, head):
             return False
         split.apply_head(opt._start_row_updates(param, split), dy, x, param.dtype)
@@ -399,6 +403,29 @@ _SPLIT_BLOCK_ELEMENTS = 16 * 2**20
 _SPLIT_ROW_TILE = 256
 
 
+class _TokenRows:
+    """The distinct tokens T of one embedding call, sorted (int64: the row indices of index_select and
+    index_copy_; an int32 input_ids works as well), each token's slot in T, and where each of
+    _SplitHeadUpdate's row blocks of a [n_rows, cols] weight begins and ends in T, as host integers
+    (one transfer for all blocks), and the embedding's padding index's slot in T (_padding_slot, for the
+    embedding's backward; -1 for none). torch.unique and those transfers wait for the device: made in
+    the embedding's forward where a split may follow (ForgeOptimizer._may_split_rows), where the device
+    has little queued (v30, bench/NOTES.md), not in the backward, where the host would wait for the
+    loss's chunks and the forward's tail instead of issuing the layers' backward."""
+
+    __slots__ = ("touched", "slot", "shape", "block_rows", "starts", "edges", "padding_idx", "padding_slot")
+
+    def __init__(self, indices: torch.Tensor, n_rows: int, cols: int, padding_idx=None):
+        self.touched, self.slot = torch.unique(indices.reshape(-1).long(), sorted=True, return_inverse=True)
+        self.padding_idx, self.padding_slot = padding_idx, _padding_slot(self.touched, padding_idx)
+        self.shape = (n_rows, cols)
+        rows = _SPLIT_BLOCK_ELEMENTS // max(cols, 1) // _SPLIT_ROW_TILE * _SPLIT_ROW_TILE
+        self.block_rows = max(_SPLIT_ROW_TILE, rows)
+        self.starts = list(range(0, n_rows, self.block_rows))
+        bounds = torch.tensor(self.starts + [n_rows], device=self.touched.device)
+        self.edges = torch.searchsorted(self.touched, bounds).tolist()
+
+
 class _SplitHeadUpdate:
     """A tied weight's update split between the head's backward and the embedding's (v26; bench/NOTES.md).
 
@@ -428,23 +455,20 @@ class _SplitHeadUpdate:
     between the head's and the embedding's leaves the split open: ForgeOptimizer.step() finishes it
     with the head's gradient alone (the layers the backward reached are updated too)."""
 
-    __slots__ = ("touched", "slot", "head_rows", "updater")
+    __slots__ = ("touched", "slot", "tokens", "head_rows", "updater")
 
-    def __init__(self, indices: torch.Tensor):
-        # int64: the row indices of index_select / index_copy_ (an int32 input_ids works as well)
-        self.touched, self.slot = torch.unique(indices.reshape(-1).long(), sorted=True, return_inverse=True)
+    def __init__(self, tokens: _TokenRows):
+        self.tokens, self.touched, self.slot = tokens, tokens.touched, tokens.slot
         self.head_rows = None  # G_head's rows in T, [len(T), H] in the weight's dtype
         self.updater = None
 
     def apply_head(self, updater, dy: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> None:
         self.updater = updater
         n_rows, cols = updater.n_rows, updater.cols
-        rows = _SPLIT_BLOCK_ELEMENTS // max(cols, 1) // _SPLIT_ROW_TILE * _SPLIT_ROW_TILE
-        rows = max(_SPLIT_ROW_TILE, rows)
-        starts = list(range(0, n_rows, rows))
-        # where each block's rows of T begin and end in T (sorted): one transfer for all blocks
-        bounds = torch.tensor(starts + [n_rows], device=self.touched.device)
-        edges = torch.searchsorted(self.touched, bounds).tolist()
+        if (n_rows, cols) != self.tokens.shape:
+            raise ValueError(f"the tokens' row blocks are for a weight of {self.tokens.shape}, the update's is "
+                             f"{(n_rows, cols)}")
+        rows, starts, edges = self.tokens.block_rows, self.tokens.starts, self.tokens.edges
         # zeros, not empty: should a block fail (out of memory), finish() applies no garbage
         self.head_rows = torch.zeros((self.touched.numel(), cols), dtype=dtype, device=dy.device)
         for i, r0 in enumerate(starts):
@@ -470,7 +494,10 @@ class _SplitHeadUpdate:
         the embedding's backward did not run in this pass, so G_emb is not added)."""
         summed = self.head_rows
         if grad is not None:
-            compact = _compact_embedding_grad(grad, self.touched, self.slot, padding_idx)
+            tokens = self.tokens
+            padding_slot = (tokens.padding_slot if tokens.padding_idx == padding_idx
+                            else _padding_slot(self.touched, padding_idx))
+            compact = _compact_embedding_grad(grad, self.touched, self.slot, padding_slot)
             summed = summed.add_(compact)  # autograd's add on these rows (add_touched_rows)
             del compact
         self.head_rows = None
@@ -484,14 +511,21 @@ def head_grad_rows(dy: torch.Tensor, x: torch.Tensor, r0: int, r1: int, dtype: t
     return (dy[:, r0:r1].t() @ x).to(dtype)
 
 
-def _compact_embedding_grad(grad: torch.Tensor, touched: torch.Tensor, slot: torch.Tensor, padding_idx) -> torch.Tensor:
+def _padding_slot(touched: torch.Tensor, padding_idx) -> int:
+    """The slot of ``padding_idx`` in the sorted distinct tokens ``touched``, -1 where it is not among
+    them or there is none (None or negative). Reads the device (a transfer) only for a padding index."""
+    if padding_idx is None or padding_idx < 0:
+        return -1
+    hit = (touched == padding_idx).nonzero()
+    return int(hit[0, 0]) if hit.numel() else -1
+
+
+def _compact_embedding_grad(grad: torch.Tensor, touched: torch.Tensor, slot: torch.Tensor,
+                            padding_slot: int) -> torch.Tensor:
     """torch's dense embedding gradient's rows ``touched`` ([len(touched), H]), from the indices
-    renumbered to their slots in ``touched`` (add_touched_rows says why the bits are the dense op's)."""
-    pad = -1
-    if padding_idx is not None and padding_idx >= 0:
-        hit = (touched == padding_idx).nonzero()
-        pad = int(hit[0, 0]) if hit.numel() else -1
-    return torch.ops.aten.embedding_dense_backward(grad, slot, touched.numel(), pad, False)
+    renumbered to their slots in ``touched`` (add_touched_rows says why the bits are the dense op's);
+    ``padding_slot``: _padding_slot's."""
+    return torch.ops.aten.embedding_dense_backward(grad, slot, touched.numel(), padding_slot, False)
 
 
 def add_touched_rows(head_grad: torch.Tensor, grad: torch.Tensor, indices: torch.Tensor, padding_idx: int) -> torch.Tensor:
@@ -511,7 +545,7 @@ def add_touched_rows(head_grad: torch.Tensor, grad: torch.Tensor, indices: torch
     (tests/test_tied_rows.py). ``x + 0.0`` is ``x`` except ``-0.0 + 0.0 = +0.0``: kept so that the
     untouched rows are autograd's too. Extra memory: ~3 [tokens, H] tensors."""
     touched, slot = torch.unique(indices.reshape(-1).long(), sorted=True, return_inverse=True)
-    compact = _compact_embedding_grad(grad, touched, slot, padding_idx)
+    compact = _compact_embedding_grad(grad, touched, slot, _padding_slot(touched, padding_idx))
     summed = head_grad.index_select(0, touched).add_(compact)
     del compact
     head_grad.add_(0.0)
@@ -528,8 +562,12 @@ class _TouchedRowsEmbeddingFn(torch.autograd.Function):
         out = F.embedding(indices, weight, padding_idx)
         ctx.save_for_backward(indices)
         ctx.rows, ctx.num_weights, ctx.padding_idx = rows, weight.shape[0], padding_idx
-        # the tokens, for a head's split update (_TiedRows.split_head_update) before this backward runs
+        # the tokens, for a head's split update (_TiedRows.split_head_update) before this backward runs,
+        # sorted now where such a split may follow
         ctx.forge_num_indices = indices
+        opt = rows.opt
+        ctx.forge_num_tokens = (_TokenRows(indices, *weight.shape, -1 if padding_idx is None else padding_idx)
+                                if opt is not None and weight.dim() == 2 and opt._may_split_rows(weight) else None)
         rows.add_node(ctx)  # ctx is this call's backward node (out.grad_fn)
         return out
 

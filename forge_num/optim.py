@@ -486,6 +486,14 @@ class ForgeOptimizer(torch.optim.Optimizer):
         rec.in_flight = in_flight
         return _RowUpdater(self, p, rec.name, rule, h, states, _backend_for(p, self.backend))
 
+    def _may_split_rows(self, p) -> bool:
+        """What _can_split_rows can say before the backward (an embedding's forward asks it: whether
+        to sort its tokens for a split now): a stochastic regime, this micro-batch the step's last with
+        no gradient from earlier ones, no data-parallel reduction, an unsharded parameter."""
+        rec = self._recs.get(p)
+        return (rec is not None and self.precision != "fp32" and rec.events + 1 == self.accumulation_steps
+                and rec.accum is None and p.grad is None and self._grad_reducer is None and not _is_dtensor(p))
+
     def _can_split_rows(self, p) -> bool:
         """Whether this backward's update of ``p`` may be applied in pieces by rows from its gradient's
         pieces (forge_num.fused's tied head): a stochastic regime (the fp32 regime's tied head keeps

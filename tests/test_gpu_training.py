@@ -295,3 +295,28 @@ def test_chunked_loss_fused_head_equals_materialized(model, precision, autocast)
     loss = lambda m, ids: causal_lm_loss(m, ids, chunk_rows=5)  # noqa: E731
     assert _train(m1, o1, data, autocast, loss) == _train(m2, o2, data, autocast, loss)
     _assert_same(m1, o1, m2, o2)
+
+
+@pytest.mark.parametrize("precision", ["8bit", "bf16-sr"])
+def test_tied_split_backward_does_not_wait_for_the_device(precision):
+    """gpt2's tied head in a stochastic regime (the update split by rows, v26): with the tokens sorted in
+    the embedding's forward (v30), nothing in the backward waits for the device (CUDA's sync debug mode
+    raises at any synchronizing call), so the host keeps issuing the layers' backward while the loss's
+    chunks run. The step's end (opt.step(): the telemetry's one transfer) may wait."""
+    from forge_num.hf import causal_lm_loss
+
+    m = tiny_gpt2().to(CUDA).to(torch.bfloat16)
+    opt = OPTS["adamw"](m.parameters(), precision=precision, seed=7)
+    prepare(m, opt)
+    data = _cuda_batches(2)
+    causal_lm_loss(m, data[0][0], chunk_rows=5).backward()  # the first step creates the state
+    opt.step()
+    loss = causal_lm_loss(m, data[1][0], chunk_rows=5)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        loss.backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    opt.step()
+    assert opt.stats["nonfinite"] == 0

@@ -346,7 +346,7 @@ def test_split_update_is_the_whole_update_across_blocks(monkeypatch, precision, 
 
     def split(m, opt, dy):
         p = m.embed.weight
-        s = fused._SplitHeadUpdate(tokens)
+        s = fused._SplitHeadUpdate(fused._TokenRows(tokens, *p.shape))
         s.apply_head(opt._start_row_updates(p, s), dy, x, p.dtype)
         s.finish(emb_grad, 7)
         opt.step()
@@ -551,3 +551,71 @@ def test_split_update_through_the_kernels_equals_the_torch_backend(monkeypatch, 
             assert all(torch.equal(v, other[k]) for k, v in value.items()), key
         elif isinstance(value, torch.Tensor):
             assert torch.equal(value, other), key
+
+
+@needs_fused_aten
+@pytest.mark.parametrize("precision,micro,padding", [("8bit", 1, None), ("bf16-sr", 1, None), ("8bit", 1, 3),
+                                                     ("fp32", 1, None), ("8bit", 2, None)])
+def test_the_split_sorts_its_tokens_in_the_forward(monkeypatch, precision, micro, padding):
+    """v30: where the head's update may split (a stochastic regime, the step's last micro-batch), the
+    embedding's forward sorts the tokens and finds the blocks' edges (torch.unique and a transfer, both
+    waiting for the device), and the split in the head's backward uses them: no torch.unique runs in the
+    backward (here made to fail there, where the unsplit path would call it too). Elsewhere (the fp32
+    regime, accumulated micro-batches) the forward sorts nothing. The weights are those of the split
+    sorting in its backward, bit for bit (with a padding index among the tokens too: its slot found in
+    the forward)."""
+    monkeypatch.setattr(fused, "_SPLIT_ROW_TILE", 32)
+    monkeypatch.setattr(fused, "_SPLIT_BLOCK_ELEMENTS", 32 * 64)
+    real_unique = torch.unique
+
+    def train(sort_in_forward):
+        m = tiny_llama(tie=True)
+        m.model.embed_tokens.padding_idx = padding
+        if precision != "fp32":
+            m = m.to(torch.bfloat16)
+        opt = fn.AdamW(m.parameters(), precision=precision, seed=1, accumulation_steps=micro, **ADAMW)
+        prepare(m, opt)
+        g = torch.Generator().manual_seed(2)
+        sorted_in_forward = []
+        with monkeypatch.context() as patch:
+            if not sort_in_forward:
+                patch.setattr(fn.optim.ForgeOptimizer, "_may_split_rows", lambda self, p: False)
+            for step in range(2):
+                for k in range(micro):
+                    ids = torch.randint(0, 256, (2, 12), generator=g)
+                    ids[0, 0] = 3  # the padding index, where there is one
+                    loss = chunked_lm_loss(m, ids)
+                    node = next(n for n in _graph_nodes(loss) if hasattr(n, "forge_num_tokens"))
+                    sorted_in_forward.append(node.forge_num_tokens is not None)
+                    if sort_in_forward and sorted_in_forward[-1]:
+                        def no_unique(*a, **kw):
+                            raise AssertionError("torch.unique in the backward")
+                        with monkeypatch.context() as inner:
+                            inner.setattr(torch, "unique", no_unique)
+                            loss.backward()
+                    else:
+                        loss.backward()
+                opt.step()
+        assert torch.unique is real_unique
+        return m.model.embed_tokens.weight.detach().clone(), sorted_in_forward
+
+    w_forward, sorted_in_forward = train(True)
+    # accumulated micro-batches keep an fp32 buffer, so none of them splits (nor sorts)
+    expected = [precision != "fp32" and micro == 1] * (2 * micro)
+    assert sorted_in_forward == expected
+    w_backward, sorted_never = train(False)
+    assert not any(sorted_never)
+    assert torch.equal(w_forward.view(torch.int16) if w_forward.dtype == torch.bfloat16 else w_forward,
+                       w_backward.view(torch.int16) if w_backward.dtype == torch.bfloat16 else w_backward)
+
+
+def _graph_nodes(t):
+    """The autograd graph's nodes reachable from ``t`` (breadth first)."""
+    seen, todo = set(), [t.grad_fn]
+    while todo:
+        n = todo.pop()
+        if n is None or n in seen:
+            continue
+        seen.add(n)
+        yield n
+        todo.extend(f for f, _ in n.next_functions)
