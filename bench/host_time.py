@@ -309,6 +309,8 @@ def part_split(model_name: str, tokens: str, warmup: int = 3, steps: int = 6,
     device = torch.device("cuda" if cuda else "cpu")
     batch, seq = (int(v) for v in tokens.split("x"))
     cfg = ts.MODELS[model_name]
+    if len(set(methods)) != len(methods) or not methods:
+        raise ValueError(f"--split-methods: each method once, at least one, got {','.join(methods)!r}")
     reference = methods[-1]
     out = {"model": model_name, "tokens": tokens, "steps": steps, "interleaved": True, "reference": reference}
     ids = torch.randint(0, cfg["vocab_size"], (batch, seq), device=device)

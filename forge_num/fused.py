@@ -296,7 +296,7 @@ class _TiedRows:
     Without those private functions (another torch version) nothing is deposited: more memory, the
     same bits."""
 
-    __slots__ = ("nodes", "heads", "deposit", "task", "opt", "__weakref__")
+    __slots__ = ("nodes", "heads", "deposit", "task", "opt", "split_last", "__weakref__")
 
     def __init__(self, opt: ForgeOptimizer | None = None):
         self.nodes: list[weakref.ref] = []  # the embedding's backward nodes that may still run
@@ -304,6 +304,9 @@ class _TiedRows:
         self.deposit = None  # G_head, waiting for the embedding's backward of graph task ``task``
         self.task = None
         self.opt = opt  # the optimizer of the tied weight (the split update: split_head_update)
+        # whether the embedding's last backward took a split update (the forward sorts its tokens for
+        # the next one only then: _TokenRows; not under Hugging Face's own loss, where none follows)
+        self.split_last = False
 
     def add_node(self, node) -> None:
         self.nodes = [r for r in self.nodes if r() is not None]
@@ -367,6 +370,7 @@ class _TiedRows:
         split = _SplitHeadUpdate(tokens)
         if not self.deposit_head_grad(split, head):
             return False
+        self.split_last = True
         split.apply_head(opt._start_row_updates(param, split), dy, x, param.dtype)
         return True
 
@@ -409,9 +413,11 @@ class _TokenRows:
     _SplitHeadUpdate's row blocks of a [n_rows, cols] weight begins and ends in T, as host integers
     (one transfer for all blocks), and the embedding's padding index's slot in T (_padding_slot, for the
     embedding's backward; -1 for none). torch.unique and those transfers wait for the device: made in
-    the embedding's forward where a split may follow (ForgeOptimizer._may_split_rows), where the device
-    has little queued (v30, bench/NOTES.md), not in the backward, where the host would wait for the
-    loss's chunks and the forward's tail instead of issuing the layers' backward."""
+    the embedding's forward where a split may follow (the embedding's last backward took one, and
+    ForgeOptimizer._may_split_rows), where the device has little queued (v30, bench/NOTES.md), not in
+    the backward, where the host would wait for the loss's chunks and the forward's tail instead of
+    issuing the layers' backward. (A step's first split, or one after a backward without it, sorts in
+    the head's backward.)"""
 
     __slots__ = ("touched", "slot", "shape", "block_rows", "starts", "edges", "padding_idx", "padding_slot")
 
@@ -465,9 +471,8 @@ class _SplitHeadUpdate:
     def apply_head(self, updater, dy: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> None:
         self.updater = updater
         n_rows, cols = updater.n_rows, updater.cols
-        if (n_rows, cols) != self.tokens.shape:
-            raise ValueError(f"the tokens' row blocks are for a weight of {self.tokens.shape}, the update's is "
-                             f"{(n_rows, cols)}")
+        # split_head_update made the tokens for this weight's [V, H] (its rows and columns: the updater's)
+        assert (n_rows, cols) == self.tokens.shape, (self.tokens.shape, (n_rows, cols))
         rows, starts, edges = self.tokens.block_rows, self.tokens.starts, self.tokens.edges
         # zeros, not empty: should a block fail (out of memory), finish() applies no garbage
         self.head_rows = torch.zeros((self.touched.numel(), cols), dtype=dtype, device=dy.device)
@@ -559,6 +564,8 @@ class _TouchedRowsEmbeddingFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, indices, weight, rows, padding_idx):
+        if padding_idx is not None and padding_idx < 0:  # as F.embedding: counted from the end
+            padding_idx += weight.shape[0]
         out = F.embedding(indices, weight, padding_idx)
         ctx.save_for_backward(indices)
         ctx.rows, ctx.num_weights, ctx.padding_idx = rows, weight.shape[0], padding_idx
@@ -567,7 +574,7 @@ class _TouchedRowsEmbeddingFn(torch.autograd.Function):
         ctx.forge_num_indices = indices
         opt = rows.opt
         ctx.forge_num_tokens = (_TokenRows(indices, *weight.shape, -1 if padding_idx is None else padding_idx)
-                                if opt is not None and weight.dim() == 2 and opt._may_split_rows(weight) else None)
+                                if rows.split_last and opt is not None and opt._may_split_rows(weight) else None)
         rows.add_node(ctx)  # ctx is this call's backward node (out.grad_fn)
         return out
 
@@ -579,6 +586,7 @@ class _TouchedRowsEmbeddingFn(torch.autograd.Function):
         if isinstance(head_grad, _SplitHeadUpdate):  # the head updated the other rows: these now
             head_grad.finish(grad, pad)
             return None, None, None, None
+        ctx.rows.split_last = False
         if head_grad is None:  # as torch's EmbeddingBackward for a dense weight
             dw = torch.ops.aten.embedding_dense_backward(grad, indices, ctx.num_weights, pad, False)
         else:

@@ -39,8 +39,11 @@ __all__ = ["linear_cross_entropy"]
 # chunk's gradient (bench/NOTES.md, session 19). They sit on top of the backward's dY (2 bytes a logit,
 # all rows): with a tied head's update split by rows in the stochastic regimes
 # (forge_num.fused._SplitHeadUpdate), that is the 8bit step's peak at Llama-1B and -3B, 4x1024 tokens.
-# 128 MiB of them at most (64 rows of Llama's 128,256-token vocabulary, 96 MiB; 128 rows and 256 MiB
-# before v28, 512 MiB before that), each chunk's GEMM whole 64-row tiles (_CHUNK_ROW_TILE).
+# 128 MiB of them at most (64 rows of Llama's 128,256-token vocabulary, 94 MiB; 128 rows and 256 MiB
+# before v28, 512 MiB before that), each chunk's GEMM whole 64-row tiles (_CHUNK_ROW_TILE). At 12
+# bytes a logit other vocabularies take more rows than at 16 (GPT-2's 50,257: 192 rows, was 128;
+# 32,000: 320, was 256), which regroups the loss's sum (its last bits) and may change the chunk GEMM's
+# algorithm on the GPU.
 _BYTES_PER_CHUNK_LOGIT = 12
 DEFAULT_CHUNK_BYTES = 128 * 2**20
 _CHUNK_ROW_TILE = 64

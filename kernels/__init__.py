@@ -381,7 +381,7 @@ def _plain_q8_linear_ok(weight: torch.Tensor, x, dy, states, rule: Rule) -> bool
     M, N = weight.shape
     scales_shape = (M, _cdiv(N, QBLOCK))
     for st in states:
-        if type(st) is not Q8State and not _is_q8(st):
+        if not (isinstance(st, tuple) and _is_q8(st)):  # a Q8State or the like (unpacked by the checks)
             return False
         codes, scales = st.codes, st.scales
         if (codes.dtype != torch.uint8 or codes.shape != (M, N) or not codes.is_contiguous()

@@ -298,13 +298,18 @@ def test_chunked_loss_fused_head_equals_materialized(model, precision, autocast)
 
 
 @pytest.mark.parametrize("precision", ["8bit", "bf16-sr"])
-def test_tied_split_backward_does_not_wait_for_the_device(precision):
+def test_tied_split_backward_does_not_wait_for_the_device(precision, monkeypatch):
     """gpt2's tied head in a stochastic regime (the update split by rows, v26): with the tokens sorted in
     the embedding's forward (v30), nothing in the backward waits for the device (CUDA's sync debug mode
     raises at any synchronizing call), so the host keeps issuing the layers' backward while the loss's
     chunks run. The step's end (opt.step(): the telemetry's one transfer) may wait."""
+    from forge_num import fused
     from forge_num.hf import causal_lm_loss
 
+    splits = []
+    apply_head = fused._SplitHeadUpdate.apply_head
+    monkeypatch.setattr(fused._SplitHeadUpdate, "apply_head",
+                        lambda self, *a: (splits.append(1), apply_head(self, *a)))
     m = tiny_gpt2().to(CUDA).to(torch.bfloat16)
     opt = OPTS["adamw"](m.parameters(), precision=precision, seed=7)
     prepare(m, opt)
@@ -319,4 +324,4 @@ def test_tied_split_backward_does_not_wait_for_the_device(precision):
     finally:
         torch.cuda.set_sync_debug_mode(0)
     opt.step()
-    assert opt.stats["nonfinite"] == 0
+    assert opt.stats["nonfinite"] == 0 and len(splits) == 2  # both steps split the head's update

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import types
 import os
 import sys
 
@@ -155,7 +156,9 @@ def _variants():
     yield "8bit, codes strided", dict(w=w16, seed=5, s=[q, q._replace(codes=torch.zeros(N, M, dtype=torch.uint8).t())])
     yield "8bit, scales shape", dict(w=w16, seed=5, s=[q, q._replace(scales=torch.ones(M, 2))])
     yield "8bit, scales float64", dict(w=w16, seed=5, s=[q, q._replace(scales=q.scales.double())])
-    yield "8bit, scales strided", dict(w=w16, seed=5, s=[q, q._replace(scales=torch.ones(1, M).t())])
+    yield "8bit, scales strided", dict(w=w16, seed=5, s=[q, q._replace(scales=torch.ones(M, 2)[:, :1])])
+    yield "8bit, a state not a tuple", dict(w=w16, seed=5,
+                                            s=[q, types.SimpleNamespace(codes=q.codes, scales=q.scales)])
     yield "8bit and a plain state", dict(w=w16, seed=5, s=[q, torch.zeros(M, N, dtype=torch.bfloat16)])
     yield "8bit states as a generator", dict(w=w16, seed=5, s=(kernels.Q8State.zeros(M, N) for _ in range(2)))
     yield "8bit, weight transposed", dict(w=torch.zeros(N, M, dtype=torch.bfloat16).t(), seed=5, s=[q] * 2)
@@ -200,8 +203,10 @@ def test_every_input_gets_the_detailed_checks_answer(name, change):
     """The same error (type and message) as the detailed checks, or none where they pass; and the
     fast path says yes only where every detailed check passes."""
     a = _args(change)
-    if name.endswith("states as a generator"):  # consumed once per call
-        want = _error(_detailed_checks, a["w"], a["x"], a["dy"], list(_args(change)["s"]), rules.ADAMW, a["h"],
+    if name.endswith("states as a generator"):  # consumed once per call: each call gets its own
+        states = list(a["s"])
+        a["s"] = iter(states)
+        want = _error(_detailed_checks, a["w"], a["x"], a["dy"], states, rules.ADAMW, a["h"],
                       a["scale"], a["seed"], a["accum"])
     else:
         want = _error(_detailed_checks, a["w"], a["x"], a["dy"], a["s"], rules.ADAMW, a["h"], a["scale"],

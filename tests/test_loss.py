@@ -67,28 +67,35 @@ def test_grad_of_a_scaled_loss_is_torchs(rows, scale):
     assert torch.equal(h1.grad, h2.grad) and torch.equal(head.weight.grad, ref_head.weight.grad)
 
 
+CHUNK_DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", CHUNK_DEVICES)
 @pytest.mark.parametrize("seed", range(6))
-def test_a_chunks_gradient_is_autograds_bit_for_bit(seed):
+def test_a_chunks_gradient_is_autograds_bit_for_bit(seed, device):
     """The backward's chunk gradient (forge_num.loss._chunk_logits_grad: the aten calls without the
     graph) against torch.autograd.grad of the same chunk's cross-entropy sum, on random (inexact)
-    logits in bf16 and fp32: equal as bits, with ignored rows, a chunk with every row ignored, and a
-    non-finite logit's row (NaN where autograd's is)."""
+    logits in bf16 and fp32: equal as bits, with ignored rows (ignore_index -100, or 5 for odd seeds,
+    a class some rows do take), a chunk with every row ignored, and a non-finite logit's row (NaN where
+    autograd's is); on the GPU too where there is one."""
     g = torch.Generator().manual_seed(seed)
     rows, hidden, vocab = 1 + seed * 7, 48, 301
+    ignore = -100 if seed % 2 == 0 else 5
     for dtype in (torch.bfloat16, torch.float32):
         h = (torch.randn(rows, hidden, generator=g) * 2).to(dtype)
         w = torch.randn(vocab, hidden, generator=g).to(dtype)
         y = torch.randint(0, vocab, (rows,), generator=g)
-        y[torch.rand(rows, generator=g) < 0.3] = -100
+        y[torch.rand(rows, generator=g) < 0.3] = ignore
         if seed == 4:
-            y[:] = -100
+            y[:] = ignore
         if seed == 5:
             w[3, 0] = float("inf")
         grad_sum = torch.rand((), generator=g) * 3
+        h, w, y, grad_sum = (t.to(device) for t in (h, w, y, grad_sum))
         upcast = F.linear(h, w).float().requires_grad_()
-        (expected,) = torch.autograd.grad(F.cross_entropy(upcast, y, ignore_index=-100, reduction="sum"), upcast,
+        (expected,) = torch.autograd.grad(F.cross_entropy(upcast, y, ignore_index=ignore, reduction="sum"), upcast,
                                           grad_outputs=grad_sum)
-        got = _chunk_logits_grad(_chunk_log_probs(h, w, 0, rows), y, -100, grad_sum)
+        got = _chunk_logits_grad(_chunk_log_probs(h, w, 0, rows), y, ignore, grad_sum)
         assert got.dtype == torch.float32 and got.shape == expected.shape
         assert torch.equal(got.view(torch.int32), expected.view(torch.int32)), (seed, dtype)
 

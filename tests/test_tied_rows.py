@@ -14,6 +14,7 @@ import os
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import forge_num as fn
 import forge_num.fused as fused
@@ -557,13 +558,13 @@ def test_split_update_through_the_kernels_equals_the_torch_backend(monkeypatch, 
 @pytest.mark.parametrize("precision,micro,padding", [("8bit", 1, None), ("bf16-sr", 1, None), ("8bit", 1, 3),
                                                      ("fp32", 1, None), ("8bit", 2, None)])
 def test_the_split_sorts_its_tokens_in_the_forward(monkeypatch, precision, micro, padding):
-    """v30: where the head's update may split (a stochastic regime, the step's last micro-batch), the
-    embedding's forward sorts the tokens and finds the blocks' edges (torch.unique and a transfer, both
-    waiting for the device), and the split in the head's backward uses them: no torch.unique runs in the
-    backward (here made to fail there, where the unsplit path would call it too). Elsewhere (the fp32
-    regime, accumulated micro-batches) the forward sorts nothing. The weights are those of the split
-    sorting in its backward, bit for bit (with a padding index among the tokens too: its slot found in
-    the forward)."""
+    """v30: where the head's update may split (a stochastic regime, the step's last micro-batch, and
+    the embedding's last backward took a split), the embedding's forward sorts the tokens, finds the
+    blocks' edges and the padding index's slot (torch.unique, transfers and a nonzero, each waiting for
+    the device), and the split in the head's backward uses them: neither torch.unique nor nonzero runs
+    in the backward (here made to fail there, where the unsplit path would call them too). The first
+    step sorts in its backward (no split before it); the fp32 regime and accumulated micro-batches sort
+    nothing. The weights are those of the split sorting in its backward, bit for bit."""
     monkeypatch.setattr(fused, "_SPLIT_ROW_TILE", 32)
     monkeypatch.setattr(fused, "_SPLIT_BLOCK_ELEMENTS", 32 * 64)
     real_unique = torch.unique
@@ -592,6 +593,7 @@ def test_the_split_sorts_its_tokens_in_the_forward(monkeypatch, precision, micro
                             raise AssertionError("torch.unique in the backward")
                         with monkeypatch.context() as inner:
                             inner.setattr(torch, "unique", no_unique)
+                            inner.setattr(torch.Tensor, "nonzero", no_unique)
                             loss.backward()
                     else:
                         loss.backward()
@@ -600,8 +602,9 @@ def test_the_split_sorts_its_tokens_in_the_forward(monkeypatch, precision, micro
         return m.model.embed_tokens.weight.detach().clone(), sorted_in_forward
 
     w_forward, sorted_in_forward = train(True)
-    # accumulated micro-batches keep an fp32 buffer, so none of them splits (nor sorts)
-    expected = [precision != "fp32" and micro == 1] * (2 * micro)
+    # accumulated micro-batches keep an fp32 buffer, so none of them splits (nor sorts); the first step
+    # has no split before it
+    expected = [False] * micro + [precision != "fp32" and micro == 1] * micro
     assert sorted_in_forward == expected
     w_backward, sorted_never = train(False)
     assert not any(sorted_never)
@@ -610,7 +613,7 @@ def test_the_split_sorts_its_tokens_in_the_forward(monkeypatch, precision, micro
 
 
 def _graph_nodes(t):
-    """The autograd graph's nodes reachable from ``t`` (breadth first)."""
+    """The autograd graph's nodes reachable from ``t`` (depth first)."""
     seen, todo = set(), [t.grad_fn]
     while todo:
         n = todo.pop()
@@ -619,3 +622,47 @@ def _graph_nodes(t):
         seen.add(n)
         yield n
         todo.extend(f for f, _ in n.next_functions)
+
+
+@needs_fused_aten
+def test_a_loss_without_the_split_stops_the_forward_sorting(monkeypatch):
+    """A tied model trained in 8bit on Hugging Face's own loss (its head's gradient goes to autograd,
+    no split follows): after one backward without a split, the embedding's forward sorts nothing (it
+    would wait for the device each step for nothing); after a chunked-loss step with a split it sorts
+    again."""
+    m = tiny_llama(tie=True).to(torch.bfloat16)
+    opt = fn.AdamW(m.parameters(), precision="8bit", seed=1, **ADAMW)
+    prepare(m, opt)
+    g = torch.Generator().manual_seed(2)
+    built = []
+    real = fused._TokenRows.__init__
+
+    def counting(self, *a, **kw):
+        built.append(1)
+        real(self, *a, **kw)
+
+    monkeypatch.setattr(fused._TokenRows, "__init__", counting)
+    for loss_kind in ("chunked", "chunked", "hf", "hf", "chunked", "chunked"):
+        ids = torch.randint(0, 256, (2, 12), generator=g)
+        before = len(built)
+        loss = chunked_lm_loss(m, ids) if loss_kind == "chunked" else m(input_ids=ids, labels=ids).loss
+        sorted_in_forward = len(built) > before
+        loss.backward()
+        opt.step()
+        built.append((loss_kind, sorted_in_forward))
+    seen = [x for x in built if isinstance(x, tuple)]
+    assert [s for _, s in seen] == [False, True, True, False, False, True]
+
+
+def test_a_negative_padding_index_counts_from_the_end_as_torchs():
+    """An embedding whose padding_idx is set negative after it was built: F.embedding counts it from
+    the end (row V - 1 gets no gradient); the tied embedding's backward does the same."""
+    torch.manual_seed(0)
+    V, H = 11, 4
+    w = torch.randn(V, H, requires_grad=True)
+    idx = torch.tensor([[1, V - 1, 3, V - 1]])
+    grad = torch.randn(1, 4, H)
+    (expected,) = torch.autograd.grad(F.embedding(idx, w, -1), w, grad)
+    rows = fused._TiedRows()
+    (got,) = torch.autograd.grad(fused._TouchedRowsEmbeddingFn.apply(idx, w, rows, -1), w, grad)
+    assert torch.equal(got, expected) and not got[V - 1].any()

@@ -41,7 +41,11 @@ echo "== 3B 4x1024 tree $(date -u +%T)"
 timeout "$(budget 170)" python3 bench/train_step.py --methods forge_8bit+cl,flashoptim+cl --models llama-3b \
   --tokens 4x1024 "${TRAIN[@]}" --out "$R/train_3b.json" >"$R/train_3b.log" 2>&1
 echo "== 1B 4x1024 A (c4c1edf) $(date -u +%T)"
-PYTHONPATH="$A:/tmp/site" timeout "$(budget 120)" python3 bench/train_step.py --methods forge_8bit+cl --models llama-1b \
+# from a copy of bench/ outside the repository: run from it, bench/ puts the repository root on sys.path, and
+# transformers' probe for a `kernels` package imported the tree's kernels/ against the wheel's forge_num (the
+# ImportError of the 13:29 run; its README says so)
+mkdir -p "$A/run" && cp -r bench "$A/run/"
+PYTHONPATH="$A:/tmp/site" timeout "$(budget 120)" python3 "$A/run/bench/train_step.py" --methods forge_8bit+cl --models llama-1b \
   --tokens 4x1024 "${TRAIN[@]}" --out "$R/train_1b_A.json" >"$R/train_1b_A.log" 2>&1
 echo "== done $(date -u +%T)"
 date -u >>"$R/env.txt"
