@@ -499,11 +499,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
         pieces (forge_num.fused's tied head): a stochastic regime (the fp32 regime's tied head keeps
         autograd's whole product: bench/NOTES.md, v26), a pass that updates (not the norm pass, not a
         skipped step), the step's last micro-batch with no gradient from earlier ones, no data-parallel
-        reduction, an unsharded parameter."""
-        rec = self._recs.get(p)
-        return (rec is not None and self.precision != "fp32" and self._mode in ("idle", "update")
-                and rec.events + 1 == self.accumulation_steps and rec.accum is None and p.grad is None
-                and self._grad_reducer is None and not _is_dtensor(p))
+        reduction, an unsharded parameter (_may_split_rows, with the pass known)."""
+        return self._mode in ("idle", "update") and self._may_split_rows(p)
 
     def _apply_linear(self, p, x, dy, accum, name):
         group = self._group_by_param[p]
