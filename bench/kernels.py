@@ -167,7 +167,7 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", o
     per_config, compiled, failed = {}, {}, {}
     configs = kernels.Q8_CONFIGS[torch.bfloat16] if precision == "8bit" else kernels.configs_for(torch.bfloat16)
     candidates = Q8_CANDIDATES if precision == "8bit" else CANDIDATES
-    default = (kernels.default_q8_config(K, torch.bfloat16) if precision == "8bit"
+    default = (kernels.default_q8_config(M, N, K, torch.bfloat16) if precision == "8bit"
                else kernels.default_config(M, N, K, torch.bfloat16, precision == "bf16-sr"))
     for cfg in (*configs, *candidates):
         if only is not None and cfg.label not in only:

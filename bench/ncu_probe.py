@@ -37,7 +37,7 @@ def tile_by_label(label: str, M: int, N: int, K: int, precision: str = "fp32"):
     of the precision's kernel (the 8bit regime's own lists for "8bit")."""
     if precision == "8bit":
         if label == "default":
-            return kernels.default_q8_config(K, torch.bfloat16)
+            return kernels.default_q8_config(M, N, K, torch.bfloat16)
         tiles = {c.label: c for c in (*kernels.Q8_CONFIGS[torch.bfloat16], *kernels.CANDIDATE_Q8_CONFIGS)}
     elif label == "default":
         return kernels.default_config(M, N, K, torch.bfloat16, precision == "bf16-sr")

@@ -198,8 +198,12 @@ INTERPRETER_CONFIG = TileConfig(32, 32, 16, num_warps=4, num_stages=1, epilogue_
 # point timed, so that the regime's GPU tests keep drawing the epilogue's other two splits.
 Q8_SMALL_K_CONFIG = TileConfig(32, 128, 64, num_warps=8, num_stages=3, epilogue_split=4)
 Q8_LARGE_K_CONFIG = TileConfig(64, 128, 64, num_warps=8, num_stages=3, epilogue_split=4, max_registers=128)
+# v24 (session 20): the TMA 64x128 with four stages, whose wgmma ptxas does not serialize (the pointer
+# 64x128's C7515), the default wherever its operands are TMA-addressable and it has tiles enough
+# (default_q8_config).
+Q8_TMA_CONFIG = TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, tma=True, max_registers=128)
 Q8_CONFIGS = {
-    torch.bfloat16: (Q8_SMALL_K_CONFIG, Q8_LARGE_K_CONFIG,
+    torch.bfloat16: (Q8_SMALL_K_CONFIG, Q8_LARGE_K_CONFIG, Q8_TMA_CONFIG,
                      TileConfig(32, 128, 64, num_warps=8, num_stages=3),
                      TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=2)),
     torch.float32: (TileConfig(16, 128, 16, num_warps=4, num_stages=2),),
@@ -278,10 +282,13 @@ CANDIDATE_CONFIGS = (
 # as of every pointer-mainloop 8-warp 64x128 8bit tile with row quarters; with TMA loads none of
 # them has it (e4 uncapped, r128 with 3 or 4 stages, e2 r128, p2 r128; `python bench/registers.py
 # --precision 8bit --candidates` on the CPU).
+# Session 20 (bench/results/2026-12-05-s20/, H200): the four-stage TMA 64x128 was promoted
+# (Q8_TMA_CONFIG; default_q8_config has its numbers). With the wide Philox products its three-stage
+# twin took 0.89-1.10x its time (slower at 17 of 25 points, up to 1.08x from 4096 tokens; 0.89x at
+# 4096x14336, K = 16384), and the TMA 32x128 was the fastest only at 512x2048, K = 2048 (0.89x the
+# small-K default's time, where the promoted tile took 1.05x): both stay candidates.
 CANDIDATE_Q8_CONFIGS: tuple[TileConfig, ...] = (
-    # 244 B of spills each
     TileConfig(64, 128, 64, num_warps=8, num_stages=3, epilogue_split=4, tma=True, max_registers=128),
-    TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, tma=True, max_registers=128),
     TileConfig(32, 128, 64, num_warps=8, num_stages=3, epilogue_split=4, tma=True),  # 126 registers, no spill
 )
 
@@ -559,7 +566,7 @@ def _launch_linear(
     tma_ok = _tma_addressable(x, dy)
     if config is None:
         if q8:
-            config = INTERPRETER_Q8_CONFIG if _interpreting() else default_q8_config(K, x.dtype)
+            config = INTERPRETER_Q8_CONFIG if _interpreting() else default_q8_config(M, N, K, x.dtype, tma_ok)
         else:
             config = INTERPRETER_CONFIG if _interpreting() else default_config(M, N, K, x.dtype, bf16, tma_ok=tma_ok)
     if q8 and (config.BN % QBLOCK or config.epilogue_split > 4 or config.BM % config.epilogue_split):
@@ -728,15 +735,29 @@ def default_config(M: int, N: int, K: int, dtype: torch.dtype, bf16_storage: boo
 #     1.391 / 1.170 and 1.582 / 5.257 / 4.395; K = 16384 0.831 / 1.825 / 1.727 and 2.937 / 6.916 /
 #     6.642: 1.04-1.25x.
 #     At 2048 tokens the 32x128 was 1.04-1.13x faster than it, at 4096 1.22-1.24x slower.
+# Session 20 (v24, bench/results/2026-12-05-s20/followup, H200, the Philox products wide): the TMA
+# 64x128 with four stages (Q8_TMA_CONFIG), against the pointer default the launcher picked, time
+# ratios: 4096x14336 0.86, 0.80, 0.76, 0.80, 0.93 at K = 256, 1024, 2048, 4096, 16384; 8192x8192
+# 0.79, 0.92, 0.68, 0.84, 0.85; Llama-1B's 2048x2048, 8192x2048, 2048x8192 and 14336x4096 0.64-0.88
+# at K = 1024, 2048, 4096. Where it has few tiles it loses below Q8_LARGE_K: 512x2048 (128 of its
+# tiles for 132 SMs) 1.68x at K = 1024 and 1.05x at 2048, while 0.83x at 4096. So: the TMA tile
+# from Q8_LARGE_K tokens, and below it where it has at least Q8_TMA_MIN_TILES tiles (two programs
+# on each SM of an H100 or H200 is 264; 128 tiles lost, 512 won: 256 lies between); the pointer
+# tiles where TMA cannot address the operands.
 Q8_LARGE_K = 4096
-DEFAULT_Q8_CONFIGS = {"small_k": Q8_SMALL_K_CONFIG, "large_k": Q8_LARGE_K_CONFIG}
+Q8_TMA_MIN_TILES = 256
+DEFAULT_Q8_CONFIGS = {"small_k": Q8_SMALL_K_CONFIG, "large_k": Q8_LARGE_K_CONFIG, "tma": Q8_TMA_CONFIG}
 
 
-def default_q8_config(K: int, dtype: torch.dtype) -> TileConfig:
-    """The 8bit regime's tile for K tokens of dtype operands (the table above; fp32 operands: the
-    FMA tile)."""
+def default_q8_config(M: int, N: int, K: int, dtype: torch.dtype, tma_ok: bool = True) -> TileConfig:
+    """The 8bit regime's tile for an M x N weight and K tokens of dtype operands (the table above;
+    fp32 operands: the FMA tile). ``tma_ok``: whether the operands can be loaded through TMA
+    descriptors (_tma_addressable)."""
     if dtype == torch.float32:
         return Q8_CONFIGS[torch.float32][0]
+    tma = DEFAULT_Q8_CONFIGS["tma"]
+    if tma_ok and (K >= Q8_LARGE_K or _cdiv(M, tma.BM) * _cdiv(N, tma.BN) >= Q8_TMA_MIN_TILES):
+        return tma
     return DEFAULT_Q8_CONFIGS["small_k" if K < Q8_LARGE_K else "large_k"]
 
 

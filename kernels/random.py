@@ -27,10 +27,10 @@ function); it runs ``philox4x32_10`` below, the same rounds written out in ops b
 tests/test_interpreter_rounding.py holds ``philox4x32_10`` against ``tl.randint4x`` and the
 emulator bit for bit (interpreter and GPU); tests/test_gpu_gluon.py the Gluon kernel's bits.
 
-WIDE_PRODUCTS (FORGE_NUM_PHILOX_WIDE=1, a candidate): the Triton kernels take their words from
-``philox4x32_10`` too, each round's two products one ``mul.wide.u32`` apiece (the same words, fewer
-instructions); tests/test_interpreter_rounding.py runs its GPU mode once more with it on, and holds
-``wide_products_a``/``wide_products_b`` against the two multiplies.
+WIDE_PRODUCTS (the default on the GPU; FORGE_NUM_PHILOX_WIDE=0 turns it off): the Triton kernels
+take their words from ``philox4x32_10`` too, each round's two products one ``mul.wide.u32`` apiece
+(the same words, fewer instructions); tests/test_interpreter_rounding.py runs its GPU mode with it
+off and on, and holds ``wide_products_a``/``wide_products_b`` against the two multiplies.
 """
 
 from __future__ import annotations
@@ -93,11 +93,14 @@ PHILOX_KEY_B: tl.constexpr = tl.constexpr(_philox.PHILOX_KEY_B)
 # ptxas leaves as two (IMAD.HI.U32, IMAD); one ``mul.wide.u32`` is one IMAD.WIDE.U32 with both
 # halves, the same bits (the exact product either way). Per element, 69 -> 50 SASS instructions
 # for the ten rounds (sm_90, ptxas of Triton 3.6), ~5% of the 8bit epilogue's (bench/NOTES.md,
-# session 16). A candidate until the GPU has timed it: FORGE_NUM_PHILOX_WIDE=1 in the environment
-# when this module is imported turns it on for the Triton kernels' rounding_bits and the Gluon
-# kernel's rounds; the interpreter runs no PTX, so never under TRITON_INTERPRET.
+# session 16). Timed on the H200 in session 20 (bench/results/2026-12-05-s20/), on against off in
+# one call: the 8bit tiles 1.00-1.29x (1.26-1.29x on the 64x128 r128, whose 128-register cap spilled
+# less), the bf16-sr defaults 0.98-1.09x; the regime tests passed with it on. On by default for
+# the Triton kernels' rounding_bits and the Gluon kernel's rounds; FORGE_NUM_PHILOX_WIDE=0 in the
+# environment when this module is imported turns it off (tl.umulhi and a multiply, the same words).
+# The interpreter runs no PTX, so never under TRITON_INTERPRET.
 WIDE_PRODUCTS: tl.constexpr = tl.constexpr(not is_interpreter()
-                                           and os.environ.get("FORGE_NUM_PHILOX_WIDE", "0") == "1")
+                                           and os.environ.get("FORGE_NUM_PHILOX_WIDE", "1") != "0")
 # {hi, lo} of the product of $2 and a round constant: mov.b64's vector is {low word, high word}
 _MUL_WIDE_A: tl.constexpr = tl.constexpr(
     "{ .reg .b64 t; mul.wide.u32 t, $2, %d; mov.b64 {$1, $0}, t; }" % _philox.PHILOX_ROUND_A)

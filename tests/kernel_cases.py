@@ -222,7 +222,8 @@ def run_q8_case(rule_name: str, hyper: dict, dtype: torch.dtype, M: int, N: int,
     for a, b in zip(sf, su):
         assert torch.equal(a.codes, b.codes) and torch.equal(a.scales.view(torch.int32), b.scales.view(torch.int32))
     to_np = (lambda t: t.numpy()) if dtype == torch.float32 else bf16_bits  # noqa: E731
-    cfg = config or (kernels.INTERPRETER_Q8_CONFIG if kernels._interpreting() else kernels.default_q8_config(K, dtype))
+    cfg = config or (kernels.INTERPRETER_Q8_CONFIG if kernels._interpreting() else kernels.default_q8_config(
+        M, N, K, dtype, kernels._tma_addressable(x, dy)))
     res = emulate(bf16_bits(w), to_np(x), to_np(dy), [(s.codes.numpy(), s.scales.numpy()) for s in states], rule=r,
                   h=h, accum=accum.numpy(), tile=(cfg.BM, cfg.BN, cfg.BK), precision="8bit", seed=key)
     assert same_bits(res.weight, wf), "emulated kernel != kernel weight"

@@ -114,8 +114,8 @@ def check_gluon_ws(rule_name: str, config, precision: str = "fp32") -> dict:
     """The warp-specialized Gluon kernel (kernels/gluon_update.py) for sm_90 with one tile, in the
     fp32 or bf16-sr regime: IEEE op counts (each vocabulary op of the rule once per element a
     consumer thread updates), the wgmma chain, TMA copies, the partitions' register caps, ptxas
-    resources and shared memory; bf16-sr: the Philox rounds' multiplications (two mul.hi.u32 a
-    round, ten rounds, per element)."""
+    resources and shared memory; bf16-sr: the Philox rounds' multiplications (two a round, ten
+    rounds, per element: mul.hi.u32, or mul.wide.u32 with kernels/random.py's WIDE_PRODUCTS)."""
     from bench.registers import resource_usage
     from forge_num import rules
     from forge_num.kernels.gluon_update import compile_for_sm90
@@ -131,7 +131,7 @@ def check_gluon_ws(rule_name: str, config, precision: str = "fp32") -> dict:
             "forbidden": forbidden(ptx),
             "expected": {op: calls.get(op, 0) * per_thread * consumers for op in PTX_OP},
             "consumers": consumers, "per_thread": per_thread,
-            "mul_hi": len(re.findall(r"mul\.hi\.u32", ptx)),
+            "mul_hi": len(re.findall(r"mul\.hi\.u32", ptx)), "mul_wide": len(re.findall(r"mul\.wide\.u32", ptx)),
             "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "tma": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
             "setmaxnreg": len(re.findall(r"setmaxnreg", ptx)), "shared": int(compiled.metadata.shared),
             "shared_model": config.shared_bytes(len(rule.state), 2 if bf16 else 4), **resource_usage(ptx)}

@@ -109,11 +109,19 @@ def test_default_tile_by_k_and_operands():
             == sr_mid_cfg)
     assert kernels.default_config(8192, 8192, 16384, torch.float32) == kernels.IEEE_CONFIGS[0]
     q8 = kernels.DEFAULT_Q8_CONFIGS
-    assert kernels.default_q8_config(0, bf16) == q8["small_k"]  # the element-wise update of an 8bit parameter
-    assert kernels.default_q8_config(kernels.Q8_LARGE_K - 1, bf16) == q8["small_k"]
-    assert kernels.default_q8_config(kernels.Q8_LARGE_K, bf16) == q8["large_k"]
-    assert kernels.default_q8_config(16384, bf16) == q8["large_k"]
-    assert kernels.default_q8_config(16384, torch.float32) == kernels.Q8_CONFIGS[torch.float32][0]
+    q8_large_k = kernels.Q8_LARGE_K
+    # the element-wise update of an 8bit parameter: no tokens, nothing for TMA to load
+    assert kernels.default_q8_config(4096, 4096, 0, bf16, tma_ok=False) == q8["small_k"]
+    # the TMA 64x128 wherever TMA can load the operands, from Q8_LARGE_K tokens or with tiles enough
+    for M, N in ((4096, 4096), (2048, 2048), (512, 2048), (8, 128)):
+        many = (M // 64) * (N // 128) >= kernels.Q8_TMA_MIN_TILES
+        assert kernels.default_q8_config(M, N, q8_large_k, bf16) == q8["tma"]
+        assert kernels.default_q8_config(M, N, 256, bf16) == (q8["tma"] if many else q8["small_k"])
+        assert kernels.default_q8_config(M, N, q8_large_k - 1, bf16, tma_ok=False) == q8["small_k"]
+        assert kernels.default_q8_config(M, N, q8_large_k, bf16, tma_ok=False) == q8["large_k"]
+    assert not (512 // 64) * (2048 // 128) >= kernels.Q8_TMA_MIN_TILES  # 128 tiles: measured slower below 4096
+    assert q8["tma"].tma and q8["tma"].max_registers == 128 and q8["tma"] in kernels.Q8_CONFIGS[bf16]
+    assert kernels.default_q8_config(8192, 8192, 16384, torch.float32) == kernels.Q8_CONFIGS[torch.float32][0]
     ok = lambda *shapes: kernels._tma_addressable(*(torch.zeros(s, dtype=bf16) for s in shapes))  # noqa: E731
     assert ok((40, 136), (40, 72))
     assert not ok((40, 130), (40, 72))  # a row of 260 bytes

@@ -135,8 +135,8 @@ if __name__ == "__main__":
         tl.store(out_ptr + 2 * N + tl.arange(0, N), hi_b)
         tl.store(out_ptr + 3 * N + tl.arange(0, N), lo_b)
 
-    @triton.jit
-    def k_rounding_bits(seed, off_ptr, out_ptr, N: tl.constexpr):
+    @triton.jit(do_not_specialize=["seed"])  # the kernels' seed: u64; wide, philox4x32_10 takes no constexpr
+    def k_rounding_bits(seed: tl.uint64, off_ptr, out_ptr, N: tl.constexpr):
         i = tl.arange(0, N)
         off = tl.load(off_ptr + i)
         a, b, c, d, e = KRand.rounding_bits(seed, off)
@@ -173,8 +173,8 @@ if __name__ == "__main__":
         j = tl.arange(0, BM)[:, None] * J + tl.arange(0, J)[None, :]
         tl.store(y_ptr + i, KQ.dequantize(tl.load(c_ptr + i), tl.load(s_ptr + j), SIGNED))
 
-    @triton.jit
-    def k_pipeline(seed, p_ptr, m_ptr, v_ptr, pb_ptr, mb_ptr, vb_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr,
+    @triton.jit(do_not_specialize=["seed"])
+    def k_pipeline(seed: tl.uint64, p_ptr, m_ptr, v_ptr, pb_ptr, mb_ptr, vb_ptr, mc_ptr, ms_ptr, vc_ptr, vs_ptr,
                    row0, col0, NCOLS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
         rows = row0 + tl.arange(0, BM)
         cols = col0 + tl.arange(0, BN)
