@@ -247,6 +247,9 @@ MAINLOOP_TILES = (
     kernels.TileConfig(128, 128, 64, num_warps=8, num_stages=4, tma=True),
     kernels.TileConfig(128, 256, 64, num_warps=8, num_stages=3, tma=True),
     kernels.TileConfig(128, 256, 64, num_warps=8, num_stages=4, tma=True),
+    # the 8bit defaults' mainloops (their epilogues aside): how much of the fused 8bit time is the dW
+    kernels.TileConfig(32, 128, 64, num_warps=8, num_stages=3),
+    kernels.TileConfig(64, 128, 64, num_warps=8, num_stages=4, tma=True, max_registers=128),
 )
 
 

@@ -8,6 +8,7 @@
 #      as the kernels do), the Gluon kernel's bf16-sr bits (its rounds are wide now).
 #   2. The 8bit and bf16-sr defaults against the unfused step (the table of record).
 #   3. The 8bit step beside flashoptim+cl: 1B and 3B at 4x1024 and 1x1024, checkpointing.
+#   3b. Before it, the dW mainloops alone of the 8bit defaults' tile shapes (how much of the fused time is dW).
 #   4. Both methods' 1B 4x1024 step under the profiler (the kernel table by name).
 # Every step under what is left of CALL_BUDGET_S (570 s by default); $OUT/results.tgz; a short table last.
 set -uo pipefail
@@ -31,6 +32,9 @@ echo "== kernels $(date -u +%T)"
 DEFAULTS="32x128x64_w8_s3_e4,64x128x64_w8_s4_e4_tma_r128,64x64x64_w4_s4_e2,64x64x64_w4_s3_e4_r128,128x128x64_w8_s3_e8_tma_r128"
 timeout "$(budget 70)" python3 bench/kernels.py --precision 8bit,bf16-sr --shapes 4096x14336,8192x8192,2048x8192 \
   --tokens 256,1024,4096,16384 --configs "$DEFAULTS" --out "$R/kernels.json" >"$R/kernels.log" 2>&1
+echo "== mainloops $(date -u +%T)"
+timeout "$(budget 40)" python3 bench/kernels.py --mainloop --shapes 4096x14336,8192x2048 --tokens 1024,4096 \
+  --out "$R/mainloop.json" >"$R/mainloop.log" 2>&1
 echo "== train $(date -u +%T)"
 PYTHONPATH=/tmp/site timeout "$(budget 150)" python3 bench/train_step.py --methods forge_8bit+cl,flashoptim+cl \
   --models llama-1b,llama-3b --tokens 4x1024,1x1024 --checkpointing on --warmup 2 --steps 3 \
@@ -46,3 +50,4 @@ echo "bits: $(tail -1 "$R/exactness.log")"; grep -E "^(FAILED|ERROR)" "$R/exactn
 grep -E "^(8bit|bf16-sr) " "$R/kernels.log" | cut -c1-150
 grep -E "^(forge|flash)" "$R/train.log" "$R/profile.log" | cut -c1-170
 grep -E "profiled step" "$R/profile.log" | cut -c1-300
+tail -12 "$R/mainloop.log" | cut -c1-200
