@@ -143,9 +143,10 @@ def products_b(x):
 
 @triton.jit
 def philox4x32_10(seed, offset):
-    """``tl.randint4x(seed, offset)`` for an int64 offset tile, its rounds written out
+    """``tl.randint4x(seed, offset)`` for an int64 or int32 offset tile, its rounds written out
     (emulator/philox.py states them): key (k0, k1) = (seed mod 2^32, seed >> 32) of the uint64
-    seed, counter (offset mod 2^32, offset >> 32 mod 2^32, 0, 0); per round, in uint32 arithmetic,
+    seed, counter (offset mod 2^32, offset >> 32 mod 2^32, 0, 0), the second word 0 for an int32
+    tile as tl.randint4x takes it; per round, in uint32 arithmetic,
     c0' = umulhi(B, c2) ^ c1 ^ k0, c2' = umulhi(A, c0) ^ c3 ^ k1, c1' = B c2, c3' = A c0, then the
     key bump k0 += 0x9E3779B9, k1 += 0xBB67AE85; ten rounds. ``seed`` must be a runtime integer, not
     a constexpr (the kernels type it u64 and do not specialize it)."""
@@ -153,7 +154,10 @@ def philox4x32_10(seed, offset):
     k0 = (key & 0xFFFFFFFF).to(tl.uint32)
     k1 = (key >> 32).to(tl.uint32)
     c0 = offset.to(tl.uint32)
-    c1 = (offset >> 32).to(tl.uint32)
+    if tl.constexpr(offset.dtype.primitive_bitwidth) > 32:
+        c1 = (offset >> 32).to(tl.uint32)
+    else:  # (a 32-bit shift by 32 is not 0 in PTX: shr clamps it to 31, the sign's copies)
+        c1 = c0 * 0
     c2 = c0 * 0
     c3 = c0 * 0
     for _ in tl.static_range(10):

@@ -209,10 +209,11 @@ if __name__ == "__main__":
                 o = torch.zeros(5 * off.size, dtype=torch.uint32, device=dev)
                 k_rounding_bits[(1,)](int(seed), T(off), o, off.size)
                 res[f"rb_{name}_{k}"] = o.cpu().numpy().reshape(5, off.size)
-                if name == "off64":  # philox4x32_10 takes int64 counters (the kernels' only kind)
-                    o = torch.zeros(4 * off.size, dtype=torch.uint32, device=dev)
-                    k_philox_written_out[(1,)](int(seed), T(off), o, off.size)
-                    res[f"px_{name}_{k}"] = o.cpu().numpy().reshape(4, off.size)
+                # philox4x32_10 on int64 counters (the kernels' kind) and int32 ones (tl.randint4x's
+                # second word 0), as rounding_bits takes them with WIDE_PRODUCTS
+                o = torch.zeros(4 * off.size, dtype=torch.uint32, device=dev)
+                k_philox_written_out[(1,)](int(seed), T(off), o, off.size)
+                res[f"px_{name}_{k}"] = o.cpu().numpy().reshape(4, off.size)
         if device == "cuda":  # mul.wide.u32 is PTX: the interpreter cannot run it
             x = d["mul_x"]
             o = torch.zeros(4 * x.size, dtype=torch.uint32, device=dev)
@@ -315,11 +316,14 @@ def test_randint4x_and_slices(run):
 
 def test_philox_written_out_is_randint4x(run):
     """kernels/random.py's philox4x32_10 (the Gluon kernel's Philox) gives tl.randint4x's words and
-    the emulator's, for every seed and int64 offset of the inputs (negative and >= 2^32 included)."""
+    the emulator's, for every seed and int64 offset of the inputs (negative and >= 2^32 included), and
+    every int32 offset (negative included: their high word is 0, not the sign's copies)."""
     d, res = run
-    for k, seed in enumerate(d["seeds"].tolist()):
-        assert np.array_equal(res[f"px_off64_{k}"], res[f"r4_off64_{k}"][:4]), hex(int(seed))
-        assert np.array_equal(res[f"px_off64_{k}"], np.stack(philox.randint4x(int(seed), d["off64"]))), hex(int(seed))
+    for name in ("off64", "off32"):
+        for k, seed in enumerate(d["seeds"].tolist()):
+            assert np.array_equal(res[f"px_{name}_{k}"], res[f"r4_{name}_{k}"][:4]), (name, hex(int(seed)))
+            assert np.array_equal(res[f"px_{name}_{k}"], np.stack(philox.randint4x(int(seed), d[name]))), \
+                (name, hex(int(seed)))
 
 
 def test_wide_products_are_the_two_multiplies(run):
