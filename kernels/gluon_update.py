@@ -66,6 +66,7 @@ import types
 
 import torch
 import triton
+import triton.language as tl  # noqa: F401  (the Philox arguments' annotations: fused_linear_update_ws_kernel)
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -526,9 +527,15 @@ def pingpong_consumer(descs, bufs, bars, M, N, K, h, grad_scale, rand, norm_sq_p
 # The Philox key and counter map are typed (u64, i64) and not specialized: one compiled kernel per
 # configuration whatever a step's key (kernels/linear_update.py, _UNSPECIALIZED), and a launch
 # key (kernels/launch_cache.py) that need not name them. The fp32 regime passes zeros.
+# Spelled tl.uint64 and tl.int64 (the same dtype objects as gl.uint64, gl.int64): this module's
+# annotations are strings (``from __future__ import annotations``) and Triton 3.6's binder reads a
+# string annotation as a type only with the "tl." prefix; "gl.uint64" it ignores, and typed these
+# three by value (i32, i64 or u64: five specializations), so a cached launch could meet a kernel
+# compiled for an i32 counter base with a base past 2^31 (an OverflowError in session 20's call 2).
+# tests/test_ptx.py holds the binder to one specialization.
 @gluon.jit(do_not_specialize=["seed", "rand_stride", "rand_base"])
 def fused_linear_update_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, norm_sq_ptr, nonfinite_ptr,
-                                  M, N, K, h, grad_scale, seed: gl.uint64, rand_stride: gl.int64, rand_base: gl.int64,
+                                  M, N, K, h, grad_scale, seed: tl.uint64, rand_stride: tl.int64, rand_base: tl.int64,
                                   GUARDED_UPDATE: gl.constexpr, BF16_STORAGE: gl.constexpr, STAGES: gl.constexpr, SLOTS: gl.constexpr,
                                   OUT_SLOTS: gl.constexpr, GROUP_M: gl.constexpr, SPLIT_MMA: gl.constexpr,
                                   PINGPONG: gl.constexpr, PINGPONG_REGS: gl.constexpr, num_warps: gl.constexpr):

@@ -91,22 +91,24 @@ def check_fused(rule_name: str, dtype: str) -> dict:
             "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "fma_total": len(re.findall(r"fma\.rn\.f32", ptx))}
 
 
-def launch_specializations(kernel) -> list:
-    """The distinct (seed, rand_base) specializations Triton's binder gives launches of ``kernel``
-    with Philox keys and counter bases of every class (0, 1, divisible by 16 or not, below 2^31,
-    between 2^31 and 2^63, above 2^63): the part of the compiled kernel's cache key they decide."""
+def launch_specializations(kernel, names=("seed", "rand_base")) -> list:
+    """The distinct specializations of the ``names`` arguments (of seed, rand_stride, rand_base)
+    that Triton's binder gives launches of ``kernel`` with Philox keys, counter strides and counter
+    bases of every class (0, 1, divisible by 16 or not, below 2^31, between 2^31 and 2^63, above
+    2^63): the part of the compiled kernel's cache key they decide."""
     from triton.backends.compiler import BaseBackend
     from triton.runtime.jit import create_function_from_signature
 
     binder = create_function_from_signature(kernel.signature, kernel.params, BaseBackend)
-    names = [p.name for p in kernel.params]
+    params = [p.name for p in kernel.params]
     seen = set()
-    for seed, base in ((0, 0), (1, 1), (16, 2**31), (2**31 + 5, 2**40 + 16), (2**63, 3), (2**64 - 16, 7)):
+    for values in ((0, 0, 0), (1, 1, 1), (16, 17, 2**31), (2**31 + 5, 2**31 + 16, 2**40 + 16), (2**63, 3, 3),
+                   (2**64 - 16, 2**40, 7)):
         args = {p.name: (p.default if p.has_default else 2) for p in kernel.params}
-        args.update(seed=seed, rand_base=base)
+        args.update({n: v for n, v in zip(("seed", "rand_stride", "rand_base"), values) if n in names})
         _, specialization, _ = binder(**args)
-        spec = dict(zip(names, specialization))
-        seen.add(json.dumps([spec["seed"], spec["rand_base"]]))
+        spec = dict(zip(params, specialization))
+        seen.add(json.dumps([spec[n] for n in names]))
     return sorted(json.loads(s) for s in seen)
 
 
@@ -135,6 +137,12 @@ def check_gluon_ws(rule_name: str, config, precision: str = "fp32") -> dict:
             "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "tma": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
             "setmaxnreg": len(re.findall(r"setmaxnreg", ptx)), "shared": int(compiled.metadata.shared),
             "shared_model": config.shared_bytes(len(rule.state), 2 if bf16 else 4), **resource_usage(ptx)}
+
+
+def _gluon_kernel():
+    from forge_num.kernels.gluon_update import fused_linear_update_ws_kernel
+
+    return fused_linear_update_ws_kernel
 
 
 def _gluon_ws_configs():
@@ -176,6 +184,9 @@ def main() -> int:
     out = {"elementwise": [check_elementwise(r) for r in sorted(rules.RULES)],
            "specializations": {name: launch_specializations(getattr(kernels, name))
                                for name in ("fused_linear_update_kernel", "elementwise_update_kernel")},
+           # the Gluon kernel's launches skip the binder on a cache hit (kernels/launch_cache.py), with a
+           # key that does not name these three: they must reach one specialization
+           "gluon_specializations": launch_specializations(_gluon_kernel(), ("seed", "rand_stride", "rand_base")),
            "fused": [check_fused(r, d) for r in ("adamw", "lion") for d in ("fp32", "bf16")],
            # AdamW holds the most state: registers and spills of every configuration the launcher may use
            "resources": [dict(config=str(c), dtype=d, precision=prec, **resource_usage(compile_tuned(c, rules.ADAMW, d, prec)))
