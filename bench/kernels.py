@@ -316,7 +316,7 @@ def main(argv=None) -> int:
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
             "python": platform.python_version(), "ceilings": ceilings,
-            # the Philox rounds' multiply form (kernels/random.py; FORGE_NUM_PHILOX_WIDE=1: mul.wide.u32)
+            # the Philox rounds' multiply form (kernels/random.py: mul.wide.u32 unless FORGE_NUM_PHILOX_WIDE=0)
             "philox_wide_products": bool(getattr(krandom, "WIDE_PRODUCTS", False)),  # (an older build has none)
             "command": "python bench/kernels.py " + " ".join(sys.argv[1:] if argv is None else argv),
             # which forge_num ran (an A/B puts an older build first on PYTHONPATH)

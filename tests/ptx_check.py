@@ -160,7 +160,7 @@ def _gluon_ws_bf16_sr_configs():
 def philox_products() -> dict:
     """The Philox rounds' multiplications in the 8bit small-K default tile (AdamW; all four words of
     each element's Philox call are used there): PTX mul.hi.u32 and mul.wide.u32 counts, elements a
-    thread, and whether kernels/random.py's WIDE_PRODUCTS was on (FORGE_NUM_PHILOX_WIDE=1)."""
+    thread, and whether kernels/random.py's WIDE_PRODUCTS was on (unless FORGE_NUM_PHILOX_WIDE=0)."""
     from bench.registers import compile_ptx as compile_tuned
     from forge_num import kernels, rules
     from forge_num.kernels import random as krandom

@@ -268,9 +268,10 @@ from forge_num.emulator import philox, quant8, rounding
 
 MODES = [
     pytest.param("interpreter", marks=pytest.mark.interpreter),
+    # "cuda": the Philox rounds as tl.randint4x writes them (FORGE_NUM_PHILOX_WIDE=0); "cuda-wide":
+    # with one mul.wide.u32 a product (kernels/random.py, WIDE_PRODUCTS, the GPU's default): every
+    # kernel here, the optimizer tile's path included
     pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.exactness]),
-    # the Philox rounds with one mul.wide.u32 a product (kernels/random.py, WIDE_PRODUCTS), which
-    # FORGE_NUM_PHILOX_WIDE=1 turns on: every kernel here, the optimizer tile's path included
     pytest.param("cuda-wide", marks=[pytest.mark.gpu, pytest.mark.exactness]),
 ]
 
