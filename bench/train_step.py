@@ -696,7 +696,7 @@ def environment(cuda: bool) -> dict:
     spec = importlib.util.find_spec("forge_num")
     meta["forge_num_path"] = os.path.dirname(spec.origin) if spec and spec.origin else None
     # the Philox rounds' multiply form, as the runs' children read it (kernels/random.py, WIDE_PRODUCTS)
-    meta["philox_wide_products"] = os.environ.get("FORGE_NUM_PHILOX_WIDE", "1") != "0"
+    meta["philox_wide_products"] = cuda and os.environ.get("FORGE_NUM_PHILOX_WIDE", "1") != "0"
     return meta
 
 

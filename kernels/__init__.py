@@ -284,7 +284,7 @@ CANDIDATE_CONFIGS = (
 # --precision 8bit --candidates` on the CPU).
 # Session 20 (bench/results/2026-12-05-s20/, H200): the four-stage TMA 64x128 was promoted
 # (Q8_TMA_CONFIG; default_q8_config has its numbers). With the wide Philox products its three-stage
-# twin took 0.89-1.10x its time (slower at 17 of 25 points, up to 1.08x from 4096 tokens; 0.89x at
+# twin took 0.89-1.10x its time (slower at 17 of 25 points, up to 1.10x from 4096 tokens; 0.89x at
 # 4096x14336, K = 16384), and the TMA 32x128 was the fastest only at 512x2048, K = 2048 (0.89x the
 # small-K default's time, where the promoted tile took 1.05x): both stay candidates.
 CANDIDATE_Q8_CONFIGS: tuple[TileConfig, ...] = (
@@ -738,7 +738,7 @@ def default_config(M: int, N: int, K: int, dtype: torch.dtype, bf16_storage: boo
 # Session 20 (v24, bench/results/2026-12-05-s20/followup, H200, the Philox products wide): the TMA
 # 64x128 with four stages (Q8_TMA_CONFIG), against the pointer default the launcher picked, time
 # ratios: 4096x14336 0.86, 0.80, 0.76, 0.80, 0.93 at K = 256, 1024, 2048, 4096, 16384; 8192x8192
-# 0.79, 0.92, 0.68, 0.84, 0.85; Llama-1B's 2048x2048, 8192x2048, 2048x8192 and 14336x4096 0.64-0.88
+# 0.79, 0.92, 0.68, 0.84, 0.85; Llama-1B's 2048x2048, 8192x2048, 2048x8192 and 8B's 14336x4096 0.64-0.88
 # at K = 1024, 2048, 4096. Where it has few tiles it loses below Q8_LARGE_K: 512x2048 (128 of its
 # tiles for 132 SMs) 1.68x at K = 1024 and 1.05x at 2048, while 0.83x at 4096. So: the TMA tile
 # from Q8_LARGE_K tokens, and below it where it has at least Q8_TMA_MIN_TILES tiles (two programs

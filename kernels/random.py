@@ -94,8 +94,9 @@ PHILOX_KEY_B: tl.constexpr = tl.constexpr(_philox.PHILOX_KEY_B)
 # halves, the same bits (the exact product either way). Per element, 69 -> 50 SASS instructions
 # for the ten rounds (sm_90, ptxas of Triton 3.6), ~5% of the 8bit epilogue's (bench/NOTES.md,
 # session 16). Timed on the H200 in session 20 (bench/results/2026-12-05-s20/), on against off in
-# one call: the 8bit tiles 1.00-1.29x (1.26-1.29x on the 64x128 r128, whose 128-register cap spilled
-# less), the bf16-sr defaults 0.98-1.09x; the regime tests passed with it on. On by default for
+# one call: the 8bit tiles 1.00-1.29x (the capped 64x128 1.26-1.29x at K = 256-4096 and 1.06x at
+# 16384, though its spills grew 272 -> 308 B), the bf16-sr defaults 0.98-1.09x; the regime tests
+# passed with it on. On by default for
 # the Triton kernels' rounding_bits and the Gluon kernel's rounds; FORGE_NUM_PHILOX_WIDE=0 in the
 # environment when this module is imported turns it off (tl.umulhi and a multiply, the same words).
 # The interpreter runs no PTX, so never under TRITON_INTERPRET.
@@ -156,7 +157,7 @@ def philox4x32_10(seed, offset):
     c0 = offset.to(tl.uint32)
     if tl.constexpr(offset.dtype.primitive_bitwidth) > 32:
         c1 = (offset >> 32).to(tl.uint32)
-    else:  # (a 32-bit shift by 32 is not 0 in PTX: shr clamps it to 31, the sign's copies)
+    else:  # (not offset >> 32: a 32-bit shift by 32 gives the sign's copies in PTX and is poison in LLVM)
         c1 = c0 * 0
     c2 = c0 * 0
     c3 = c0 * 0

@@ -125,9 +125,12 @@ def test_ncu_probe_refuses_without_cuda_and_resolves_tile_labels():
     assert ncu_probe.tile_by_label("default", 4096, 4096, 256) == kernels.default_config(4096, 4096, 256, torch.bfloat16)
     with pytest.raises(SystemExit, match="unknown tile label"):
         ncu_probe.tile_by_label("64x128x64 w4 s4 e4 l2", 4096, 4096, 256)
-    # the 8bit regime resolves among its own tiles, by K as the launcher does
-    for K in (256, 4096):
-        assert ncu_probe.tile_by_label("default", 4096, 4096, K, "8bit") == kernels.default_q8_config(4096, 4096, K, torch.bfloat16)
+    # the 8bit regime resolves among its own tiles, by shape and K as the launcher does (512x2048 has
+    # fewer than Q8_TMA_MIN_TILES of the TMA tile's: the pointer 32x128 below Q8_LARGE_K)
+    for M, N, K in ((4096, 4096, 256), (512, 2048, 256), (512, 2048, 4096)):
+        assert ncu_probe.tile_by_label("default", M, N, K, "8bit") == kernels.default_q8_config(M, N, K, torch.bfloat16)
+    assert ncu_probe.tile_by_label("default", 512, 2048, 256, "8bit") != ncu_probe.tile_by_label("default", 512, 2048,
+                                                                                                  4096, "8bit")
     assert ncu_probe.tile_by_label("64x128x64 w8 s4 e2", 4096, 4096, 256, "8bit") in kernels.Q8_CONFIGS[torch.bfloat16]
     with pytest.raises(SystemExit, match="unknown tile label"):
         ncu_probe.tile_by_label("64x128x64 w4 s4 e4 tma", 4096, 4096, 256, "8bit")  # an fp32/bf16-sr tile

@@ -24,7 +24,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def report():
+    # the GPU's defaults: compiled for sm_90 (no interpreter), the Philox products wide (the spill
+    # table below is theirs; FORGE_NUM_PHILOX_WIDE=0 in the caller's environment would change them)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["FORGE_NUM_PHILOX_WIDE"] = "1"
     proc = subprocess.run([sys.executable, "-m", "tests.ptx_check"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
     if proc.returncode != 0:
