@@ -66,7 +66,7 @@ import types
 
 import torch
 import triton
-import triton.language as tl  # noqa: F401  (the Philox arguments' annotations: fused_linear_update_ws_kernel)
+import triton.language as tl  # the Philox arguments' annotations (fused_linear_update_ws_kernel says why)
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (

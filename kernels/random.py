@@ -96,10 +96,10 @@ PHILOX_KEY_B: tl.constexpr = tl.constexpr(_philox.PHILOX_KEY_B)
 # session 16). Timed on the H200 in session 20 (bench/results/2026-12-05-s20/), on against off in
 # one call: the 8bit tiles 1.00-1.29x (the capped 64x128 1.26-1.29x at K = 256-4096 and 1.06x at
 # 16384, though its spills grew 272 -> 308 B), the bf16-sr defaults 0.98-1.09x; the regime tests
-# passed with it on. On by default for
-# the Triton kernels' rounding_bits and the Gluon kernel's rounds; FORGE_NUM_PHILOX_WIDE=0 in the
-# environment when this module is imported turns it off (tl.umulhi and a multiply, the same words).
-# The interpreter runs no PTX, so never under TRITON_INTERPRET.
+# passed with it on. On by default for the Triton kernels' rounding_bits and the Gluon kernel's
+# rounds; FORGE_NUM_PHILOX_WIDE=0 in the environment when this module is imported turns it off
+# (tl.umulhi and a multiply, the same words). The interpreter runs no PTX, so never under
+# TRITON_INTERPRET.
 WIDE_PRODUCTS: tl.constexpr = tl.constexpr(not is_interpreter()
                                            and os.environ.get("FORGE_NUM_PHILOX_WIDE", "1") != "0")
 # {hi, lo} of the product of $2 and a round constant: mov.b64's vector is {low word, high word}
