@@ -31,6 +31,7 @@ and state were left unchanged).
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import os
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from forge_num.emulator.linear_update import cdiv as _cdiv
 from forge_num.emulator.philox import CounterMap, check_counter_rows
 from forge_num.rules import Rule
 
+from .launch_cache import CachedLaunch
 from .linear_update import elementwise_update_kernel, fused_linear_update_kernel
 from .quant8 import QBLOCK as _QBLOCK
 from .rules import guarded_update_jit
@@ -297,8 +299,14 @@ def configs_for(input_dtype: torch.dtype) -> tuple[TileConfig, ...]:
     return IEEE_CONFIGS if input_dtype == torch.float32 else BF16_CONFIGS
 
 
+# Whether the kernels are the interpreter's: Triton decides it when it decorates them (TRITON_INTERPRET
+# set at import), so a module constant, not an environment read on every launch (several a launch,
+# ~1.5 us each on this project's CPU: the launcher's host time bounds a training step, bench/NOTES.md).
+_INTERPRETED = not hasattr(fused_linear_update_kernel, "params")
+
+
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return _INTERPRETED
 
 
 # ------------------------------------------------------------------------------------------
@@ -548,11 +556,35 @@ def _tma_descriptors(x: torch.Tensor, dy: torch.Tensor, config: TileConfig, tma_
     the same bits (tests/test_gpu_exactness.py)."""
     if not (config.tma and tma_ok):
         return None, None
+    K = x.shape[0]
+    return (_tma_descriptor(x, [K, x.shape[1]], [x.stride(0), 1], [config.BK, config.BN]),
+            _tma_descriptor(dy, [K, dy.shape[1]], [dy.stride(0), 1], [config.BK, config.BM]))
+
+
+@functools.lru_cache(maxsize=1)
+def _descriptor_type():
+    """Triton's host-side TensorDescriptor, and whether its fields are (base, shape, strides,
+    block_shape, padding) as in Triton 3.6 (a dataclass), so that _tma_descriptor may set them."""
+    import dataclasses
+
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    K = x.shape[0]
-    return (TensorDescriptor(x, [K, x.shape[1]], [x.stride(0), 1], [config.BK, config.BN]),
-            TensorDescriptor(dy, [K, dy.shape[1]], [dy.stride(0), 1], [config.BK, config.BM]))
+    fields = tuple(f.name for f in dataclasses.fields(TensorDescriptor))
+    return TensorDescriptor, fields == ("base", "shape", "strides", "block_shape", "padding")
+
+
+def _tma_descriptor(t: torch.Tensor, shape: list, strides: list, block: list):
+    """TensorDescriptor(t, shape, strides, block), its fields set directly: its __post_init__ re-checks
+    in Python what _tma_addressable checked (unit inner stride, 16-byte base and row pitch, tokens;
+    the launcher launches only with M, N > 0) and the configs' blocks (powers of two), two
+    descriptors a launch (kernels/gluon_update.py's _nvmma_desc does the same).
+    tests/test_launch_cache.py checks the result equals the constructor's."""
+    cls, fields_match = _descriptor_type()
+    if not fields_match:
+        return cls(t, shape, strides, block)
+    d = object.__new__(cls)
+    d.base, d.shape, d.strides, d.block_shape, d.padding = t, shape, strides, block, "zero"
+    return d
 
 
 def _launch_linear(
@@ -562,7 +594,6 @@ def _launch_linear(
     M, N = (weight.shape if weight is not None else (dy.shape[1], x.shape[1]))
     K = x.shape[0]
     device = x.device
-    precision = "ieee" if x.dtype == torch.float32 else "tf32"
     tma_ok = _tma_addressable(x, dy)
     if config is None:
         if q8:
@@ -572,8 +603,8 @@ def _launch_linear(
     if q8 and (config.BN % QBLOCK or config.epilogue_split > 4 or config.BM % config.epilogue_split):
         raise ValueError(f"the 8bit regime needs BN a multiple of {QBLOCK} and its epilogue split into 1, 2 or 4 "
                          f"row sub-tiles, got {config}")
-    tiles_m, tiles_n = _cdiv(M, config.BM), _cdiv(N, config.BN)
-    norm_sq, nonfinite = _telemetry_buffers(max(tiles_m * tiles_n, 1), device, launched=bool(M and N))
+    tiles = _cdiv(M, config.BM) * _cdiv(N, config.BN)
+    norm_sq, nonfinite = _telemetry_buffers(max(tiles, 1), device, launched=bool(M and N))
     dummy = norm_sq  # any tensor: pointers of absent operands are never dereferenced
     if q8:
         scales = [st.scales for st in states] + [dummy, dummy]
@@ -581,34 +612,74 @@ def _launch_linear(
     else:
         scales = [dummy, dummy]
         s = list(states) + [None, None]
+    if M and N:
+        launch = _linear_launch_arguments(weight, s, scales, x, dy, accum, acc_out, norm_sq, nonfinite, rule, h,
+                                          grad_scale, update, config, n_state, seed, bf16, q8, rand, tma_ok)
+        if _LAUNCH is None or _interpreting():
+            _, _, grid, args, constants = launch
+            constexprs, options = constants()
+            fused_linear_update_kernel[grid](*args, **constexprs, **options)
+        else:
+            _LAUNCH.launch(*launch)
+    return UpdateStats(norm_sq, nonfinite)
+
+
+# The kernel's GROUP_M (a defaulted constexpr): passed explicitly, since a cached launch names every
+# constexpr after the runtime arguments (kernels/launch_cache.py).
+_GROUP_M = inspect.signature(fused_linear_update_kernel.fn).parameters["GROUP_M"].default
+# The launch without Triton's argument binder on a key's second launch; None where the kernel is the
+# interpreter's (TRITON_INTERPRET=1 at import), which launches through kernel[grid].
+_LAUNCH = None if _INTERPRETED else CachedLaunch(fused_linear_update_kernel)
+
+
+def _linear_launch_arguments(weight, s, scales, x, dy, accum, acc_out, norm_sq, nonfinite, rule, h, grad_scale,
+                             update, config, n_state, seed, bf16, q8, rand, tma_ok):
+    """(key, pins, grid, runtime arguments, constants) of one fused_linear_update_kernel launch, for
+    _LAUNCH (kernels/launch_cache.py), for operands the launchers checked: ``s`` the state tensors (8bit:
+    their codes) padded with None to two, ``scales`` the 8bit block scales (else any tensor),
+    ``rand`` (rand_stride, rand_base, rand_rows) or None."""
+    M, N = (weight.shape if weight is not None else (dy.shape[1], x.shape[1]))
+    K = x.shape[0]
+    dummy = norm_sq  # any tensor: pointers of absent operands are never dereferenced
     guarded = guarded_update_jit(rule) if update else _NO_UPDATE
+    tiles_m, tiles_n = _cdiv(M, config.BM), _cdiv(N, config.BN)
     grid = (tiles_m, tiles_n)
     if config.persistent:  # a 1-D grid of at most `persistent` programs per SM, looping over the tiles
-        grid = (min(grid[0] * grid[1], config.persistent * _sm_count(device)),)
-    if M and N:
-        x_desc, dy_desc = _tma_descriptors(x, dy, config, tma_ok)
-        (stride_xk, stride_xn), (stride_dyk, stride_dym) = x.stride(), dy.stride()
-        fused_linear_update_kernel[grid](
-            weight if weight is not None else dummy,
-            s[0] if s[0] is not None else dummy,
-            s[1] if s[1] is not None else dummy,
-            x, dy,
-            accum if accum is not None else dummy,
-            acc_out if acc_out is not None else dummy,
-            norm_sq, nonfinite,
-            x_desc, dy_desc,
-            scales[0], scales[1], _cdiv(N, QBLOCK),
-            M, N, K, stride_xk, stride_xn, stride_dyk, stride_dym,
-            h, grad_scale, int(seed), *(rand or (max(N, 1), 0, None)), tiles_n,
-            GUARDED_UPDATE=guarded, N_STATE=n_state, BF16_STORAGE=bf16, STATE_Q8=q8,
-            UPDATE=update, STORE_ACC=acc_out is not None, HAS_ACCUM=accum is not None,
-            INPUT_PRECISION=precision,
-            BM=config.BM, BN=config.BN, BK=config.BK, EPILOGUE_SPLIT=config.epilogue_split,
-            PERSISTENT=bool(config.persistent), USE_TMA=x_desc is not None,
-            num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers or None,
-            enable_fp_fusion=False,
-        )
-    return UpdateStats(norm_sq, nonfinite)
+        grid = (min(tiles_m * tiles_n, config.persistent * _sm_count(x.device)),)
+    x_desc, dy_desc = _tma_descriptors(x, dy, config, tma_ok)
+    (stride_xk, stride_xn), (stride_dyk, stride_dym) = x.stride(), dy.stride()
+    rand_stride, rand_base, rand_rows = rand or (max(N, 1), 0, None)
+    tensors = (weight if weight is not None else dummy, s[0] if s[0] is not None else dummy,
+               s[1] if s[1] is not None else dummy, x, dy, accum if accum is not None else dummy,
+               acc_out if acc_out is not None else dummy, norm_sq, nonfinite)
+    args = (*tensors, x_desc, dy_desc, scales[0], scales[1], _cdiv(N, QBLOCK), M, N, K, stride_xk, stride_xn,
+            stride_dyk, stride_dym, h, grad_scale, int(seed), rand_stride, rand_base, rand_rows, tiles_n)
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    use_tma = x_desc is not None
+    # What Triton specializes this launch on, as a key of its own (kernels/launch_cache.py): the
+    # constexprs and options (functions of the guarded rule and the config, pinned, and of the flags
+    # named here); each tensor's dtype (the regime's, fixed by the launchers' checks given these flags:
+    # x and dy one dtype, the weight's and the states', the scales fp32, accum and acc_out fp32, the
+    # dummy fp64) and its 16-byte alignment; the descriptors' types (the config's blocks, x's dtype);
+    # the integers themselves (a superset of Triton's classes: 1, a multiple of 16, i32 or i64); h a
+    # tuple of floats (_check_scalars; its length the rule's), grad_scale a float, seed and rand_base
+    # typed (tl.uint64, tl.int64) and not specialized.
+    aligned = 0
+    for t in (*tensors, scales[0], scales[1], rand_rows):
+        aligned = (aligned << 1) | (t is not None and t.data_ptr() % 16 == 0)
+    key = (id(guarded), id(config), n_state, bf16, q8, update, accum is not None, acc_out is not None, use_tma,
+           x.dtype, weight.dtype if weight is not None else None, rand_rows is None, aligned, M, N, K, stride_xk,
+           stride_xn, stride_dyk, stride_dym, rand_stride)
+
+    def constants():
+        return (dict(GUARDED_UPDATE=guarded, N_STATE=n_state, BF16_STORAGE=bf16, STATE_Q8=q8, UPDATE=update,
+                     STORE_ACC=acc_out is not None, HAS_ACCUM=accum is not None, INPUT_PRECISION=precision,
+                     BM=config.BM, BN=config.BN, BK=config.BK, EPILOGUE_SPLIT=config.epilogue_split,
+                     PERSISTENT=bool(config.persistent), GROUP_M=_GROUP_M, USE_TMA=use_tma),
+                dict(num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers or None,
+                     enable_fp_fusion=False))
+
+    return key, (guarded, config), grid, args, constants
 
 
 # The default bf16 tiles, by storage regime, as measured on the H200.

@@ -6,7 +6,10 @@ argument through a generated function, specializes each one in C++ (dtype, 16-by
 integer value 1 or a multiple of 16, a descriptor's block and layout), hashes the result into the
 compiled-kernel cache's key and looks the kernel up, before the launch itself: about 40% of a
 routed launch's host time (bench/host_time.py, session 11 on the H200), paid 225 times in an 8B
-training step whose host time bounds its speed. The caller of ``CachedLaunch`` passes instead a
+training step whose host time bounds its speed. Used by the Gluon kernel's launches
+(kernels/gluon_update.py) and, since session 21, the Triton fused kernel's (kernels/__init__.py,
+_linear_launch_arguments), whose binder took ~12 of the ~15 us Triton spends before the launcher
+on this project's CPU (an 8bit TMA launch's 28 runtime arguments). The caller of ``CachedLaunch`` passes instead a
 key of its own that determines Triton's specialization (every value the binder reads to
 specialize, or a coarser function of the arguments that fixes them): the first launch with a key
 goes through ``JITFunction.run`` (compiling if needed) and keeps the CompiledKernel it returns;
@@ -31,6 +34,12 @@ import os
 from triton import knobs
 from triton.runtime.driver import driver
 
+# Entries kept before the table is cleared: a key may name a launch's shape (the Triton fused
+# kernel's names M, N, K and the strides), and a run whose token counts keep changing would grow it
+# without end; a cleared entry costs one launch through JITFunction.run (the compiled kernel stays in
+# Triton's own cache).
+MAX_KEYS = 4096
+
 
 class CachedLaunch:
     """``launch(key, pins, grid, args, constants)`` = ``jit_fn[grid](*args, **constexprs, **options)``
@@ -43,7 +52,8 @@ class CachedLaunch:
     ``constants()`` is a function of (a rule, a tile configuration), which the key may name by
     ``id()`` for speed. They are kept beside the compiled kernel and compared on every hit (``==``,
     which is ``is`` for the same objects), so an id reused by another object is a miss, never a
-    wrong kernel; ``constants()`` is called on a miss only."""
+    wrong kernel; ``constants()`` is called on a miss only. Kernels are kept per current device
+    (the one JITFunction.run compiles for and launches on)."""
 
     def __init__(self, jit_fn):
         self.jit_fn = jit_fn
@@ -51,7 +61,8 @@ class CachedLaunch:
         self.kernels: dict = {}
 
     def launch(self, key, pins: tuple, grid: tuple, args: tuple, constants):
-        entry = self.kernels.get(key)
+        device = driver.active.get_current_device()
+        entry = self.kernels.get((device, key))
         if entry is None or entry[2] != pins or os.environ.get("FORGE_NUM_FAST_LAUNCH", "1") == "0":
             constexprs, options = constants()
             kernel = self.jit_fn[grid](*args, **constexprs, **options)
@@ -59,11 +70,12 @@ class CachedLaunch:
             if tuple(constexprs) != names:  # the values kept must be in the kernel's parameter order
                 raise ValueError(f"CachedLaunch: constexprs {tuple(constexprs)} are not the kernel's "
                                  f"parameters after the {len(args)} positional ones, {names}")
-            self.kernels[key] = (kernel, tuple(constexprs.values()), pins)
+            if len(self.kernels) >= MAX_KEYS:  # keys name shapes: bound the table where they keep changing
+                self.kernels.clear()
+            self.kernels[(device, key)] = (kernel, tuple(constexprs.values()), pins)
             return kernel
         kernel, constexpr_values, _ = entry
         values = (*args, *constexpr_values)
-        device = driver.active.get_current_device()
         stream = driver.active.get_current_stream(device)
         grid_0 = grid[0]
         grid_1 = grid[1] if len(grid) > 1 else 1
@@ -74,6 +86,6 @@ class CachedLaunch:
         return kernel
 
     def lookup(self, key):
-        """The CompiledKernel kept under key, or None."""
-        entry = self.kernels.get(key)
+        """The CompiledKernel kept under key for the current device, or None."""
+        entry = self.kernels.get((driver.active.get_current_device(), key))
         return None if entry is None else entry[0]

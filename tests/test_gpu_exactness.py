@@ -222,3 +222,72 @@ def test_persistent_programs_loop_over_tiles(config, precision):
         for M, N, transpose in ((8 * 37, 8 * 41, False), (300, 330, True)):  # TMA, then the pointer fallback
             run_case(Case("adamw", M, N, 150, torch.bfloat16, adamw, step=3, seed=M + N, config=config,
                           with_accum=True, bad_rows=2, transpose_inputs=transpose, precision=precision), CUDA)
+
+
+def _cached_launch_case(regime: str, M: int, N: int, K: int, seed: int):
+    """(weight, states, x, dy, rule, h, philox seed) on the GPU: AdamW, values over several binades."""
+    rule = rules.get_rule("adamw")
+    g = torch.Generator().manual_seed(seed)
+    spread = lambda *s: (torch.randn(*s, generator=g) * torch.exp2(torch.randint(-6, 7, s, generator=g).float()))  # noqa: E731
+    x, dy = spread(K, N).bfloat16().to(CUDA), spread(K, M).bfloat16().to(CUDA)
+    if regime == "8bit":
+        w = spread(M, N).bfloat16().to(CUDA)
+        states = [kernels.Q8State(torch.randint(0, 256, (M, N), generator=g, dtype=torch.uint8).to(CUDA),
+                                  torch.exp2(torch.randint(-20, 0, (M, -(-N // 128)), generator=g).float()).to(CUDA))
+                  for _ in range(2)]
+    else:
+        dtype = torch.float32 if regime == "fp32" else torch.bfloat16
+        w, m, v = spread(M, N), spread(M, N), spread(M, N).abs() * 1e-3
+        w, states = w.to(CUDA, dtype), [m.to(CUDA, dtype), v.to(CUDA, dtype)]
+    h = rule.scalars({"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}, 3)
+    return w, states, x, dy, rule, h, (None if regime == "fp32" else 2**63 + seed)
+
+
+def _clone_states(states):
+    return [kernels.Q8State(s.codes.clone(), s.scales.clone()) if isinstance(s, kernels.Q8State) else s.clone()
+            for s in states]
+
+
+def _state_bits(states):
+    return [t for s in states for t in ((s.codes, s.scales) if isinstance(s, kernels.Q8State) else (s,))]
+
+
+# a pointer, a TMA and a persistent TMA tile of the linear regimes, the 8bit pointer and TMA tiles
+CACHED_LAUNCH_CASES = [(r, c) for r in ("fp32", "bf16-sr") for c in (
+    kernels.DEFAULT_BF16_CONFIG[False], kernels.DEFAULT_TMA_CONFIGS["small_k"], kernels.DEFAULT_TMA_CONFIGS["large_k"])
+] + [("8bit", kernels.DEFAULT_Q8_CONFIGS["small_k"]), ("8bit", kernels.DEFAULT_Q8_CONFIGS["tma"])]
+
+
+@pytest.mark.parametrize("regime,config", CACHED_LAUNCH_CASES, ids=[f"{r}-{c}" for r, c in CACHED_LAUNCH_CASES])
+def test_cached_triton_launch(regime, config, monkeypatch):
+    """kernels/launch_cache.py on the Triton fused kernel (kernels._linear_launch_arguments' key): on
+    shapes of each of Triton's integer classes (M, N, K multiples of 16 or not, K = 1; TMA where
+    their rows allow it, else the pointer fallback), the launch that skips Triton's binder (a key's
+    second launch) gives the bits of the launch through JITFunction.run, and the kernel kept under its
+    key is the one Triton's own lookup picks (JITFunction.run(..., warmup=True))."""
+    from forge_num.kernels import launch_cache
+
+    seen = []
+    real_launch = launch_cache.CachedLaunch.launch
+
+    def spy(self, key, pins, grid, args, constants):
+        seen.append((key, grid, args, constants))
+        return real_launch(self, key, pins, grid, args, constants)
+
+    monkeypatch.setattr(launch_cache.CachedLaunch, "launch", spy)
+    for M, N, K in ((256, 256, 128), (264, 136, 100), (128, 520, 1)):
+        w0, s0, x, dy, rule, h, seed = _cached_launch_case(regime, M, N, K, seed=M + N + K)
+        outs = []
+        for fast in ("0", "1", "1"):  # the binder's launch (its kernel kept), then two fast-path hits
+            w, s = w0.clone(), _clone_states(s0)
+            monkeypatch.setenv("FORGE_NUM_FAST_LAUNCH", fast)
+            kernels.fused_linear_update(w, x, dy, s, rule, h, seed=seed, config=config)
+            outs.append([w, *_state_bits(s)])
+        assert len({key for key, *_ in seen[-3:]}) == 1  # the clones share the key: the hits were hits
+        for out in outs[1:]:
+            for a, b in zip(out, outs[0]):
+                assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (M, N, K)
+        key, grid, args, constants = seen[-1]
+        constexprs, options = constants()
+        tritons = kernels.fused_linear_update_kernel.run(*args, grid=grid, warmup=True, **constexprs, **options)
+        assert kernels._LAUNCH.lookup(key) is tritons, (M, N, K)
