@@ -201,10 +201,21 @@ def derive_seed(user_seed: int, step: int, param_id: int) -> int:
 
     Injective in each argument when the other two are fixed. All three must lie in [0, 2^64).
     """
+    return derive_seed_of_param(step_key(user_seed, step), param_id)
+
+
+def step_key(user_seed: int, step: int) -> int:
+    """The chain of ``derive_seed`` through the user seed and the step: what every parameter's key
+    of one step shares (an optimizer computes it once a step, then one link a parameter)."""
     h = _DOMAIN
-    for name, w in (("user_seed", user_seed), ("step", step), ("param_id", param_id)):
+    for name, w in (("user_seed", user_seed), ("step", step)):
         h = mix64(((h ^ _u64(name, w)) + _GAMMA) & _M64)
     return h
+
+
+def derive_seed_of_param(step_key_: int, param_id: int) -> int:
+    """``derive_seed``'s last link: the key of parameter ``param_id`` from its step's ``step_key``."""
+    return mix64(((step_key_ ^ _u64("param_id", param_id)) + _GAMMA) & _M64)
 
 
 def check_counter_rows(rows, n_rows: int) -> None:

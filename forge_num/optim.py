@@ -138,6 +138,9 @@ class _Q8(NamedTuple):
 BACKEND_FUNCTIONS = ("fused_linear_update", "elementwise_update", "weight_grad_norm_sq", "accumulate_weight_grad")
 
 
+_PYTHON_NUMBERS = frozenset((int, float))
+
+
 def _backend_for(t: torch.Tensor, choice):
     if not isinstance(choice, str):  # an object with BACKEND_FUNCTIONS (a reference backend in tests)
         return choice
@@ -328,6 +331,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
         # this step's telemetry records, one per update: (Σ g² partials fp64, non-finite count partials)
         self._parts: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._scalars_memo: dict[tuple, tuple[float, ...]] = {}  # (rule, step, hyper values) -> h, per step
+        self._step_key_memo: tuple | None = None  # ((seed, step), philox.step_key(seed, step)) of the last step keyed
         self._bad_names: list[str] = []
         self._stat_params: list[torch.Tensor] = []  # the parameter of each telemetry record
         self._max_events = 0
@@ -425,9 +429,13 @@ class ForgeOptimizer(torch.optim.Optimizer):
         None in the fp32 regime. Steps count from 1, so a resumed run replays the same stream."""
         if self.precision == "fp32":
             return None
-        from forge_num.emulator.philox import derive_seed
+        from forge_num.emulator.philox import derive_seed_of_param, step_key
 
-        return derive_seed(self.seed, self._global_step + 1, self._param_id[p])
+        step = self._global_step + 1
+        memo = self._step_key_memo
+        if memo is None or memo[0] != (self.seed, step):  # the step's shared links, once a step
+            memo = self._step_key_memo = ((self.seed, step), step_key(self.seed, step))
+        return derive_seed_of_param(memo[1], self._param_id[p])
 
     def add_param_group(self, param_group: dict) -> None:
         self._add_param_group_checked(param_group)
@@ -946,14 +954,15 @@ class Adam(ForgeOptimizer):
             state["step"] = torch.tensor(0.0, dtype=torch.float32)
             state["exp_avg"] = self._new_state(p)
             state["exp_avg_sq"] = self._new_state(p)
-        state["step"] += 1  # as torch: the step counter advances before the update
+        step_t = state["step"]
+        step_t += 1  # in place, as torch: the step counter advances before the update
         rule = self._rule(group)
-        step = int(state["step"].item())
+        step = int(step_t.item())
         # h depends on the rule, the step and these four values only (rules._adam_scalars): every
         # layer of a group shares one computation per step. Python numbers only (a tensor lr can
         # change in place under the same hash).
         key = (rule.name, step, group["lr"], *group["betas"], group["eps"], group.get("weight_decay", 0.0))
-        if all(type(v) in (int, float) for v in key[2:]):
+        if set(map(type, key[2:])) <= _PYTHON_NUMBERS:
             h = self._scalars_memo.get(key)
             if h is None:
                 h = self._scalars_memo[key] = rule.scalars(group, step)
