@@ -22,7 +22,7 @@ split   forge's host time inside a real training step, without a profiler: --spl
         interleaved round by round (forge, forge with FORGE_NUM_FAST_LAUNCH=0, AMP), so the
         ratio to AMP (the median of each round's) is measured against the host's own drift.
         --split-methods picks other methods (bench/train_step.py's names, the last the reference),
-        e.g. forge_8bit+cl,flashoptim+cl.
+        e.g. forge_8bit+cl,flashoptim+cl; each forge method also runs with FORGE_NUM_FAST_LAUNCH=0.
 python  forge's own per-linear Python, on any device (the CPU included): a narrow Llama
         (hidden 32, --python-layers layers, 16 tokens, --python-checkpointing on/off) trained with forge_num.AdamW
         on a backend whose functions return at once, against nn.Linear + torch AdamW(foreach);
@@ -261,6 +261,7 @@ class _Timers:
 def _forge_timers(opt) -> _Timers:
     """Timers on forge's host path of a fused linear, outermost first."""
     from forge_num import fused, kernels
+    from forge_num.kernels import launch_cache
 
     t = _Timers()
     t.wrap(fused._FusedLinearFn, "forward", "fused linear forward", static=True)
@@ -274,17 +275,19 @@ def _forge_timers(opt) -> _Timers:
     t.wrap(kernels, "fused_linear_update", "      kernels.fused_linear_update")
     t.wrap(kernels, "_telemetry_buffers", "        kernels._telemetry_buffers")
     t.wrap(kernels, "_launch_linear", "        kernels._launch_linear (Triton)")
-    t.wrap(kernels.fused_linear_update_kernel, "run", "          JITFunction.run (Triton)")
+    t.wrap(kernels, "_linear_launch_arguments", "          kernels._linear_launch_arguments")
+    t.wrap(kernels, "_tma_descriptors", "            kernels._tma_descriptors")
+    # every launch of the Triton fused kernel and of the Gluon one; JITFunction.run beneath it only
+    # on a key's first launch, or every launch with FORGE_NUM_FAST_LAUNCH=0
+    t.wrap(launch_cache.CachedLaunch, "launch", "          CachedLaunch.launch (Triton, Gluon)")
+    t.wrap(kernels.fused_linear_update_kernel, "run", "            JITFunction.run (Triton)")
     try:
         from forge_num.kernels import gluon_update
     except ImportError:
         gluon_update = None
     if gluon_update is not None:
-        from forge_num.kernels import launch_cache
-
         t.wrap(kernels, "_ws_route", "        kernels._ws_route")
         t.wrap(gluon_update, "launch", "        gluon_update.launch")
-        t.wrap(launch_cache.CachedLaunch, "launch", "          CachedLaunch.launch")
         t.wrap(gluon_update, "_nvmma_desc", "          gluon_update._nvmma_desc")
         t.wrap(gluon_update.fused_linear_update_ws_kernel, "run", "          JITFunction.run (Gluon)")
     return t
@@ -297,8 +300,8 @@ def part_split(model_name: str, tokens: str, warmup: int = 3, steps: int = 6,
     last is the reference the speeds are given against. Every model is built first and the steps
     interleaved, round by round, so that a slow spell of the device's host hits every method alike
     (session 12: three calls of the same 3B 1x1024 code gave forge 0.55-0.86x AMP, run one method after
-    the other); the fp32 regime ("forge") runs once more with FORGE_NUM_FAST_LAUNCH=0 (Triton's binder
-    for the Gluon launches, kernels/launch_cache.py). ``steps`` rounds after ``warmup``;
+    the other); each forge method runs once more with FORGE_NUM_FAST_LAUNCH=0 (Triton's binder for
+    every launch of the fused kernels, kernels/launch_cache.py). ``steps`` rounds after ``warmup``;
     ``speed_vs_reference`` is the median over rounds of the reference's step time over the method's in
     the same round (tokens/s, x the reference). See the module docstring."""
     import gc
@@ -324,7 +327,7 @@ def part_split(model_name: str, tokens: str, warmup: int = 3, steps: int = 6,
     variants = {}
     for method in methods:
         variants[method] = (method, "1" if ts.base_method(method) in ts.FORGE_PRECISION else None)
-        if ts.base_method(method) == "forge":
+        if ts.base_method(method) in ts.FORGE_PRECISION:
             variants[f"{method} (FORGE_NUM_FAST_LAUNCH=0)"] = (method, "0")
     timers = {name: _forge_timers(built[method][2].__self__) if fast is not None else _Timers()
               for name, (method, fast) in variants.items()}
