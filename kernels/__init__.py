@@ -375,14 +375,12 @@ def _plain_linear_ok(weight: torch.Tensor, x, dy, states, rule: Rule) -> bool:
     is wrong)."""
     if type(states) not in (list, tuple) or len(states) > 2 or len(states) > len(rule.state):
         return False
-    if not _plain_operands_ok(weight, x, dy):
-        return False
     shape, dtype = weight.shape, weight.dtype
-    for st in states:
-        if (not isinstance(st, torch.Tensor) or _is_q8(st) or st.dtype != dtype or st.shape != shape
+    for st in states:  # first: an 8bit call leaves here, before the operands are read
+        if (not isinstance(st, torch.Tensor) or st.dtype != dtype or st.shape != shape or _is_q8(st)
                 or not st.is_contiguous()):
             return False
-    return True
+    return _plain_operands_ok(weight, x, dy)
 
 
 def _plain_q8_linear_ok(weight: torch.Tensor, x, dy, states, rule: Rule) -> bool:
