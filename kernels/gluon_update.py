@@ -960,12 +960,15 @@ def route_config(weight: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, states
         select = config_for
     else:
         return None
+    config = select(weight.shape[0], weight.shape[1], x.shape[0])  # first: most launches leave here
+    if config is None:
+        return None
     if not _is_sm90(weight.device.index if weight.device.index is not None else torch.cuda.current_device()):
         return None
     for t in (weight, x, dy, *states):  # dtypes: the launcher's checks (states as weight, dy as x)
         if not t.is_contiguous() or t.data_ptr() % 16:
             return None
-    return select(weight.shape[0], weight.shape[1], x.shape[0])
+    return config
 
 
 def compile_for_sm90(rule: Rule, config: WSConfig = DEFAULT_WS_CONFIG, M: int = 256, N: int = 256, K: int = 128,
