@@ -331,7 +331,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
         # this step's telemetry records, one per update: (Σ g² partials fp64, non-finite count partials)
         self._parts: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._scalars_memo: dict[tuple, tuple[float, ...]] = {}  # (rule, step, hyper values) -> h, per step
-        self._step_key_memo: tuple | None = None  # ((seed, step), philox.step_key(seed, step)) of the last step keyed
+        # ((seed, step), emulator.philox.step_key(seed, step)) of the last step whose keys were derived
+        self._step_key_memo: tuple | None = None
         self._bad_names: list[str] = []
         self._stat_params: list[torch.Tensor] = []  # the parameter of each telemetry record
         self._max_events = 0

@@ -613,7 +613,7 @@ def _launch_linear(
     if M and N:
         launch = _linear_launch_arguments(weight, s, scales, x, dy, accum, acc_out, norm_sq, nonfinite, rule, h,
                                           grad_scale, update, config, n_state, seed, bf16, q8, rand, tma_ok)
-        if _LAUNCH is None or _interpreting():
+        if _LAUNCH is None:  # the interpreter's kernel
             _, _, grid, args, constants = launch
             constexprs, options = constants()
             fused_linear_update_kernel[grid](*args, **constexprs, **options)

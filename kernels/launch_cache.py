@@ -9,22 +9,29 @@ routed launch's host time (bench/host_time.py, session 11 on the H200), paid 225
 training step whose host time bounds its speed. Used by the Gluon kernel's launches
 (kernels/gluon_update.py) and, since session 21, the Triton fused kernel's (kernels/__init__.py,
 _linear_launch_arguments), whose binder took ~12 of the ~15 us Triton spends before the launcher
-on this project's CPU (an 8bit TMA launch's 28 runtime arguments). The caller of ``CachedLaunch`` passes instead a
-key of its own that determines Triton's specialization (every value the binder reads to
-specialize, or a coarser function of the arguments that fixes them): the first launch with a key
-goes through ``JITFunction.run`` (compiling if needed) and keeps the CompiledKernel it returns;
-later launches with the key call that kernel's launcher directly, with the argument values in the
-kernel's parameter order, as ``JITFunction.run`` does after its lookup.
+on this project's CPU (an 8bit TMA launch's 28 runtime arguments).
+
+The caller of ``CachedLaunch`` passes instead a key of its own that determines Triton's
+specialization (every value the binder reads to specialize, or a coarser function of the arguments
+that fixes them): the first launch with a key goes through ``JITFunction.run`` (compiling if
+needed) and keeps the CompiledKernel it returns; later launches with the key call that kernel's
+launcher directly, with the argument values in the kernel's parameter order, as
+``JITFunction.run`` does after its lookup.
 
 What is skipped besides the binder: ``run``'s check that the kernel's global values have not
-changed since compilation (the kernels launched here read module constants only) and its
-pre-run hooks (none are registered on them). Launch hooks (``knobs.runtime.launch_enter_hook``,
+changed since compilation (the kernels launched here read module constants only), its pre-run
+hooks (none are registered on them), and its reading of ``knobs.runtime.debug`` and
+``knobs.compilation.instrumentation_mode`` into the compile options: a kernel kept under a key stays
+the one compiled with the knobs of that key's first launch (set FORGE_NUM_FAST_LAUNCH=0 while
+debugging or instrumenting kernels). Launch hooks (``knobs.runtime.launch_enter_hook``,
 used by Triton's profiler) are still called. ``FORGE_NUM_FAST_LAUNCH=0`` in the environment
 sends every launch through ``JITFunction.run`` (an A/B switch, read at each call).
 
-The key's correctness (equal keys, equal compiled kernels) is checked on the GPU against Triton's
-own lookup (``JITFunction.run(..., warmup=True)``) over shapes of each divisibility class, and the
-bits of both launch paths against each other (tests/test_gpu_gluon.py).
+The keys' correctness (equal keys, equal compiled kernels) is checked on the CPU against Triton's
+binder over every kind of launch the Triton kernel's launchers make (tests/test_launch_cache.py),
+and on the GPU against Triton's own lookup (``JITFunction.run(..., warmup=True)``) over shapes of
+each divisibility class, with the bits of both launch paths against each other
+(tests/test_gpu_gluon.py, tests/test_gpu_exactness.py::test_cached_triton_launch).
 """
 
 from __future__ import annotations

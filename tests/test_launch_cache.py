@@ -7,6 +7,8 @@ the same bits)."""
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import types
 from unittest import mock
@@ -17,6 +19,7 @@ import torch
 from forge_num import kernels, rules
 from forge_num.kernels import launch_cache
 from forge_num.kernels.launch_cache import CachedLaunch
+from forge_num.kernels.linear_update import fused_linear_update_kernel
 
 
 class _Device:
@@ -122,83 +125,145 @@ def test_the_table_is_bounded():
 # -- the Triton fused kernel's key --------------------------------------------------------------
 
 
-def _binder_specialization(args, constexprs, options) -> str:
-    """What Triton's binder makes of a launch (its specialization and options: the compiled kernel's
-    cache key, less the source), as text."""
+@functools.lru_cache(maxsize=1)
+def _binder():
+    """Triton's argument binder of the fused kernel (of the same function jitted, where the session's
+    kernel is the interpreter's: TRITON_INTERPRET=1)."""
     from triton.backends.compiler import BaseBackend
     from triton.runtime.jit import JITFunction, create_function_from_signature
 
-    k = kernels.fused_linear_update_kernel
-    if not hasattr(k, "params"):  # the interpreter's kernel (TRITON_INTERPRET=1): the same function, jitted
+    k = fused_linear_update_kernel
+    if not hasattr(k, "params"):
         k = JITFunction(k.fn, **k.kwargs)
-    binder = create_function_from_signature(k.signature, k.params, BaseBackend)
-    _, spec, opts = binder(*args, **constexprs, **options)
+    return create_function_from_signature(k.signature, k.params, BaseBackend)
+
+
+def _binder_specialization(args, constexprs, options) -> str:
+    """What Triton's binder makes of a launch (its specialization and options: the compiled kernel's
+    cache key, less the source), as text."""
+    _, spec, opts = _binder()(*args, **constexprs, **options)
     return json.dumps([[str(v) for v in s] for s in spec] + [sorted(map(str, opts.items()))])
 
 
 def _offset(t: torch.Tensor, elements: int) -> torch.Tensor:
     """t's values in a tensor whose storage starts ``elements`` elements before it (a view at that
     offset: its address no longer 16-byte aligned for elements * itemsize % 16 != 0)."""
+    if elements == 0:
+        return t
     flat = torch.zeros(t.numel() + elements, dtype=t.dtype)
-    return flat[elements:].view(t.shape)
+    view = flat[elements:].view(t.shape)
+    view.copy_(t)
+    return view
 
 
-def _launch_cases():
-    """Launches of every kind the launchers make, on CPU tensors (for their types and addresses):
-    the three regimes, the mainloop alone and with accum, TMA and pointer tiles, shapes and strides of
-    each of Triton's integer classes, misaligned operands, gathered rows, and values Triton does not
-    specialize (the Philox key and base, the rule's scalars, the gradient scale)."""
-    rule = rules.get_rule("adamw")
-    n_h = len(rule.scalar_names)
-    ptr, tma = kernels.Q8_SMALL_K_CONFIG, kernels.Q8_TMA_CONFIG
-    fp32_ptr = kernels.DEFAULT_BF16_CONFIG[False]
-    for regime in ("fp32", "bf16-sr", "8bit", "mainloop", "accum"):
-        for M, N, K in ((256, 256, 64), (256, 256, 80), (128, 384, 16), (1, 128, 1), (33, 272, 17)):
-            for misaligned in (False, True):
-                for seed, base, h0 in ((7, 0, 0.5), (2**63 + 1, 2**40, 0.25)):
-                    wdt = torch.float32 if regime in ("fp32", "accum") else torch.bfloat16
-                    x = torch.zeros(K, N, dtype=torch.bfloat16)
-                    dy = torch.zeros(K, M, dtype=torch.bfloat16)
-                    if misaligned:
-                        x = _offset(x, 1)
-                    w = torch.zeros(M, N, dtype=wdt)
-                    q8 = regime == "8bit"
-                    if q8:
-                        s = [torch.zeros(M, N, dtype=torch.uint8) for _ in range(2)]
-                        scales = [torch.ones(M, -(-N // 128)) for _ in range(2)]
-                    else:
-                        s = [torch.zeros(M, N, dtype=wdt) for _ in range(2)]
-                        scales = [None, None]
-                    norm_sq = torch.empty(4, dtype=torch.float64)
-                    nonfinite = torch.empty(4, dtype=torch.int32)
-                    scales = [t if t is not None else norm_sq for t in scales]
-                    update = regime != "mainloop"
-                    accum = torch.zeros(M, N) if regime == "accum" else None
-                    acc_out = torch.zeros(M, N) if regime == "mainloop" else None
-                    rows = torch.arange(M) if (regime == "bf16-sr" and seed == 7) else None
-                    rand = (N + (16 if rows is not None else 0), base, rows)
-                    h = tuple(h0 + i for i in range(n_h)) if update else ()
-                    tma_ok = kernels._tma_addressable(x, dy)
-                    for config in ((ptr, tma) if q8 else (fp32_ptr, tma)):
-                        yield kernels._linear_launch_arguments(
-                            w if update else None, s + [None, None] if update else [None, None], scales, x, dy,
-                            accum, acc_out, norm_sq, nonfinite, rule, h, 1.0 / h0, update, config,
-                            2 if update else 0, seed, regime == "bf16-sr", q8, rand if update else None, tma_ok)
+# The parts of kernels._linear_launch_arguments' key, in its order (a changed key must change this).
+_KEY_PARTS = ("guarded", "config", "n_state", "bf16", "q8", "update", "has_accum", "has_acc_out", "use_tma",
+              "x_dtype", "weight_dtype", "no_rows", "aligned", "M", "N", "K", "stride_xk", "stride_xn",
+              "stride_dyk", "stride_dym", "rand_stride")
 
 
-def test_the_fused_kernels_key_determines_its_specialization():
-    """Launches under one key are launches Triton's binder specializes alike (so the kernel kept
-    under the key is the one Triton would pick): over every kind of launch the launchers make; and
-    the cases are not vacuous (several launches share keys, and specializations differ between keys)."""
-    by_key: dict = {}
-    specs = set()
-    for key, pins, grid, args, constants in _launch_cases():
+@pytest.fixture
+def recorded_launches(monkeypatch):
+    """Every launch the public launchers make, on CPU tensors, as (key, pins, Triton's specialization):
+    the kernel stubbed (nothing runs), the device checks passed (the tensors' types and addresses are
+    what matter), through the launch path the interpreter takes (kernel[grid])."""
+    seen = []
+    real = kernels._linear_launch_arguments
+
+    def spy(*args):
+        launch = real(*args)
+        key, pins, _, runtime_args, constants = launch
         constexprs, options = constants()
-        spec = _binder_specialization(args, constexprs, options)
-        specs.add(spec)
-        seen = by_key.setdefault((key, pins), spec)
-        assert seen == spec, key
-    assert len(by_key) < sum(1 for _ in _launch_cases()) and len(specs) > 10
+        seen.append((key, pins, _binder_specialization(runtime_args, constexprs, options)))
+        return launch
+
+    class _Stub:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: None
+
+    monkeypatch.setattr(kernels, "_linear_launch_arguments", spy)
+    monkeypatch.setattr(kernels, "_LAUNCH", None)
+    monkeypatch.setattr(kernels, "fused_linear_update_kernel", _Stub())
+    monkeypatch.setattr(kernels, "_check_one_device", lambda *t: None)
+    monkeypatch.setattr(kernels, "_check_device", lambda *t: None)
+    return seen
+
+
+def _every_kind_of_launch():
+    """Calls of each public launcher over what changes Triton's specialization: x and dy bf16 or fp32;
+    M, N and K in each of its integer classes (1, a multiple of 16 or not; each varied alone); each
+    tensor misaligned in turn; 0-2 states; accum, acc_out, gathered rows, counter maps; every regime;
+    pointer, TMA, persistent and IEEE tiles; and values Triton does not specialize (the Philox key and
+    base, the rule's scalars as floats or ints, the gradient scale)."""
+    rule = rules.get_rule("adamw")
+    h = rule.scalars({"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}, 3)
+    linear = (kernels.DEFAULT_BF16_CONFIG[False], kernels.DEFAULT_TMA_CONFIGS["small_k"],
+              kernels.DEFAULT_TMA_CONFIGS["large_k"], kernels.IEEE_CONFIGS[0])
+    q8 = (kernels.Q8_SMALL_K_CONFIG, kernels.Q8_TMA_CONFIG)
+    zeros = torch.zeros
+    shapes = ((256, 256, 64), (256, 256, 17), (256, 256, 1), (33, 256, 64), (256, 136, 64))
+    update = kernels.fused_linear_update
+    misaligned = ("none", "x", "dy", "w", "s1", "accum", "scales", "rows")
+    for (M, N, K), x_dtype, odd in itertools.product(shapes, (torch.bfloat16, torch.float32), misaligned):
+        x = _offset(zeros(K, N, dtype=x_dtype), odd == "x")
+        dy = _offset(zeros(K, M, dtype=x_dtype), odd == "dy")
+        accum = _offset(zeros(M, N), odd == "accum")
+        rows = _offset(torch.arange(M), odd == "rows")
+        for config in linear:
+            yield kernels.linear_mainloop, (x, dy), dict(config=config)
+            yield kernels.linear_mainloop, (x, dy), dict(accum=accum, config=config)
+            yield kernels.weight_grad_norm_sq, (x, dy, accum), dict(config=config)
+            yield kernels.accumulate_weight_grad, (x, dy, accum.clone()), dict(config=config)
+            for dtype, seed in ((torch.float32, None), (torch.bfloat16, 5), (torch.bfloat16, 2**63 + 3)):
+                w = _offset(zeros(M, N, dtype=dtype), odd == "w")
+                for n_state in (0, 1, 2):
+                    st = [_offset(zeros(M, N, dtype=dtype), odd == "s1" and i == 1) for i in range(n_state)]
+                    common = dict(seed=seed, config=config)
+                    yield update, (w, x, dy, st, rule, h), dict(grad_scale=1, **common)
+                    yield update, (w, x, dy, st, rule, list(h)), dict(accum=accum, **common)
+                    yield update, (w, x, dy, st, rule, h), dict(acc_out=accum.clone(), **common)
+                    if seed is not None:
+                        yield update, (w, x, dy, st, rule, h), dict(counter=(N, N + 16, 32, rows), **common)
+                        yield update, (w, x, dy, st, rule, h), dict(counter=(N, N, 2**40), **common)
+        for config in q8:
+            w = _offset(zeros(M, N, dtype=torch.bfloat16), odd == "w")
+            for n_state in (1, 2):
+                st = [kernels.Q8State(_offset(zeros(M, N, dtype=torch.uint8), odd == "s1" and i == 1),
+                                      _offset(torch.ones(M, -(-N // 128)), odd == "scales" and i == n_state - 1))
+                      for i in range(n_state)]
+                for seed in (1, 2**64 - 1):
+                    common = dict(seed=seed, config=config)
+                    yield update, (w, x, dy, st, rule, h), common
+                    yield update, (w, x, dy, st, rule, h), dict(accum=accum, **common)
+                    yield update, (w, x, dy, st, rule, h), dict(counter=(N, N, 0, rows), **common)
+
+
+def test_the_fused_kernels_key_determines_its_specialization(recorded_launches):
+    """Launches under one key are launches Triton's binder specializes alike (so the kernel kept
+    under the key is the one Triton would pick), over every kind of launch the public launchers make;
+    and not vacuously: launches share keys, and for each part of the key that tells launches apart on
+    its own (the alignment, the flags, the dtypes, the integers), the same check with that part blanked
+    out fails."""
+    for launcher, args, kwargs in _every_kind_of_launch():
+        launcher(*args, **kwargs)
+    by_key: dict = {}
+    for key, pins, spec in recorded_launches:
+        assert len(key) == len(_KEY_PARTS)
+        assert by_key.setdefault((key, pins), spec) == spec, dict(zip(_KEY_PARTS, key))
+    assert len(by_key) < len(recorded_launches)
+
+    def blanked_check_fails(parts):
+        blank = [i for i, name in enumerate(_KEY_PARTS) if name in parts]
+        seen: dict = {}
+        for key, pins, spec in recorded_launches:
+            k = tuple(None if i in blank else v for i, v in enumerate(key))
+            if seen.setdefault((k, pins), spec) != spec:
+                return True
+        return False
+
+    for parts in (("aligned",), ("has_accum",), ("has_acc_out",), ("n_state",), ("x_dtype",), ("K",),
+                  ("M", "stride_dyk"), ("N", "stride_xk", "rand_stride")):
+        assert blanked_check_fails(parts), parts
 
 
 @pytest.mark.parametrize("config", [kernels.Q8_TMA_CONFIG, kernels.DEFAULT_TMA_CONFIGS["large_k"]], ids=str)
@@ -216,7 +281,7 @@ def test_the_launchers_descriptors_equal_tritons_constructor(config):
             TensorDescriptor.from_tensor(dy, [config.BK, config.BM]))
     for f, m in zip(fast, made):
         assert type(f) is TensorDescriptor and f.base is m.base
-        assert (f.shape, f.strides, f.block_shape, f.padding) == (list(m.shape), list(m.strides), m.block_shape,
-                                                                  m.padding)
+        made_fields = (list(m.shape), list(m.strides), m.block_shape, m.padding)
+        assert (f.shape, f.strides, f.block_shape, f.padding) == made_fields
     odd = torch.empty(88, 132, dtype=torch.bfloat16)  # rows of 264 B
     assert kernels._tma_descriptors(odd, dy, config, kernels._tma_addressable(odd, dy)) == (None, None)
