@@ -7,6 +7,7 @@ kernel where the tensor-core model exists). Run: HYPOTHESIS_PROFILE=gpu pytest -
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 
@@ -228,19 +229,23 @@ def _cached_launch_case(regime: str, M: int, N: int, K: int, seed: int):
     """(weight, states, x, dy, rule, h, philox seed) on the GPU: AdamW, values over several binades."""
     rule = rules.get_rule("adamw")
     g = torch.Generator().manual_seed(seed)
-    spread = lambda *s: (torch.randn(*s, generator=g) * torch.exp2(torch.randint(-6, 7, s, generator=g).float()))  # noqa: E731
-    x, dy = spread(K, N).bfloat16().to(CUDA), spread(K, M).bfloat16().to(CUDA)
+
+    def spread(*shape):  # magnitudes over several binades, so that roundings are exercised
+        return torch.randn(*shape, generator=g) * torch.exp2(torch.randint(-6, 7, shape, generator=g).float())
+
+    x_dtype = torch.float32 if regime == "fp32-ieee" else torch.bfloat16
+    x, dy = spread(K, N).to(CUDA, x_dtype), spread(K, M).to(CUDA, x_dtype)
     if regime == "8bit":
         w = spread(M, N).bfloat16().to(CUDA)
         states = [kernels.Q8State(torch.randint(0, 256, (M, N), generator=g, dtype=torch.uint8).to(CUDA),
                                   torch.exp2(torch.randint(-20, 0, (M, -(-N // 128)), generator=g).float()).to(CUDA))
                   for _ in range(2)]
     else:
-        dtype = torch.float32 if regime == "fp32" else torch.bfloat16
+        dtype = torch.bfloat16 if regime == "bf16-sr" else torch.float32
         w, m, v = spread(M, N), spread(M, N), spread(M, N).abs() * 1e-3
         w, states = w.to(CUDA, dtype), [m.to(CUDA, dtype), v.to(CUDA, dtype)]
     h = rule.scalars({"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}, 3)
-    return w, states, x, dy, rule, h, (None if regime == "fp32" else 2**63 + seed)
+    return w, states, x, dy, rule, h, (None if regime.startswith("fp32") else 2**63 + seed)
 
 
 def _clone_states(states):
@@ -252,19 +257,23 @@ def _state_bits(states):
     return [t for s in states for t in ((s.codes, s.scales) if isinstance(s, kernels.Q8State) else (s,))]
 
 
-# a pointer, a TMA and a persistent TMA tile of the linear regimes, the 8bit pointer and TMA tiles
-CACHED_LAUNCH_CASES = [(r, c) for r in ("fp32", "bf16-sr") for c in (
-    kernels.DEFAULT_BF16_CONFIG[False], kernels.DEFAULT_TMA_CONFIGS["small_k"], kernels.DEFAULT_TMA_CONFIGS["large_k"])
-] + [("8bit", kernels.DEFAULT_Q8_CONFIGS["small_k"]), ("8bit", kernels.DEFAULT_Q8_CONFIGS["tma"])]
+# a pointer, a TMA and a persistent TMA tile of the linear regimes, the 8bit pointer and TMA tiles, and
+# the fp32 regime with fp32 operands (the IEEE mainloop)
+_LINEAR_TILES = (kernels.DEFAULT_BF16_CONFIG[False], kernels.DEFAULT_TMA_CONFIGS["small_k"],
+                 kernels.DEFAULT_TMA_CONFIGS["large_k"])
+CACHED_LAUNCH_CASES = ([(r, c) for r in ("fp32", "bf16-sr") for c in _LINEAR_TILES]
+                       + [("8bit", kernels.DEFAULT_Q8_CONFIGS["small_k"]), ("8bit", kernels.DEFAULT_Q8_CONFIGS["tma"]),
+                          ("fp32-ieee", kernels.IEEE_CONFIGS[0])])
 
 
 @pytest.mark.parametrize("regime,config", CACHED_LAUNCH_CASES, ids=[f"{r}-{c}" for r, c in CACHED_LAUNCH_CASES])
 def test_cached_triton_launch(regime, config, monkeypatch):
     """kernels/launch_cache.py on the Triton fused kernel (kernels._linear_launch_arguments' key): on
     shapes of each of Triton's integer classes (M, N, K multiples of 16 or not, K = 1; TMA where
-    their rows allow it, else the pointer fallback), the launch that skips Triton's binder (a key's
-    second launch) gives the bits of the launch through JITFunction.run, and the kernel kept under its
-    key is the one Triton's own lookup picks (JITFunction.run(..., warmup=True))."""
+    their rows allow it, else the pointer fallback), plain and with an accumulated gradient (or, in
+    bf16-sr, gathered rows' counters), the launch that skips Triton's binder (a key's second launch)
+    gives the bits of the launch through JITFunction.run, and the kernel kept under its key is the
+    one Triton's own lookup picks (JITFunction.run(..., warmup=True))."""
     from forge_num.kernels import launch_cache
 
     seen = []
@@ -275,19 +284,24 @@ def test_cached_triton_launch(regime, config, monkeypatch):
         return real_launch(self, key, pins, grid, args, constants)
 
     monkeypatch.setattr(launch_cache.CachedLaunch, "launch", spy)
-    for M, N, K in ((256, 256, 128), (264, 136, 100), (128, 520, 1)):
+    for (M, N, K), extra in itertools.product(((256, 256, 128), (264, 136, 100), (128, 520, 1)), (False, True)):
         w0, s0, x, dy, rule, h, seed = _cached_launch_case(regime, M, N, K, seed=M + N + K)
+        kwargs = dict(seed=seed, config=config)
+        if extra and regime == "bf16-sr":
+            kwargs["counter"] = (N, N + 16, 32, torch.arange(M, device=CUDA).flip(0))
+        elif extra:
+            kwargs["accum"] = torch.randn(M, N, generator=torch.Generator().manual_seed(K)).to(CUDA)
         outs = []
         for fast in ("0", "1", "1"):  # the binder's launch (its kernel kept), then two fast-path hits
             w, s = w0.clone(), _clone_states(s0)
             monkeypatch.setenv("FORGE_NUM_FAST_LAUNCH", fast)
-            kernels.fused_linear_update(w, x, dy, s, rule, h, seed=seed, config=config)
+            kernels.fused_linear_update(w, x, dy, s, rule, h, **kwargs)
             outs.append([w, *_state_bits(s)])
         assert len({key for key, *_ in seen[-3:]}) == 1  # the clones share the key: the hits were hits
         for out in outs[1:]:
             for a, b in zip(out, outs[0]):
-                assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (M, N, K)
+                assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (M, N, K, extra)
         key, grid, args, constants = seen[-1]
         constexprs, options = constants()
         tritons = kernels.fused_linear_update_kernel.run(*args, grid=grid, warmup=True, **constexprs, **options)
-        assert kernels._LAUNCH.lookup(key) is tritons, (M, N, K)
+        assert kernels._LAUNCH.lookup(key) is tritons, (M, N, K, extra)
