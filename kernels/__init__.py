@@ -603,15 +603,8 @@ def _launch_linear(
                          f"row sub-tiles, got {config}")
     tiles = _cdiv(M, config.BM) * _cdiv(N, config.BN)
     norm_sq, nonfinite = _telemetry_buffers(max(tiles, 1), device, launched=bool(M and N))
-    dummy = norm_sq  # any tensor: pointers of absent operands are never dereferenced
-    if q8:
-        scales = [st.scales for st in states] + [dummy, dummy]
-        s = [st.codes for st in states] + [None, None]
-    else:
-        scales = [dummy, dummy]
-        s = list(states) + [None, None]
     if M and N:
-        launch = _linear_launch_arguments(weight, s, scales, x, dy, accum, acc_out, norm_sq, nonfinite, rule, h,
+        launch = _linear_launch_arguments(weight, states, x, dy, accum, acc_out, norm_sq, nonfinite, rule, h,
                                           grad_scale, update, config, n_state, seed, bf16, q8, rand, tma_ok)
         if _LAUNCH is None:  # the interpreter's kernel
             _, _, grid, args, constants = launch
@@ -630,15 +623,20 @@ _GROUP_M = inspect.signature(fused_linear_update_kernel.fn).parameters["GROUP_M"
 _LAUNCH = None if _INTERPRETED else CachedLaunch(fused_linear_update_kernel)
 
 
-def _linear_launch_arguments(weight, s, scales, x, dy, accum, acc_out, norm_sq, nonfinite, rule, h, grad_scale,
+def _linear_launch_arguments(weight, states, x, dy, accum, acc_out, norm_sq, nonfinite, rule, h, grad_scale,
                              update, config, n_state, seed, bf16, q8, rand, tma_ok):
     """(key, pins, grid, runtime arguments, constants) of one fused_linear_update_kernel launch, for
-    _LAUNCH (kernels/launch_cache.py), for operands the launchers checked: ``s`` the state tensors (8bit:
-    their codes) padded with None to two, ``scales`` the 8bit block scales (else any tensor),
-    ``rand`` (rand_stride, rand_base, rand_rows) or None."""
+    _LAUNCH (kernels/launch_cache.py), for operands the launchers checked: ``states`` plain tensors, or
+    8bit states (codes and block scales); ``rand`` (rand_stride, rand_base, rand_rows) or None."""
     M, N = (weight.shape if weight is not None else (dy.shape[1], x.shape[1]))
     K = x.shape[0]
     dummy = norm_sq  # any tensor: pointers of absent operands are never dereferenced
+    if q8:
+        s = [st.codes for st in states] + [dummy, dummy]
+        scales = [st.scales for st in states] + [dummy, dummy]
+    else:
+        s = list(states) + [dummy, dummy]
+        scales = [dummy, dummy]
     guarded = guarded_update_jit(rule) if update else _NO_UPDATE
     tiles_m, tiles_n = _cdiv(M, config.BM), _cdiv(N, config.BN)
     grid = (tiles_m, tiles_n)
@@ -647,8 +645,7 @@ def _linear_launch_arguments(weight, s, scales, x, dy, accum, acc_out, norm_sq, 
     x_desc, dy_desc = _tma_descriptors(x, dy, config, tma_ok)
     (stride_xk, stride_xn), (stride_dyk, stride_dym) = x.stride(), dy.stride()
     rand_stride, rand_base, rand_rows = rand or (max(N, 1), 0, None)
-    tensors = (weight if weight is not None else dummy, s[0] if s[0] is not None else dummy,
-               s[1] if s[1] is not None else dummy, x, dy, accum if accum is not None else dummy,
+    tensors = (weight if weight is not None else dummy, s[0], s[1], x, dy, accum if accum is not None else dummy,
                acc_out if acc_out is not None else dummy, norm_sq, nonfinite)
     args = (*tensors, x_desc, dy_desc, scales[0], scales[1], _cdiv(N, QBLOCK), M, N, K, stride_xk, stride_xn,
             stride_dyk, stride_dym, h, grad_scale, int(seed), rand_stride, rand_base, rand_rows, tiles_n)
