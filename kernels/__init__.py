@@ -984,6 +984,45 @@ def accumulate_weight_grad(
     linear_mainloop(x, dy, accum=accum, config=config, out=accum)
 
 
+# The element-wise kernel's launch without Triton's argument binder on a key's second launch (as _LAUNCH
+# for the fused kernel); None where the kernel is the interpreter's, which launches through kernel[grid].
+_ELEMENTWISE_LAUNCH = None if _INTERPRETED else CachedLaunch(elementwise_update_kernel)
+
+
+def _elementwise_launch_arguments(param, grad, states, norm_sq, nonfinite, numel, n_prog, rule, h, grad_scale,
+                                  seed, bf16, cols, stride, base, rows):
+    """(key, pins, grid, runtime arguments, constants) of one elementwise_update_kernel launch, for
+    _ELEMENTWISE_LAUNCH (kernels/launch_cache.py), for operands elementwise_update checked: ``states``
+    0-2 plain tensors of the param's dtype and shape; (cols, stride, base, rows) the counter map as
+    _kernel_counter gives it."""
+    s = list(states) + [param, param]  # absent states: the param's pointer, never dereferenced (N_STATE)
+    guarded = guarded_update_jit(rule)
+    n_state, block, remap = len(states), ELEMENTWISE_BLOCK, stride != cols
+    tensors = (param, grad, s[0], s[1], norm_sq, nonfinite)
+    args = (*tensors, numel, h, grad_scale, int(seed or 0), cols, stride, base, rows)
+    # What Triton specializes this launch on, as a key of its own (kernels/launch_cache.py): the
+    # constexprs (the guarded rule, pinned; N_STATE, BF16_STORAGE, BLOCK, RAND_REMAP, and rand_rows
+    # None or not, which Triton makes a constexpr too); each tensor's dtype (fixed by the checks given
+    # these flags: the param's by BF16_STORAGE, the states' and their stand-ins' the param's, norm_sq
+    # fp64 and nonfinite int32 by construction, rand_rows int64 by check_counter_rows; only grad's is
+    # free, fp32 or bf16) and its 16-byte alignment (rand_rows' bit 0 when None, told apart by the
+    # flag); the integers themselves (numel, rand_cols, rand_stride: a superset of Triton's classes, 1,
+    # a multiple of 16, i32 or i64); h a tuple of floats (_check_scalars; its length the rule's),
+    # grad_scale a float, seed and rand_base typed (tl.uint64, tl.int64) and not specialized
+    # (linear_update._UNSPECIALIZED).
+    aligned = 0
+    for t in (*tensors, rows):
+        aligned = (aligned << 1) | (t is not None and t.data_ptr() % 16 == 0)
+    key = (id(guarded), n_state, bf16, grad.dtype, rows is None, remap, block, aligned, numel, cols, stride)
+
+    def constants():
+        constexprs = dict(GUARDED_UPDATE=guarded, N_STATE=n_state, BF16_STORAGE=bf16, BLOCK=block,
+                          RAND_REMAP=remap)  # every one named, in the kernel's parameter order
+        return constexprs, dict(enable_fp_fusion=False)
+
+    return key, (guarded,), (n_prog,), args, constants
+
+
 def elementwise_update(
     param: torch.Tensor,
     grad: torch.Tensor,
@@ -1014,17 +1053,15 @@ def elementwise_update(
     n_prog = max(1, _cdiv(numel, ELEMENTWISE_BLOCK))
     # every program writes its own slot: no fill needed, except when there is no launch at all
     norm_sq, nonfinite = _telemetry_buffers(n_prog, param.device, launched=bool(numel))
-    s = list(states) + [None, None]
     if numel:
-        elementwise_update_kernel[(n_prog,)](
-            param, grad,
-            s[0] if s[0] is not None else param,
-            s[1] if s[1] is not None else param,
-            norm_sq, nonfinite, numel, h, grad_scale, int(seed or 0), cols, stride, base, rows,
-            GUARDED_UPDATE=guarded_update_jit(rule), N_STATE=len(states), BF16_STORAGE=bf16,
-            BLOCK=ELEMENTWISE_BLOCK, RAND_REMAP=stride != cols,
-            enable_fp_fusion=False,
-        )
+        launch = _elementwise_launch_arguments(param, grad, states, norm_sq, nonfinite, numel, n_prog, rule,
+                                               h, grad_scale, seed, bf16, cols, stride, base, rows)
+        if _ELEMENTWISE_LAUNCH is None:  # the interpreter's kernel
+            _, _, grid, args, constants = launch
+            constexprs, options = constants()
+            elementwise_update_kernel[grid](*args, **constexprs, **options)
+        else:
+            _ELEMENTWISE_LAUNCH.launch(*launch)
     return UpdateStats(norm_sq, nonfinite)
 
 

@@ -9,7 +9,9 @@ routed launch's host time (bench/host_time.py, session 11 on the H200), paid 225
 training step whose host time bounds its speed. Used by the Gluon kernel's launches
 (kernels/gluon_update.py) and, since session 21, the Triton fused kernel's (kernels/__init__.py,
 _linear_launch_arguments), whose binder took ~12 of the ~15 us Triton spends before the launcher
-on this project's CPU (an 8bit TMA launch's 28 runtime arguments).
+on this project's CPU (an 8bit TMA launch's 28 runtime arguments); since session 22 the element-wise
+kernel's too (_elementwise_launch_arguments: the norms' and the embedding's updates, 34 launches
+a fp32 Llama-1B step).
 
 The caller of ``CachedLaunch`` passes instead a key of its own that determines Triton's
 specialization (every value the binder reads to specialize, or a coarser function of the arguments
@@ -28,10 +30,11 @@ used by Triton's profiler) are still called. ``FORGE_NUM_FAST_LAUNCH=0`` in the 
 sends every launch through ``JITFunction.run`` (an A/B switch, read at each call).
 
 The keys' correctness (equal keys, equal compiled kernels) is checked on the CPU against Triton's
-binder over every kind of launch the Triton kernel's launchers make (tests/test_launch_cache.py),
+binder over every kind of launch the Triton kernels' launchers make (tests/test_launch_cache.py),
 and on the GPU against Triton's own lookup (``JITFunction.run(..., warmup=True)``) over shapes of
 each divisibility class, with the bits of both launch paths against each other
-(tests/test_gpu_gluon.py, tests/test_gpu_exactness.py::test_cached_triton_launch).
+(tests/test_gpu_gluon.py, tests/test_gpu_exactness.py::test_cached_triton_launch and
+test_cached_elementwise_launch).
 """
 
 from __future__ import annotations

@@ -305,3 +305,101 @@ def test_cached_triton_launch(regime, config, monkeypatch):
         constexprs, options = constants()
         tritons = kernels.fused_linear_update_kernel.run(*args, grid=grid, warmup=True, **constexprs, **options)
         assert kernels._LAUNCH.lookup(key) is tritons, (M, N, K, extra)
+
+
+# the element-wise kernel's cached launch: rules with 0, 1 and 2 states -> (hyper-parameters, step, states)
+_ELEMENTWISE_RULES = {
+    "sgd": ({"lr": 0.1, "weight_decay": 1e-4}, 1, 0),  # no momentum: no state
+    "lion": ({"lr": 1e-4, "betas": (0.9, 0.99), "weight_decay": 0.1}, 2, 1),
+    "adamw": ({"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}, 3, 2),
+}
+# parameters [rows, cols]: numel 1; numel and cols 17; numel and cols multiples of 16, over several of
+# the kernel's blocks; and numel and cols not, over several blocks, with the gradient misaligned (an
+# offset view: not 16-byte aligned)
+_ELEMENTWISE_SHAPES = ((1, 1), (1, 17), (4, 1024 + 16), (3, 689))
+
+
+def _cached_elementwise_case(regime: str, rule_name: str, shape: tuple, seed: int):
+    """(param, grad, states, rule, h, philox seed) on the GPU for kernels.elementwise_update: values
+    over several binades, a bf16 gradient on every other shape, an infinite and a NaN gradient element
+    where there are enough elements (the telemetry's non-finite count, the guard)."""
+    rule = rules.get_rule(rule_name)
+    hyper, step, n_state = _ELEMENTWISE_RULES[rule_name]
+    g = torch.Generator().manual_seed(seed)
+
+    def spread(*shape):
+        return torch.randn(*shape, generator=g) * torch.exp2(torch.randint(-6, 7, shape, generator=g).float())
+
+    dtype = torch.bfloat16 if regime == "bf16-sr" else torch.float32
+    grad_dtype = torch.bfloat16 if _ELEMENTWISE_SHAPES.index(shape) % 2 else torch.float32
+    grad = spread(*shape)
+    if grad.numel() > 8:
+        grad.view(-1)[3], grad.view(-1)[7] = float("inf"), float("nan")
+    if shape == _ELEMENTWISE_SHAPES[-1]:  # misaligned by one element
+        flat = torch.zeros(grad.numel() + 1, dtype=grad_dtype, device=CUDA)
+        grad = flat[1:].view(shape).copy_(grad.to(CUDA, grad_dtype))
+        assert grad.data_ptr() % 16
+    else:
+        grad = grad.to(CUDA, grad_dtype)
+    param = spread(*shape).to(CUDA, dtype)
+    states = [spread(*shape).to(CUDA, dtype), (spread(*shape).abs() * 1e-3).to(CUDA, dtype)][:n_state]
+    h = rule.scalars(hyper, step)
+    return param, grad, states, rule, h, (2**63 + seed if regime == "bf16-sr" else None)
+
+
+@pytest.mark.parametrize("rule_name", sorted(_ELEMENTWISE_RULES))
+@pytest.mark.parametrize("regime", ["fp32", "bf16-sr"])
+def test_cached_elementwise_launch(regime, rule_name, monkeypatch):
+    """kernels/launch_cache.py on the element-wise kernel (kernels._elementwise_launch_arguments' key):
+    for a rule with 0, 1 and 2 states, on parameters of each of Triton's integer classes (numel and
+    cols 1, multiples of 16 or not; one misaligned gradient), with the flat counters, a remapped
+    counter map (a column shard: row_stride != cols) and gathered rows' counters, the launches that skip
+    Triton's binder (a key's second and third launches) give the bits of the launch through
+    JITFunction.run (FORGE_NUM_FAST_LAUNCH=0): param, states and the telemetry's partials; and the
+    kernel kept under its key is the one Triton's own lookup picks (JITFunction.run(..., warmup=True))."""
+    from unittest import mock
+
+    from forge_num.kernels import launch_cache
+
+    seen = []
+    real_launch = launch_cache.CachedLaunch.launch
+
+    def spy(self, key, pins, grid, args, constants):
+        seen.append((key, grid, args, constants))
+        return real_launch(self, key, pins, grid, args, constants)
+
+    kernel = kernels.elementwise_update_kernel
+    binder_runs = []
+    real_run = kernel.run
+
+    def counted_run(*args, **kwargs):  # the launches that go through Triton's binder
+        binder_runs.append(kwargs.get("warmup"))
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(launch_cache.CachedLaunch, "launch", spy)
+    cases = itertools.product(_ELEMENTWISE_SHAPES, ("flat", "remap", "rows"))
+    for i, (shape, counter_kind) in enumerate(cases):
+        R, C = shape
+        p0, grad, s0, rule, h, seed = _cached_elementwise_case(regime, rule_name, shape, seed=i)
+        counter = {"flat": None, "remap": (C, C + 16, 3 * C),
+                   "rows": (C, C + 8, 32, torch.arange(R, device=CUDA).flip(0) + 5)}[counter_kind]
+        outs = []
+        del binder_runs[:]
+        for fast in ("0", "1", "1"):  # the binder's launch (its kernel kept), then two fast-path hits
+            p, s = p0.clone(), _clone_states(s0)
+            monkeypatch.setenv("FORGE_NUM_FAST_LAUNCH", fast)
+            with mock.patch.object(kernel, "run", counted_run):  # (removed after: the class's run again)
+                stats = kernels.elementwise_update(p, grad, s, rule, h, seed=seed, counter=counter)
+            outs.append([p, *s, *stats.partials])
+        case = (shape, counter_kind)
+        assert len({key for key, *_ in seen[-3:]}) == 1, case  # the clones share the key: the hits were hits
+        assert binder_runs == [False], case  # only the first launch went through JITFunction.run
+        for out in outs[1:]:
+            assert len(out) == len(outs[0]) == 3 + len(s0)
+            for a, b in zip(out, outs[0]):
+                assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), case
+        assert int(outs[0][-1].sum()) == (2 if R * C > 8 else 0), case  # the non-finite elements, counted
+        key, grid, args, constants = seen[-1]
+        constexprs, options = constants()
+        tritons = real_run(*args, grid=grid, warmup=True, **constexprs, **options)
+        assert kernels._ELEMENTWISE_LAUNCH.lookup(key) is tritons, case

@@ -1,13 +1,15 @@
 """kernels/launch_cache.py on the CPU: when CachedLaunch goes through Triton's JITFunction.run (a
-miss, pins that differ, another device, FORGE_NUM_FAST_LAUNCH=0) and what it refuses; and the
-Triton fused kernel's key (kernels._linear_launch_arguments) against Triton's own binder: equal keys,
-equal specializations. Its fast path launches a compiled kernel, so it is checked on the GPU
+miss, pins that differ, another device, FORGE_NUM_FAST_LAUNCH=0) and what it refuses; and the keys
+of the Triton fused kernel (kernels._linear_launch_arguments) and of the element-wise kernel
+(kernels._elementwise_launch_arguments) against Triton's own binder: equal keys, equal
+specializations. Its fast path launches a compiled kernel, so it is checked on the GPU
 (tests/test_gpu_gluon.py and tests/test_gpu_exactness.py: the kernel Triton's own lookup picks, and
 the same bits)."""
 
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 import json
 import types
@@ -19,7 +21,7 @@ import torch
 from forge_num import kernels, rules
 from forge_num.kernels import launch_cache
 from forge_num.kernels.launch_cache import CachedLaunch
-from forge_num.kernels.linear_update import fused_linear_update_kernel
+from forge_num.kernels.linear_update import elementwise_update_kernel, fused_linear_update_kernel
 
 
 class _Device:
@@ -125,23 +127,23 @@ def test_the_table_is_bounded():
 # -- the Triton fused kernel's key --------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=1)
-def _binder():
-    """Triton's argument binder of the fused kernel (of the same function jitted, where the session's
-    kernel is the interpreter's: TRITON_INTERPRET=1)."""
+@functools.lru_cache(maxsize=2)
+def _binder(kernel):
+    """Triton's argument binder of a kernel (of the same function jitted, where the session's kernel is
+    the interpreter's: TRITON_INTERPRET=1)."""
     from triton.backends.compiler import BaseBackend
     from triton.runtime.jit import JITFunction, create_function_from_signature
 
-    k = fused_linear_update_kernel
+    k = kernel
     if not hasattr(k, "params"):
         k = JITFunction(k.fn, **k.kwargs)
     return create_function_from_signature(k.signature, k.params, BaseBackend)
 
 
-def _binder_specialization(args, constexprs, options) -> str:
+def _binder_specialization(kernel, args, constexprs, options) -> str:
     """What Triton's binder makes of a launch (its specialization and options: the compiled kernel's
     cache key, less the source), as text."""
-    _, spec, opts = _binder()(*args, **constexprs, **options)
+    _, spec, opts = _binder(kernel)(*args, **constexprs, **options)
     return json.dumps([[str(v) for v in s] for s in spec] + [sorted(map(str, opts.items()))])
 
 
@@ -162,31 +164,74 @@ _KEY_PARTS = ("guarded", "config", "n_state", "bf16", "q8", "update", "has_accum
               "stride_dyk", "stride_dym", "rand_stride")
 
 
-@pytest.fixture
-def recorded_launches(monkeypatch):
-    """Every launch the public launchers make, on CPU tensors, as (key, pins, Triton's specialization):
-    the kernel stubbed (nothing runs), the device checks passed (the tensors' types and addresses are
-    what matter), through the launch path the interpreter takes (kernel[grid])."""
+def _record_launches(monkeypatch, arguments: str, launch: str, kernel) -> list:
+    """Every launch made through ``kernels.<arguments>`` (a launch-arguments function), on CPU tensors,
+    as (key, pins, Triton's specialization): the kernel stubbed (nothing runs), the device checks
+    passed (the tensors' types and addresses are what matter), through the launch path the
+    interpreter takes (kernel[grid]: ``kernels.<launch>``, the CachedLaunch, set to None). Each
+    launch's constexprs are checked to be every parameter after its runtime arguments, in the
+    kernel's order, as a cached launch passes them (CachedLaunch refuses others on its first miss,
+    which only runs on the GPU)."""
     seen = []
-    real = kernels._linear_launch_arguments
+    real = getattr(kernels, arguments)
+    names = tuple(inspect.signature(kernel.fn).parameters)
 
     def spy(*args):
-        launch = real(*args)
-        key, pins, _, runtime_args, constants = launch
+        launch_arguments = real(*args)
+        key, pins, _, runtime_args, constants = launch_arguments
         constexprs, options = constants()
-        seen.append((key, pins, _binder_specialization(runtime_args, constexprs, options)))
-        return launch
+        assert tuple(constexprs) == names[len(runtime_args):], (tuple(constexprs), names)
+        seen.append((key, pins, _binder_specialization(kernel, runtime_args, constexprs, options)))
+        return launch_arguments
 
     class _Stub:
         def __getitem__(self, grid):
             return lambda *args, **kwargs: None
 
-    monkeypatch.setattr(kernels, "_linear_launch_arguments", spy)
-    monkeypatch.setattr(kernels, "_LAUNCH", None)
-    monkeypatch.setattr(kernels, "fused_linear_update_kernel", _Stub())
+    monkeypatch.setattr(kernels, arguments, spy)
+    monkeypatch.setattr(kernels, launch, None)
+    monkeypatch.setattr(kernels, kernel.fn.__name__, _Stub())
     monkeypatch.setattr(kernels, "_check_one_device", lambda *t: None)
     monkeypatch.setattr(kernels, "_check_device", lambda *t: None)
     return seen
+
+
+@pytest.fixture
+def recorded_launches(monkeypatch):
+    """Every launch of the Triton fused kernel the public launchers make (_record_launches)."""
+    return _record_launches(monkeypatch, "_linear_launch_arguments", "_LAUNCH", fused_linear_update_kernel)
+
+
+@pytest.fixture
+def recorded_elementwise_launches(monkeypatch):
+    """Every launch of the element-wise kernel kernels.elementwise_update makes (_record_launches)."""
+    return _record_launches(monkeypatch, "_elementwise_launch_arguments", "_ELEMENTWISE_LAUNCH",
+                            elementwise_update_kernel)
+
+
+def _check_keys(records, key_parts, blank_parts):
+    """Launches under one key (and pins) are launches Triton's binder specializes alike; launches share
+    keys; and for each tuple of ``blank_parts``, the same check with those parts of the key blanked
+    out fails (the test is not vacuous: the key's parts tell apart launches Triton specializes
+    differently)."""
+    by_key: dict = {}
+    for key, pins, spec in records:
+        assert len(key) == len(key_parts)
+        assert by_key.setdefault((key, pins), spec) == spec, dict(zip(key_parts, key))
+    assert len(by_key) < len(records)
+
+    def blanked_check_fails(parts):
+        blank = [i for i, name in enumerate(key_parts) if name in parts]
+        seen: dict = {}
+        for key, pins, spec in records:
+            k = tuple(None if i in blank else v for i, v in enumerate(key))
+            if seen.setdefault((k, pins), spec) != spec:
+                return True
+        return False
+
+    for parts in blank_parts:
+        assert all(p in key_parts for p in parts), parts
+        assert blanked_check_fails(parts), parts
 
 
 def _every_kind_of_launch():
@@ -246,24 +291,72 @@ def test_the_fused_kernels_key_determines_its_specialization(recorded_launches):
     out fails."""
     for launcher, args, kwargs in _every_kind_of_launch():
         launcher(*args, **kwargs)
-    by_key: dict = {}
-    for key, pins, spec in recorded_launches:
-        assert len(key) == len(_KEY_PARTS)
-        assert by_key.setdefault((key, pins), spec) == spec, dict(zip(_KEY_PARTS, key))
-    assert len(by_key) < len(recorded_launches)
+    _check_keys(recorded_launches, _KEY_PARTS,
+                (("aligned",), ("has_accum",), ("has_acc_out",), ("n_state",), ("x_dtype",), ("K",),
+                 ("M", "stride_dyk"), ("N", "stride_xk", "rand_stride")))
 
-    def blanked_check_fails(parts):
-        blank = [i for i, name in enumerate(_KEY_PARTS) if name in parts]
-        seen: dict = {}
-        for key, pins, spec in recorded_launches:
-            k = tuple(None if i in blank else v for i, v in enumerate(key))
-            if seen.setdefault((k, pins), spec) != spec:
-                return True
-        return False
 
-    for parts in (("aligned",), ("has_accum",), ("has_acc_out",), ("n_state",), ("x_dtype",), ("K",),
-                  ("M", "stride_dyk"), ("N", "stride_xk", "rand_stride")):
-        assert blanked_check_fails(parts), parts
+# -- the element-wise kernel's key ------------------------------------------------------------------
+
+# The parts of kernels._elementwise_launch_arguments' key, in its order (a changed key must change this).
+_ELEMENTWISE_KEY_PARTS = ("guarded", "n_state", "bf16", "grad_dtype", "no_rows", "remap", "block", "aligned",
+                          "numel", "rand_cols", "rand_stride")
+
+# numel -> counter maps (cols, row_stride) of its own that remap (row_stride != cols): cols = numel
+# (one row), cols neither 1 nor a multiple of 16, two cols under one row stride, a row stride past 2^31
+# (Triton's i64 class); each also drawn with gathered rows and, unremapped, as (cols, cols).
+_ELEMENTWISE_COUNTERS = {1: ((1, 16),), 16: ((16, 32), (8, 32)), 17: ((17, 33),),
+                         4096 + 16: ((257, 272), (16, 272)), 4096 + 17: ((1371, 2**32 + 16),)}
+
+
+def _every_kind_of_elementwise_launch():
+    """Calls of kernels.elementwise_update over what changes Triton's specialization: fp32 and bf16
+    params (the bf16-sr regime, with a seed), fp32 and bf16 gradients; 0, 1 and 2 states (SGD without
+    and with momentum: one rule, two state counts; Lion; AdamW); numel 1, 16, 17 and past a block of
+    the kernel (a multiple of 16 and not); counter maps: none, remapped (cols != row_stride; among them
+    (1, 17) on every numel), unremapped with a base, and gathered rows; each tensor misaligned in turn
+    (param: also the absent states' stand-ins); and values Triton does not specialize (the Philox key
+    and base, the rule's scalars as a tuple or a list, the gradient scale as an int or a float)."""
+    rule_cases = (
+        (rules.SGD, rules.SGD.scalars({"lr": 0.1}, 1), 0),
+        (rules.SGD, rules.SGD.scalars({"lr": 0.1, "momentum": 0.9}, 2), 1),
+        (rules.LION, rules.LION.scalars({"lr": 1e-4, "betas": (0.9, 0.99), "weight_decay": 0.1}, 2), 1),
+        (rules.ADAMW, rules.ADAMW.scalars({"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8,
+                                           "weight_decay": 0.01}, 3), 2),
+    )
+    zeros = torch.zeros
+    for numel, remapped in _ELEMENTWISE_COUNTERS.items():
+        c, s = remapped[0]
+        counters = [None, (1, 17, 7), *((c2, s2, 2**40) for c2, s2 in remapped), (c, c, 5),
+                    (c, s, 32, "rows")]
+        for (dtype, seed), grad_dtype, odd in itertools.product(
+                ((torch.float32, None), (torch.bfloat16, 5), (torch.bfloat16, 2**64 - 1)),
+                (torch.float32, torch.bfloat16), ("none", "param", "grad", "s0", "s1", "rows")):
+            param = _offset(zeros(numel, dtype=dtype), odd == "param")
+            grad = _offset(zeros(numel, dtype=grad_dtype), odd == "grad")
+            rows = _offset(torch.arange(numel // c), odd == "rows")
+            for (rule, h, n_state), counter in itertools.product(rule_cases, counters):
+                if (odd == "s0" and n_state < 1) or (odd == "s1" and n_state < 2) or (
+                        odd == "rows" and (counter is None or len(counter) < 4)):
+                    continue  # the same launch as with nothing misaligned
+                states = [_offset(zeros(numel, dtype=dtype), odd == f"s{i}") for i in range(n_state)]
+                if counter is not None and len(counter) == 4:
+                    counter = (*counter[:3], rows)
+                kwargs = dict(seed=seed, counter=counter)
+                yield (param, grad, states, rule, h), dict(grad_scale=1, **kwargs)
+                yield (param, grad, states, rule, list(h)), dict(grad_scale=0.5, **kwargs)
+
+
+def test_the_elementwise_kernels_key_determines_its_specialization(recorded_elementwise_launches):
+    """As test_the_fused_kernels_key_determines_its_specialization, for kernels.elementwise_update's
+    launches of the element-wise kernel: launches under one key are launches Triton's binder
+    specializes alike, launches share keys, and blanking each part of the key that tells launches apart
+    on its own (the alignment, the flags, the dtypes, the integers) makes the check fail."""
+    for args, kwargs in _every_kind_of_elementwise_launch():
+        kernels.elementwise_update(*args, **kwargs)
+    _check_keys(recorded_elementwise_launches, _ELEMENTWISE_KEY_PARTS,
+                (("aligned",), ("n_state",), ("bf16",), ("grad_dtype",), ("no_rows",),
+                 ("remap", "rand_stride"), ("numel",), ("rand_cols",), ("rand_stride",)))
 
 
 @pytest.mark.parametrize("config", [kernels.Q8_TMA_CONFIG, kernels.DEFAULT_TMA_CONFIGS["large_k"]], ids=str)
