@@ -22,7 +22,9 @@ split   forge's host time inside a real training step, without a profiler: --spl
         interleaved round by round (forge, forge with FORGE_NUM_FAST_LAUNCH=0, AMP), so the
         ratio to AMP (the median of each round's) is measured against the host's own drift.
         --split-methods picks other methods (bench/train_step.py's names, the last the reference),
-        e.g. forge_8bit+cl,flashoptim+cl; each forge method also runs with FORGE_NUM_FAST_LAUNCH=0.
+        e.g. forge_8bit+cl,flashoptim+cl; each forge method also runs with FORGE_NUM_FAST_LAUNCH=0,
+        and once with each --split-env NAME=VALUE set (an A/B of a library switch read at each call,
+        e.g. FORGE_NUM_Q8_TILE=<label> for another 8bit tile), in the same rounds.
 python  forge's own per-linear Python, on any device (the CPU included): a narrow Llama
         (hidden 32, --python-layers layers, 16 tokens, --python-checkpointing on/off) trained with forge_num.AdamW
         on a backend whose functions return at once, against nn.Linear + torch AdamW(foreach);
@@ -294,14 +296,15 @@ def _forge_timers(opt) -> _Timers:
 
 
 def part_split(model_name: str, tokens: str, warmup: int = 3, steps: int = 6,
-               methods: tuple[str, ...] = ("forge", "torch_adamw")) -> dict:
+               methods: tuple[str, ...] = ("forge", "torch_adamw"), envs: tuple[str, ...] = ()) -> dict:
     """Each method's real training step (checkpointing), its host time split by phase and, for
     forge, by function. ``methods``: bench/train_step.py's names ("+cl": forge's chunked loss); the
     last is the reference the speeds are given against. Every model is built first and the steps
     interleaved, round by round, so that a slow spell of the device's host hits every method alike
     (session 12: three calls of the same 3B 1x1024 code gave forge 0.55-0.86x AMP, run one method after
     the other); each forge method runs once more with FORGE_NUM_FAST_LAUNCH=0 (Triton's binder for
-    every launch of the fused kernels, kernels/launch_cache.py). ``steps`` rounds after ``warmup``;
+    every launch of the fused kernels, kernels/launch_cache.py), and once with each of ``envs``
+    ("NAME=VALUE", set around each of its steps). ``steps`` rounds after ``warmup``;
     ``speed_vs_reference`` is the median over rounds of the reference's step time over the method's in
     the same round (tokens/s, x the reference). See the module docstring."""
     import gc
@@ -323,24 +326,30 @@ def part_split(model_name: str, tokens: str, warmup: int = 3, steps: int = 6,
         dtype = torch.float32 if ts.FLOOR[base][4] == "fp32" else torch.bfloat16
         model = ts._build_model(cfg, dtype, device, True)
         built[method] = (model, *ts._setup(base, model, cuda))
-    # name -> (method, FORGE_NUM_FAST_LAUNCH or None)
+    for assignment in envs:
+        if "=" not in assignment or not assignment.split("=", 1)[0]:
+            raise ValueError(f"--split-env: NAME=VALUE, got {assignment!r}")
+    # name -> (method, the environment its steps run under: None for a method that is not forge's)
     variants = {}
     for method in methods:
-        variants[method] = (method, "1" if ts.base_method(method) in ts.FORGE_PRECISION else None)
-        if ts.base_method(method) in ts.FORGE_PRECISION:
-            variants[f"{method} (FORGE_NUM_FAST_LAUNCH=0)"] = (method, "0")
-    timers = {name: _forge_timers(built[method][2].__self__) if fast is not None else _Timers()
-              for name, (method, fast) in variants.items()}
+        forge = ts.base_method(method) in ts.FORGE_PRECISION
+        variants[method] = (method, {"FORGE_NUM_FAST_LAUNCH": "1"} if forge else None)
+        if forge:
+            variants[f"{method} (FORGE_NUM_FAST_LAUNCH=0)"] = (method, {"FORGE_NUM_FAST_LAUNCH": "0"})
+            for assignment in envs:
+                name, value = assignment.split("=", 1)
+                variants[f"{method} ({assignment})"] = (method, {"FORGE_NUM_FAST_LAUNCH": "1", name: value})
+    timers = {name: _forge_timers(built[method][2].__self__) if env is not None else _Timers()
+              for name, (method, env) in variants.items()}
     phases = {name: {"forward": [], "backward": [], "after": [], "wall": []} for name in variants}
     gc.collect()
     gc.freeze()
     try:
         for k in range(warmup + steps):
-            for name, (method, fast) in variants.items():
+            for name, (method, env) in variants.items():
                 model, amp_dtype, after = built[method]
-                env = {} if fast is None else {"FORGE_NUM_FAST_LAUNCH": fast}
                 t = timers[name]
-                with mock.patch.dict(os.environ, env), (t.on() if k >= warmup else contextlib.nullcontext()):
+                with mock.patch.dict(os.environ, env or {}), (t.on() if k >= warmup else contextlib.nullcontext()):
                     if cuda:
                         torch.cuda.synchronize()
                     t0 = time.perf_counter()
@@ -392,6 +401,8 @@ def main(argv=None) -> int:
     ap.add_argument("--split-steps", type=int, default=6)
     ap.add_argument("--split-methods", default="forge,torch_adamw",
                     help="bench/train_step.py's method names, the last the reference (e.g. forge_8bit+cl,flashoptim+cl)")
+    ap.add_argument("--split-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="also run each forge method with this variable set (repeatable)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     parts = args.part.split(",")
@@ -411,7 +422,7 @@ def main(argv=None) -> int:
             print(f"  {row['tottime_ms']:7.1f} ms self {row['cumtime_ms']:7.1f} cum {row['calls']:>6}x  {row['function']}")
     if "split" in parts:
         r = res["split"] = part_split(args.split_model, args.split_tokens, steps=args.split_steps,
-                                      methods=tuple(args.split_methods.split(",")))
+                                      methods=tuple(args.split_methods.split(",")), envs=tuple(args.split_env))
         for method in r["variants"]:
             m = r[method]
             print(f"split {r['model']} {r['tokens']} {method:<32} wall {m['wall']:7.1f} ms  issued: forward "

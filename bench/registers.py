@@ -34,7 +34,7 @@ from forge_num.kernels.rules import guarded_update_jit
 
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 DIV16 = ["w_ptr", "s0_ptr", "s1_ptr", "x_ptr", "dy_ptr", "accum_ptr", "acc_out_ptr", "norm_sq_ptr",
-         "nonfinite_ptr", "M", "N", "K", "stride_xk", "stride_dyk", "slots_n"]
+         "nonfinite_ptr", "stage_ptr", "M", "N", "K", "stride_xk", "stride_dyk", "slots_n"]
 
 
 STORAGE = {"fp32": ("*fp32", "*fp32"), "bf16-sr": ("*bf16", "*bf16"), "8bit": ("*bf16", "*u8")}
@@ -43,7 +43,7 @@ STORAGE = {"fp32": ("*fp32", "*fp32"), "bf16-sr": ("*bf16", "*bf16"), "8bit": ("
 def compile_ptx(cfg: kernels.TileConfig, rule: rules.Rule, dtype: str, precision: str = "fp32") -> str:
     w_ty, s_ty = STORAGE[precision]
     sig = {"w_ptr": w_ty, "s0_ptr": s_ty, "s1_ptr": s_ty, "x_ptr": f"*{dtype}", "dy_ptr": f"*{dtype}",
-           "accum_ptr": "*fp32", "acc_out_ptr": "*fp32", "norm_sq_ptr": "*fp64", "nonfinite_ptr": "*i32",
+           "accum_ptr": "*fp32", "acc_out_ptr": "*fp32", "norm_sq_ptr": "*fp64", "nonfinite_ptr": "*i32", "stage_ptr": "*fp32",
            # TMA configurations get the descriptors a launch with unit inner strides makes
            "x_desc": f"tensordesc<{dtype}[{cfg.BK}, {cfg.BN}]>" if cfg.tma else "constexpr",
            "dy_desc": f"tensordesc<{dtype}[{cfg.BK}, {cfg.BM}]>" if cfg.tma else "constexpr",
@@ -55,7 +55,8 @@ def compile_ptx(cfg: kernels.TileConfig, rule: rules.Rule, dtype: str, precision
              "UPDATE": True, "STORE_ACC": False, "HAS_ACCUM": False,
              "INPUT_PRECISION": "ieee" if dtype == "fp32" else "tf32",
              "BM": cfg.BM, "BN": cfg.BN, "BK": cfg.BK, "EPILOGUE_SPLIT": cfg.epilogue_split,
-             "PERSISTENT": bool(cfg.persistent), "GROUP_M": 8, "USE_TMA": cfg.tma}
+             "PERSISTENT": bool(cfg.persistent), "GROUP_M": 8, "USE_TMA": cfg.tma,
+             "STAGED": cfg.staged}
     if not cfg.tma:
         const.update(x_desc=None, dy_desc=None)
     const["rand_rows"] = None  # gathered rows' counters: not in a training step's launches

@@ -139,25 +139,31 @@ class TileConfig:
     # multiprocessor's 65,536 registers, so one program's epilogue overlaps another's mainloop:
     # 128 registers x 256 threads = two 8-warp programs per SM (ptxas then spills what does not fit).
     max_registers: int = 0
+    # 8bit regime, persistent programs: the epilogue reads the accumulator back from a scratch slot of
+    # BM x BN fp32 a program (in L2) instead of holding it in registers (kernels/linear_update.py, STAGED)
+    staged: bool = False
 
     @property
     def label(self) -> str:
-        """Short name for tables: 64x128x64 w4 s4 e4 [p2] [tma] [r128]."""
+        """Short name for tables: 64x128x64 w4 s4 e4 [p2] [tma] [r128] [st]."""
         return (f"{self.BM}x{self.BN}x{self.BK} w{self.num_warps} s{self.num_stages} e{self.epilogue_split}"
                 + (f" p{self.persistent}" if self.persistent else "") + (" tma" if self.tma else "")
-                + (f" r{self.max_registers}" if self.max_registers else ""))
+                + (f" r{self.max_registers}" if self.max_registers else "") + (" st" if self.staged else ""))
 
     def __post_init__(self):
         for name in ("BM", "BN", "BK"):
             v = getattr(self, name)
             if v < 16 or v & (v - 1):
                 raise ValueError(f"TileConfig.{name} must be a power of two >= 16, got {v}")
-        if self.epilogue_split not in (1, 2, 4, 8) or self.BN // self.epilogue_split < 8:
+        if (self.epilogue_split not in ((1, 2, 4, 8, 16) if self.staged else (1, 2, 4, 8))
+                or self.BN // self.epilogue_split < 8):
             raise ValueError(f"TileConfig.epilogue_split must be 1, 2, 4 or 8 with BN/split >= 8, got {self}")
         if not (isinstance(self.persistent, int) and 0 <= self.persistent <= 8):
             raise ValueError(f"TileConfig.persistent must be an int in [0, 8] (programs per SM), got {self}")
         if not (isinstance(self.max_registers, int) and (self.max_registers == 0 or 32 <= self.max_registers <= 255)):
             raise ValueError(f"TileConfig.max_registers must be 0 (no cap) or an int in [32, 255], got {self}")
+        if self.staged and not self.persistent:
+            raise ValueError(f"TileConfig.staged needs persistent programs (one scratch slot a program), got {self}")
 
 
 # Tile shapes the launcher may use, per mainloop mode. Every one of them is a test case
@@ -289,9 +295,20 @@ CANDIDATE_CONFIGS = (
 # twin took 0.89-1.10x its time (slower at 17 of 25 points, up to 1.10x from 4096 tokens; 0.89x at
 # 4096x14336, K = 16384), and the TMA 32x128 was the fastest only at 512x2048, K = 2048 (0.89x the
 # small-K default's time, where the promoted tile took 1.05x): both stay candidates.
+# v31 (session 22, not yet timed): staged epilogues (TileConfig.staged: the accumulator through a
+# per-program scratch slot in L2, its registers free for the epilogue), two programs an SM. On the CPU
+# (ptxas of Triton 3.6, sm_90a, AdamW): the 64x128 e8 spills 72 B (the default, e4 unstaged: 280 B),
+# the 128x128 e16 244 B (unstaged 128x128 r128: ~2 KB); both 96 KB of shared memory, like the
+# default; ~260-274 SASS instructions an element, as the default's 268. The persistent unstaged 64x128
+# beside them says which of the two changes (persistence, staging) a difference comes from.
 CANDIDATE_Q8_CONFIGS: tuple[TileConfig, ...] = (
     TileConfig(64, 128, 64, num_warps=8, num_stages=3, epilogue_split=4, tma=True, max_registers=128),
     TileConfig(32, 128, 64, num_warps=8, num_stages=3, epilogue_split=4, tma=True),  # 126 registers, no spill
+    TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, persistent=2, tma=True, max_registers=128),
+    TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=8, persistent=2, tma=True, max_registers=128,
+               staged=True),
+    TileConfig(128, 128, 64, num_warps=8, num_stages=3, epilogue_split=16, persistent=2, tma=True,
+               max_registers=128, staged=True),
 )
 
 
@@ -598,9 +615,10 @@ def _launch_linear(
             config = INTERPRETER_Q8_CONFIG if _interpreting() else default_q8_config(M, N, K, x.dtype, tma_ok)
         else:
             config = INTERPRETER_CONFIG if _interpreting() else default_config(M, N, K, x.dtype, bf16, tma_ok=tma_ok)
-    if q8 and (config.BN % QBLOCK or config.epilogue_split > 4 or config.BM % config.epilogue_split):
+    if q8 and (config.BN % QBLOCK or config.epilogue_split > (16 if config.staged else 4)
+               or config.BM % config.epilogue_split):
         raise ValueError(f"the 8bit regime needs BN a multiple of {QBLOCK} and its epilogue split into 1, 2 or 4 "
-                         f"row sub-tiles, got {config}")
+                         f"row sub-tiles (up to 16 staged), got {config}")
     tiles = _cdiv(M, config.BM) * _cdiv(N, config.BN)
     norm_sq, nonfinite = _telemetry_buffers(max(tiles, 1), device, launched=bool(M and N))
     if M and N:
@@ -645,8 +663,15 @@ def _linear_launch_arguments(weight, states, x, dy, accum, acc_out, norm_sq, non
     x_desc, dy_desc = _tma_descriptors(x, dy, config, tma_ok)
     (stride_xk, stride_xn), (stride_dyk, stride_dym) = x.stride(), dy.stride()
     rand_stride, rand_base, rand_rows = rand or (max(N, 1), 0, None)
+    # a staged tile's scratch: one BM x BN fp32 slot for each program of the persistent grid (the 8bit
+    # update's only; a mainloop-only launch with the tile, the comparator's, holds its accumulator)
+    staged = config.staged and q8
+    # a staged tile's 16 row sub-tiles are the 8bit epilogue's; another launch with the tile (the
+    # comparator's mainloop pass) splits its column epilogue at most 8 ways (element-wise: no bit changes)
+    split = config.epilogue_split if q8 else min(config.epilogue_split, 8)
+    stage = torch.empty(grid[0] * config.BM * config.BN, dtype=torch.float32, device=x.device) if staged else dummy
     tensors = (weight if weight is not None else dummy, s[0], s[1], x, dy, accum if accum is not None else dummy,
-               acc_out if acc_out is not None else dummy, norm_sq, nonfinite)
+               acc_out if acc_out is not None else dummy, norm_sq, nonfinite, stage)
     args = (*tensors, x_desc, dy_desc, scales[0], scales[1], _cdiv(N, QBLOCK), M, N, K, stride_xk, stride_xn,
             stride_dyk, stride_dym, h, grad_scale, int(seed), rand_stride, rand_base, rand_rows, tiles_n)
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
@@ -669,8 +694,8 @@ def _linear_launch_arguments(weight, states, x, dy, accum, acc_out, norm_sq, non
     def constants():
         return (dict(GUARDED_UPDATE=guarded, N_STATE=n_state, BF16_STORAGE=bf16, STATE_Q8=q8, UPDATE=update,
                      STORE_ACC=acc_out is not None, HAS_ACCUM=accum is not None, INPUT_PRECISION=precision,
-                     BM=config.BM, BN=config.BN, BK=config.BK, EPILOGUE_SPLIT=config.epilogue_split,
-                     PERSISTENT=bool(config.persistent), GROUP_M=_GROUP_M, USE_TMA=use_tma),
+                     BM=config.BM, BN=config.BN, BK=config.BK, EPILOGUE_SPLIT=split,
+                     PERSISTENT=bool(config.persistent), GROUP_M=_GROUP_M, USE_TMA=use_tma, STAGED=staged),
                 dict(num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers or None,
                      enable_fp_fusion=False))
 
@@ -815,12 +840,28 @@ Q8_TMA_MIN_TILES = 256
 DEFAULT_Q8_CONFIGS = {"small_k": Q8_SMALL_K_CONFIG, "large_k": Q8_LARGE_K_CONFIG, "tma": Q8_TMA_CONFIG}
 
 
+@functools.lru_cache(maxsize=None)
+def _q8_tile_by_label(label: str) -> TileConfig:
+    """The bf16-operand 8bit tile (a library tile or a candidate) whose label is ``label``, '_' for ' '."""
+    tiles = {c.label: c for c in (*Q8_CONFIGS[torch.bfloat16], *CANDIDATE_Q8_CONFIGS)}
+    tile = tiles.get(label.replace("_", " "))
+    if tile is None:
+        raise ValueError(f"FORGE_NUM_Q8_TILE={label!r} names no 8bit tile; known: "
+                         + ", ".join(sorted(k.replace(" ", "_") for k in tiles)))
+    return tile
+
+
 def default_q8_config(M: int, N: int, K: int, dtype: torch.dtype, tma_ok: bool = True) -> TileConfig:
     """The 8bit regime's tile for an M x N weight and K tokens of dtype operands (the table above;
     fp32 operands: the FMA tile). ``tma_ok``: whether the operands can be loaded through TMA
-    descriptors (_tma_addressable)."""
+    descriptors (_tma_addressable). FORGE_NUM_Q8_TILE=<label> in the environment (read at each call;
+    '_' for the label's spaces) picks that tile wherever TMA can load the operands: a benchmark's A/B
+    switch (bench/host_time.py --split-env), never needed for the bits (every tile computes the same)."""
     if dtype == torch.float32:
         return Q8_CONFIGS[torch.float32][0]
+    override = os.environ.get("FORGE_NUM_Q8_TILE")
+    if override and tma_ok:
+        return _q8_tile_by_label(override)
     tma = DEFAULT_Q8_CONFIGS["tma"]
     if tma_ok and (K >= Q8_LARGE_K or _cdiv(M, tma.BM) * _cdiv(N, tma.BN) >= Q8_TMA_MIN_TILES):
         return tma

@@ -31,6 +31,13 @@ Flags (constexpr):
              the dot's initial value on purpose: Triton rewrites add(dot(a, b, 0), c) into
              dot(a, b, c) (its dot-add combine), so "accum + dot" would not be what runs.
   N_STATE    how many state tensors the rule keeps (0, 1 or 2)
+  STAGED     (8bit regime, persistent programs) the epilogue reads the tile's accumulator back from
+             the program's own slot of a scratch buffer in global memory, stage[program, BM, BN]
+             (BM * BN * 4 bytes a program, resident in L2), one row sub-tile at a time, instead of
+             holding it in registers beside the epilogue's values: the registers the accumulator held
+             are free for the epilogue, so a 128-row tile's update fits a 128-register cap (two
+             programs an SM) without spills, and the epilogue runs in the layout its loads choose,
+             not the MMA layout. The values are the accumulator's: the same bits.
 
 Launch with ``enable_fp_fusion=False`` (see kernels/ieee.py); the launchers in kernels/__init__.py do.
 """
@@ -127,6 +134,8 @@ _UNSPECIALIZED = ["seed", "rand_base"]
 def fused_linear_update_kernel(
     # tensors
     w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, accum_ptr, acc_out_ptr, norm_sq_ptr, nonfinite_ptr,
+    # STAGED: fp32 scratch [programs, BM, BN] (one slot a program of the persistent grid); else unused
+    stage_ptr,
     # USE_TMA: TMA descriptors of x [K, N] (block [BK, BN]) and dy [K, M] (block [BK, BM]); else None
     x_desc, dy_desc,
     # 8bit regime: fp32 block scales of the states, [M, n_blocks] with n_blocks = cdiv(N, QBLOCK)
@@ -148,12 +157,15 @@ def fused_linear_update_kernel(
     INPUT_PRECISION: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
     PERSISTENT: tl.constexpr = False, GROUP_M: tl.constexpr = 8, USE_TMA: tl.constexpr = False,
+    STAGED: tl.constexpr = False,
 ):
     """One program per tile (grid [cdiv(M, BM), cdiv(N, BN)]), or PERSISTENT: a 1-D grid of fewer
     programs, each walking tiles pid, pid + P, pid + 2P, ... in grouped order (GROUP_M tile rows
     share the X tiles in L2), so that the next tile's loads can start during this tile's epilogue.
     Scheduling only: every tile computes the same bits and writes the same telemetry slot."""
+    tl.static_assert(not STAGED or (PERSISTENT and STATE_Q8), "STAGED needs PERSISTENT programs and STATE_Q8")
     if PERSISTENT:
+        stage = stage_ptr + tl.program_id(0).to(tl.int64) * (BM * BN)  # this program's scratch slot
         tiles_m = tl.cdiv(M, BM)
         tiles_n = tl.cdiv(N, BN)
         for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0)):
@@ -165,23 +177,25 @@ def fused_linear_update_kernel(
             pid_n = (tile % (GROUP_M * tiles_n)) // rows
             linear_update_tile(
                 pid_m, pid_n, w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, x_desc, dy_desc, accum_ptr, acc_out_ptr,
-                norm_sq_ptr, nonfinite_ptr, scale0_ptr, scale1_ptr, n_blocks, M, N, K, stride_xk, stride_xn, stride_dyk,
+                norm_sq_ptr, nonfinite_ptr, stage, scale0_ptr, scale1_ptr, n_blocks, M, N, K, stride_xk, stride_xn, stride_dyk,
                 stride_dym, h, grad_scale, seed, rand_stride, rand_base, rand_rows, slots_n, GUARDED_UPDATE, N_STATE,
-                BF16_STORAGE, STATE_Q8, UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA)
+                BF16_STORAGE, STATE_Q8, UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA,
+                STAGED)
     else:
         linear_update_tile(
             tl.program_id(0), tl.program_id(1), w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, x_desc, dy_desc, accum_ptr,
             acc_out_ptr,
-            norm_sq_ptr, nonfinite_ptr, scale0_ptr, scale1_ptr, n_blocks, M, N, K, stride_xk, stride_xn,
+            norm_sq_ptr, nonfinite_ptr, stage_ptr, scale0_ptr, scale1_ptr, n_blocks, M, N, K, stride_xk, stride_xn,
             stride_dyk, stride_dym, h, grad_scale, seed, rand_stride, rand_base, rand_rows, slots_n, GUARDED_UPDATE,
-            N_STATE, BF16_STORAGE, STATE_Q8, UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA)
+            N_STATE, BF16_STORAGE, STATE_Q8, UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA,
+            STAGED)
 
 
 @triton.jit
 def linear_update_tile(
     pid_m, pid_n,
     w_ptr, s0_ptr, s1_ptr, x_ptr, dy_ptr, x_desc, dy_desc, accum_ptr, acc_out_ptr, norm_sq_ptr, nonfinite_ptr,
-    scale0_ptr, scale1_ptr, n_blocks,
+    stage_ptr, scale0_ptr, scale1_ptr, n_blocks,
     M, N, K, stride_xk, stride_xn, stride_dyk, stride_dym,
     h, grad_scale, seed, rand_stride, rand_base, rand_rows, slots_n,
     GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr,
@@ -189,8 +203,10 @@ def linear_update_tile(
     UPDATE: tl.constexpr, STORE_ACC: tl.constexpr, HAS_ACCUM: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr, USE_TMA: tl.constexpr,
+    STAGED: tl.constexpr,
 ):
-    """The tile (pid_m, pid_n): mainloop, epilogue, telemetry slot (the module docstring's pseudocode)."""
+    """The tile (pid_m, pid_n): mainloop, epilogue, telemetry slot (the module docstring's pseudocode).
+    ``stage_ptr``: this program's scratch slot [BM, BN] where STAGED."""
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_n = pid_n * BN + tl.arange(0, BN)
 
@@ -216,9 +232,14 @@ def linear_update_tile(
         # reduction crosses the tile's warps (shuffles, shared memory, barriers), and one a sub-tile was
         # 2-7% of the 8bit epilogue's instructions (bench/NOTES.md, session 17: v29). Not in the column
         # epilogue: its sub-tiles' terms are 4-8x larger, and keeping them live spilled 130-500 B more
-        sq, bad = update_rows_q8_split(
-            g, pid_m * BM, offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr, scale1_ptr, n_blocks, h, grad_scale,
-            seed, rand_stride, rand_base, rand_rows, GUARDED_UPDATE, N_STATE, EPILOGUE_SPLIT)
+        if STAGED:
+            sq, bad = update_rows_q8_staged(
+                g, stage_ptr, pid_m * BM, offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr, scale1_ptr, n_blocks, h,
+                grad_scale, seed, rand_stride, rand_base, rand_rows, GUARDED_UPDATE, N_STATE, EPILOGUE_SPLIT)
+        else:
+            sq, bad = update_rows_q8_split(
+                g, pid_m * BM, offs_n, M, N, w_ptr, s0_ptr, scale0_ptr, s1_ptr, scale1_ptr, n_blocks, h, grad_scale,
+                seed, rand_stride, rand_base, rand_rows, GUARDED_UPDATE, N_STATE, EPILOGUE_SPLIT)
         norm_sq, nonfinite = reduce_telemetry(sq, bad)
     else:
         norm_sq, nonfinite = update_columns(
@@ -408,6 +429,38 @@ def update_rows_q8_half(
             gb, m0 + R // 2 + tl.arange(0, R // 2), offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr,
             n_blocks, h, grad_scale, seed, rand_stride, rand_base, rand_rows, GUARDED_UPDATE, N_STATE)
         return a_sq + b_sq, a_bad + b_bad
+
+
+@triton.jit
+def update_rows_q8_staged(
+    g, stage_ptr, m0, offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h, grad_scale, seed,
+    rand_stride, rand_base, rand_rows, GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, SPLIT: tl.constexpr,
+):
+    """The 8bit epilogue on the tile g [BM, BN] at rows m0 through the program's scratch slot (STAGED):
+    g stored to stage_ptr[BM, BN] row-major, then SPLIT row sub-tiles [BM / SPLIT, BN] loaded back one
+    at a time and updated; their telemetry terms summed element by element, in sub-tile order.
+    Barriers: the slot is read by threads other than the ones that wrote it (a bar.sync orders a
+    block's global-memory accesses as it does its shared-memory ones), and the program's next tile
+    overwrites it."""
+    BM: tl.constexpr = g.shape[0]
+    BN: tl.constexpr = g.shape[1]
+    R: tl.constexpr = BM // SPLIT
+    tl.static_assert(R * SPLIT == BM, "the staged epilogue's SPLIT must divide BM")
+    cols = tl.arange(0, BN)
+    tl.store(stage_ptr + tl.arange(0, BM)[:, None] * BN + cols[None, :], g)
+    tl.debug_barrier()
+    sq = tl.zeros((R, BN), dtype=tl.float64)
+    bad = tl.zeros((R, BN), dtype=tl.int32)
+    for j in tl.static_range(SPLIT):
+        rows = j * R + tl.arange(0, R)
+        g_rows = tl.load(stage_ptr + rows[:, None] * BN + cols[None, :])
+        sq_j, bad_j = update_rows_q8(
+            g_rows, m0 + rows, offs_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h, grad_scale,
+            seed, rand_stride, rand_base, rand_rows, GUARDED_UPDATE, N_STATE)
+        sq += sq_j
+        bad += bad_j
+    tl.debug_barrier()
+    return sq, bad
 
 
 @triton.jit

@@ -71,7 +71,7 @@ def check_fused(rule_name: str, dtype: str) -> dict:
 
     rule = rules.get_rule(rule_name)
     sig = {"w_ptr": "*fp32", "s0_ptr": "*fp32", "s1_ptr": "*fp32", "x_ptr": f"*{dtype}", "dy_ptr": f"*{dtype}",
-           "accum_ptr": "*fp32", "acc_out_ptr": "*fp32", "norm_sq_ptr": "*fp64", "nonfinite_ptr": "*i32",
+           "accum_ptr": "*fp32", "acc_out_ptr": "*fp32", "norm_sq_ptr": "*fp64", "nonfinite_ptr": "*i32", "stage_ptr": "*fp32",
            "x_desc": "constexpr", "dy_desc": "constexpr",
            "scale0_ptr": "*fp32", "scale1_ptr": "*fp32", "n_blocks": "i32", "M": "i32", "N": "i32", "K": "i32", "stride_xk": "i32", "stride_xn": "i32", "stride_dyk": "i32",
            "stride_dym": "i32", "h": tuple("fp32" for _ in rule.scalar_names), "grad_scale": "fp32",

@@ -316,11 +316,13 @@ def test_host_time_split_part_runs_on_the_cpu(tmp_path):
 
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "host_time.py"), "--part", "split",
                            "--split-model", "tiny", "--split-steps", "2", "--split-methods",
-                           "forge_8bit+cl,torch_hooks", "--out", str(out)],
+                           "forge_8bit+cl,torch_hooks", "--split-env", "FORGE_NUM_Q8_TILE=64x128x64_w8_s4_e4_tma_r128",
+                           "--out", str(out)],
                           capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     r = json.loads(out.read_text())["split"]
-    assert r["variants"] == ["forge_8bit+cl", "forge_8bit+cl (FORGE_NUM_FAST_LAUNCH=0)", "torch_hooks"]
+    assert r["variants"] == ["forge_8bit+cl", "forge_8bit+cl (FORGE_NUM_FAST_LAUNCH=0)",
+                             "forge_8bit+cl (FORGE_NUM_Q8_TILE=64x128x64_w8_s4_e4_tma_r128)", "torch_hooks"]
     assert r["reference"] == "torch_hooks"
     calls = r["forge_8bit+cl"]["functions"]
     assert any("fused_linear_backward" in k and v["calls_per_step"] > 0 for k, v in calls.items())

@@ -187,10 +187,12 @@ def _random_case_with_config(regime, config, data):
 
 
 
-@pytest.mark.parametrize("config", dict.fromkeys(kernels.DEFAULT_Q8_CONFIGS.values()), ids=str)
+@pytest.mark.parametrize("config", [*dict.fromkeys(kernels.DEFAULT_Q8_CONFIGS.values()),
+                                    *(c for c in kernels.CANDIDATE_Q8_CONFIGS if c.staged)], ids=str)
 def test_8bit_telemetry_within_its_bound(config):
     """The 8bit defaults' telemetry, reduced once a tile (v29), against the exact Σ g² and the
-    non-finite count, over several tiles with rows and columns past the edges."""
+    non-finite count, over several tiles with rows and columns past the edges (the staged candidates'
+    too: their terms read back from the scratch slot)."""
     from tests.kernel_cases import run_q8_telemetry_case
 
     run_q8_telemetry_case(CUDA, config, M=2 * config.BM + 5, N=3 * config.BN - 56)
@@ -223,6 +225,26 @@ def test_persistent_programs_loop_over_tiles(config, precision):
         for M, N, transpose in ((8 * 37, 8 * 41, False), (300, 330, True)):  # TMA, then the pointer fallback
             run_case(Case("adamw", M, N, 150, torch.bfloat16, adamw, step=3, seed=M + N, config=config,
                           with_accum=True, bad_rows=2, transpose_inputs=transpose, precision=precision), CUDA)
+
+
+PERSISTENT_Q8 = [c for c in (*kernels.Q8_CONFIGS[torch.bfloat16], *kernels.CANDIDATE_Q8_CONFIGS) if c.persistent]
+
+
+@pytest.mark.parametrize("config", PERSISTENT_Q8, ids=str)
+def test_persistent_8bit_programs_loop_over_tiles(config):
+    """The 8bit persistent tiles with the multiprocessor count taken as 1: config.persistent programs
+    run at once, each walking several tiles (edge tiles too), so that a staged tile's scratch slot is
+    rewritten by its program's next tile while the other program uses its own (a missing barrier or a
+    shared slot shows as other bits); fused == unfused == emulator, codes and scales."""
+    from unittest import mock
+
+    from tests.kernel_cases import run_q8_case
+
+    hyper = {"lr": 1e-2, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
+    with mock.patch.object(kernels, "_sm_count", lambda device: 1):
+        for M, N in ((8 * 37, 8 * 41), (3 * config.BM + 7, 2 * config.BN + 24)):
+            run_q8_case("adamw", hyper, torch.bfloat16, M=M, N=N, K=150, seed=M + N, device=CUDA, config=config,
+                        step=3)
 
 
 def _cached_launch_case(regime: str, M: int, N: int, K: int, seed: int):

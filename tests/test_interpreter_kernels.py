@@ -126,6 +126,7 @@ def test_default_tile_by_k_and_operands():
     assert kernels.default_q8_config(8192, 8192, 16384, torch.float32) == kernels.Q8_CONFIGS[torch.float32][0]
     ok = lambda *shapes: kernels._tma_addressable(*(torch.zeros(s, dtype=bf16) for s in shapes))  # noqa: E731
     assert ok((40, 136), (40, 72))
+    assert "FORGE_NUM_Q8_TILE" not in os.environ
     assert not ok((40, 130), (40, 72))  # a row of 260 bytes
     assert not ok((0, 136), (0, 72))  # no tokens
     assert not kernels._tma_addressable(torch.zeros(136, 40, dtype=bf16).t(), torch.zeros(40, 72, dtype=bf16))
@@ -261,10 +262,31 @@ def test_persistent_schedule_computes_the_same_bits(precision, dtype):
                   precision=precision), CPU)
 
 
-def test_persistent_schedule_8bit():
+def test_q8_tile_override(monkeypatch):
+    """FORGE_NUM_Q8_TILE=<label> (a benchmark's switch) picks that 8bit tile, a candidate too, wherever TMA
+    can load the operands, and nowhere else; a label naming no tile is an error that lists the known ones."""
+    bf16 = torch.bfloat16
+    staged = next(c for c in kernels.CANDIDATE_Q8_CONFIGS if c.staged)
+    monkeypatch.setenv("FORGE_NUM_Q8_TILE", staged.label.replace(" ", "_"))
+    for K in (256, 4096, 16384):
+        assert kernels.default_q8_config(512, 2048, K, bf16) == staged
+        assert kernels.default_q8_config(512, 2048, K, bf16, tma_ok=False) in kernels.DEFAULT_Q8_CONFIGS.values()
+    assert kernels.default_q8_config(512, 2048, 4096, torch.float32) == kernels.Q8_CONFIGS[torch.float32][0]
+    monkeypatch.setenv("FORGE_NUM_Q8_TILE", "64x128x64_w8_s9")
+    with pytest.raises(ValueError, match="names no 8bit tile; known: .*64x128x64_w8_s4_e4_tma_r128"):
+        kernels.default_q8_config(512, 2048, 4096, bf16)
+
+
+@pytest.mark.parametrize("staged_split", [0, 1, 4, 16], ids=lambda s: f"staged-e{s}" if s else "held")
+def test_persistent_schedule_8bit(staged_split):
+    """4 programs for 3 x 2 tiles (two programs walk two): the 8bit update computes the emulator's bits
+    with the accumulator held in registers, or staged through each program's scratch slot (its second
+    tile overwrites the slot its first was read from; a slot read before it is written, or another
+    program's, gives other bits), its rows in 1, 4 or 16 sub-tiles (rows past M: 40 = 2 x 16 + 8)."""
     from tests.kernel_cases import run_q8_case
 
-    cfg = kernels.TileConfig(16, 128, 16, num_warps=4, num_stages=1, persistent=1)
+    cfg = kernels.TileConfig(16, 128, 16, num_warps=4, num_stages=1, persistent=1, staged=bool(staged_split),
+                             epilogue_split=staged_split or 1)
     run_q8_case("adamw", HYPERS["adamw"], torch.bfloat16, 40, 200, 9, seed=5, device=CPU, config=cfg)
 
 
@@ -279,12 +301,14 @@ def test_8bit_row_split_epilogue(split, dtype):
     run_q8_case("adamw", HYPERS["adamw"], dtype, 45, 200, 9, seed=6, device=CPU, config=cfg)
 
 
-@pytest.mark.parametrize("split", [1, 2, 4])
-def test_8bit_telemetry_within_its_bound(split):
-    """The 8bit epilogue's telemetry terms, added over its row sub-tiles and reduced once a tile."""
+@pytest.mark.parametrize("split,staged", [(1, False), (2, False), (4, False), (16, True)])
+def test_8bit_telemetry_within_its_bound(split, staged):
+    """The 8bit epilogue's telemetry terms, added over its row sub-tiles and reduced once a tile (staged:
+    the sub-tiles read back from the program's scratch slot, persistent programs)."""
     from tests.kernel_cases import run_q8_telemetry_case
 
-    run_q8_telemetry_case(CPU, kernels.TileConfig(32, 128, 16, num_warps=4, num_stages=1, epilogue_split=split))
+    run_q8_telemetry_case(CPU, kernels.TileConfig(32, 128, 16, num_warps=4, num_stages=1, epilogue_split=split,
+                                                  persistent=int(staged), staged=staged))
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16-sr"])
