@@ -142,13 +142,17 @@ class TileConfig:
     # 8bit regime, persistent programs: the epilogue reads the accumulator back from a scratch slot of
     # BM x BN fp32 a program (in L2) instead of holding it in registers (kernels/linear_update.py, STAGED)
     staged: bool = False
+    # persistent programs: each sleeps up to this many microseconds before its first tile, spread over
+    # the programs, so that two sharing an SM run out of phase (kernels/linear_update.py, STAGGER_US)
+    stagger_us: int = 0
 
     @property
     def label(self) -> str:
-        """Short name for tables: 64x128x64 w4 s4 e4 [p2] [tma] [r128] [st]."""
+        """Short name for tables: 64x128x64 w4 s4 e4 [p2] [tma] [r128] [st] [z40]."""
         return (f"{self.BM}x{self.BN}x{self.BK} w{self.num_warps} s{self.num_stages} e{self.epilogue_split}"
                 + (f" p{self.persistent}" if self.persistent else "") + (" tma" if self.tma else "")
-                + (f" r{self.max_registers}" if self.max_registers else "") + (" st" if self.staged else ""))
+                + (f" r{self.max_registers}" if self.max_registers else "") + (" st" if self.staged else "")
+                + (f" z{self.stagger_us}" if self.stagger_us else ""))
 
     def __post_init__(self):
         for name in ("BM", "BN", "BK"):
@@ -164,6 +168,10 @@ class TileConfig:
             raise ValueError(f"TileConfig.max_registers must be 0 (no cap) or an int in [32, 255], got {self}")
         if self.staged and not self.persistent:
             raise ValueError(f"TileConfig.staged needs persistent programs (one scratch slot a program), got {self}")
+        if not (isinstance(self.stagger_us, int) and 0 <= self.stagger_us <= 1000) or (self.stagger_us
+                                                                                     and not self.persistent):
+            raise ValueError(f"TileConfig.stagger_us must be an int in [0, 1000] (microseconds), nonzero only "
+                             f"with persistent programs, got {self}")
 
 
 # Tile shapes the launcher may use, per mainloop mode. Every one of them is a test case
@@ -295,20 +303,26 @@ CANDIDATE_CONFIGS = (
 # twin took 0.89-1.10x its time (slower at 17 of 25 points, up to 1.10x from 4096 tokens; 0.89x at
 # 4096x14336, K = 16384), and the TMA 32x128 was the fastest only at 512x2048, K = 2048 (0.89x the
 # small-K default's time, where the promoted tile took 1.05x): both stay candidates.
-# v31 (session 22, not yet timed): staged epilogues (TileConfig.staged: the accumulator through a
-# per-program scratch slot in L2, its registers free for the epilogue), two programs an SM. On the CPU
-# (ptxas of Triton 3.6, sm_90a, AdamW): the 64x128 e8 spills 72 B (the default, e4 unstaged: 280 B),
-# the 128x128 e16 244 B (unstaged 128x128 r128: ~2 KB); both 96 KB of shared memory, like the
-# default; ~260-274 SASS instructions an element, as the default's 268. The persistent unstaged 64x128
-# beside them says which of the two changes (persistence, staging) a difference comes from.
+# v31 (session 22): staged epilogues (TileConfig.staged: the accumulator through a per-program scratch
+# slot in L2, its registers free for the epilogue), two programs an SM. On the CPU (ptxas of Triton
+# 3.6, sm_90a, AdamW): the persistent 64x128 e4 spills 560 B (the non-persistent default 280 B), staged
+# in e8 72 B; the staged 128x128 e16 244 B (unstaged, capped: ~2 KB); all 96 KB of shared memory. Timed
+# in call 1 (bench/results/2026-12-05-s22/call1, H200; time over the default's at 4096x14336, 8192x8192,
+# 8192x2048, 2048x8192, 2048x2048, K = 1024 and 4096): the persistent 64x128 1.01-1.25 (its spills),
+# the staged 64x128 e8 0.89-1.04 (0.89 at 8192x8192, K = 1024; 0.94 at three points), the staged
+# 128x128 e16 1.15-1.69 (dropped). v32 (session 22, after call 1): two programs sharing an SM run
+# their tiles in step (the same work from the same start), so both are in the mainloop, then both in
+# the epilogue; TileConfig.stagger_us starts each persistent program up to that many microseconds late
+# (spread over the programs), so that one's epilogue can run beside the other's mainloop.
 CANDIDATE_Q8_CONFIGS: tuple[TileConfig, ...] = (
     TileConfig(64, 128, 64, num_warps=8, num_stages=3, epilogue_split=4, tma=True, max_registers=128),
     TileConfig(32, 128, 64, num_warps=8, num_stages=3, epilogue_split=4, tma=True),  # 126 registers, no spill
-    TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, persistent=2, tma=True, max_registers=128),
     TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=8, persistent=2, tma=True, max_registers=128,
                staged=True),
-    TileConfig(128, 128, 64, num_warps=8, num_stages=3, epilogue_split=16, persistent=2, tma=True,
-               max_registers=128, staged=True),
+    TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=8, persistent=2, tma=True, max_registers=128,
+               staged=True, stagger_us=30),
+    TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=8, persistent=2, tma=True, max_registers=128,
+               staged=True, stagger_us=70),
 )
 
 
@@ -695,7 +709,8 @@ def _linear_launch_arguments(weight, states, x, dy, accum, acc_out, norm_sq, non
         return (dict(GUARDED_UPDATE=guarded, N_STATE=n_state, BF16_STORAGE=bf16, STATE_Q8=q8, UPDATE=update,
                      STORE_ACC=acc_out is not None, HAS_ACCUM=accum is not None, INPUT_PRECISION=precision,
                      BM=config.BM, BN=config.BN, BK=config.BK, EPILOGUE_SPLIT=split,
-                     PERSISTENT=bool(config.persistent), GROUP_M=_GROUP_M, USE_TMA=use_tma, STAGED=staged),
+                     PERSISTENT=bool(config.persistent), GROUP_M=_GROUP_M, USE_TMA=use_tma, STAGED=staged,
+                     STAGGER_US=config.stagger_us),
                 dict(num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers or None,
                      enable_fp_fusion=False))
 
