@@ -56,7 +56,7 @@ def compile_ptx(cfg: kernels.TileConfig, rule: rules.Rule, dtype: str, precision
              "INPUT_PRECISION": "ieee" if dtype == "fp32" else "tf32",
              "BM": cfg.BM, "BN": cfg.BN, "BK": cfg.BK, "EPILOGUE_SPLIT": cfg.epilogue_split,
              "PERSISTENT": bool(cfg.persistent), "GROUP_M": 8, "USE_TMA": cfg.tma,
-             "STAGED": cfg.staged, "STAGGER_US": cfg.stagger_us}
+             "STAGED": cfg.staged}
     if not cfg.tma:
         const.update(x_desc=None, dy_desc=None)
     const["rand_rows"] = None  # gathered rows' counters: not in a training step's launches

@@ -142,17 +142,13 @@ class TileConfig:
     # 8bit regime, persistent programs: the epilogue reads the accumulator back from a scratch slot of
     # BM x BN fp32 a program (in L2) instead of holding it in registers (kernels/linear_update.py, STAGED)
     staged: bool = False
-    # persistent programs: each sleeps up to this many microseconds before its first tile, spread over
-    # the programs, so that two sharing an SM run out of phase (kernels/linear_update.py, STAGGER_US)
-    stagger_us: int = 0
 
     @property
     def label(self) -> str:
-        """Short name for tables: 64x128x64 w4 s4 e4 [p2] [tma] [r128] [st] [z40]."""
+        """Short name for tables: 64x128x64 w4 s4 e4 [p2] [tma] [r128] [st]."""
         return (f"{self.BM}x{self.BN}x{self.BK} w{self.num_warps} s{self.num_stages} e{self.epilogue_split}"
                 + (f" p{self.persistent}" if self.persistent else "") + (" tma" if self.tma else "")
-                + (f" r{self.max_registers}" if self.max_registers else "") + (" st" if self.staged else "")
-                + (f" z{self.stagger_us}" if self.stagger_us else ""))
+                + (f" r{self.max_registers}" if self.max_registers else "") + (" st" if self.staged else ""))
 
     def __post_init__(self):
         for name in ("BM", "BN", "BK"):
@@ -168,10 +164,6 @@ class TileConfig:
             raise ValueError(f"TileConfig.max_registers must be 0 (no cap) or an int in [32, 255], got {self}")
         if self.staged and not self.persistent:
             raise ValueError(f"TileConfig.staged needs persistent programs (one scratch slot a program), got {self}")
-        if not (isinstance(self.stagger_us, int) and 0 <= self.stagger_us <= 1000) or (self.stagger_us
-                                                                                     and not self.persistent):
-            raise ValueError(f"TileConfig.stagger_us must be an int in [0, 1000] (microseconds), nonzero only "
-                             f"with persistent programs, got {self}")
 
 
 # Tile shapes the launcher may use, per mainloop mode. Every one of them is a test case
@@ -218,8 +210,12 @@ Q8_LARGE_K_CONFIG = TileConfig(64, 128, 64, num_warps=8, num_stages=3, epilogue_
 # 64x128's C7515), the default wherever its operands are TMA-addressable and it has tiles enough
 # (default_q8_config).
 Q8_TMA_CONFIG = TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=4, tma=True, max_registers=128)
+# v31 (session 22): its staged twin on tall weights (default_q8_config): persistent, two programs an SM,
+# the accumulator through each program's scratch slot in L2 and the update in eight row sub-tiles.
+Q8_TALL_CONFIG = TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=8, persistent=2, tma=True,
+                            max_registers=128, staged=True)
 Q8_CONFIGS = {
-    torch.bfloat16: (Q8_SMALL_K_CONFIG, Q8_LARGE_K_CONFIG, Q8_TMA_CONFIG,
+    torch.bfloat16: (Q8_SMALL_K_CONFIG, Q8_LARGE_K_CONFIG, Q8_TMA_CONFIG, Q8_TALL_CONFIG,
                      TileConfig(32, 128, 64, num_warps=8, num_stages=3),
                      TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=2)),
     torch.float32: (TileConfig(16, 128, 16, num_warps=4, num_stages=2),),
@@ -303,26 +299,20 @@ CANDIDATE_CONFIGS = (
 # twin took 0.89-1.10x its time (slower at 17 of 25 points, up to 1.10x from 4096 tokens; 0.89x at
 # 4096x14336, K = 16384), and the TMA 32x128 was the fastest only at 512x2048, K = 2048 (0.89x the
 # small-K default's time, where the promoted tile took 1.05x): both stay candidates.
-# v31 (session 22): staged epilogues (TileConfig.staged: the accumulator through a per-program scratch
-# slot in L2, its registers free for the epilogue), two programs an SM. On the CPU (ptxas of Triton
-# 3.6, sm_90a, AdamW): the persistent 64x128 e4 spills 560 B (the non-persistent default 280 B), staged
-# in e8 72 B; the staged 128x128 e16 244 B (unstaged, capped: ~2 KB); all 96 KB of shared memory. Timed
-# in call 1 (bench/results/2026-12-05-s22/call1, H200; time over the default's at 4096x14336, 8192x8192,
-# 8192x2048, 2048x8192, 2048x2048, K = 1024 and 4096): the persistent 64x128 1.01-1.25 (its spills),
-# the staged 64x128 e8 0.89-1.04 (0.89 at 8192x8192, K = 1024; 0.94 at three points), the staged
-# 128x128 e16 1.15-1.69 (dropped). v32 (session 22, after call 1): two programs sharing an SM run
-# their tiles in step (the same work from the same start), so both are in the mainloop, then both in
-# the epilogue; TileConfig.stagger_us starts each persistent program up to that many microseconds late
-# (spread over the programs), so that one's epilogue can run beside the other's mainloop.
+# Session 22 (v31, bench/results/2026-12-05-s22/): staged epilogues (TileConfig.staged: the accumulator
+# through a per-program scratch slot in L2, its registers free for the epilogue), two programs an SM.
+# On the CPU (ptxas of Triton 3.6, sm_90a, AdamW): the persistent 64x128 e4 spills 560 B (the plain
+# default 280 B), staged in e8 72 B; the staged 128x128 e16 244 B (unstaged, capped: ~2 KB). Time over
+# the TMA default's at 4096x14336, 8192x8192, 8192x2048, 2048x8192, 2048x2048, K = 1024 and 4096: the
+# persistent 64x128 1.01-1.25 (H200; its spills), the staged 128x128 e16 1.15-1.69 (H200), both
+# dropped; the staged 64x128 e8 promoted on tall weights (Q8_TALL_CONFIG, default_q8_config has its
+# numbers). v32, dropped: the staged 64x128's programs started up to 30 or 70 us late, spread over the
+# programs, so that two sharing an SM would run out of step (one's epilogue beside the other's
+# mainloop): 30 us within -0.02..+0.04 of the unstaggered tile's ratio at eight of ten points (H100),
+# 1.13x and 1.06x its time at 2048x2048; 70 us slower at all ten (the sleep's cost: no phase held).
 CANDIDATE_Q8_CONFIGS: tuple[TileConfig, ...] = (
     TileConfig(64, 128, 64, num_warps=8, num_stages=3, epilogue_split=4, tma=True, max_registers=128),
     TileConfig(32, 128, 64, num_warps=8, num_stages=3, epilogue_split=4, tma=True),  # 126 registers, no spill
-    TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=8, persistent=2, tma=True, max_registers=128,
-               staged=True),
-    TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=8, persistent=2, tma=True, max_registers=128,
-               staged=True, stagger_us=30),
-    TileConfig(64, 128, 64, num_warps=8, num_stages=4, epilogue_split=8, persistent=2, tma=True, max_registers=128,
-               staged=True, stagger_us=70),
 )
 
 
@@ -709,8 +699,7 @@ def _linear_launch_arguments(weight, states, x, dy, accum, acc_out, norm_sq, non
         return (dict(GUARDED_UPDATE=guarded, N_STATE=n_state, BF16_STORAGE=bf16, STATE_Q8=q8, UPDATE=update,
                      STORE_ACC=acc_out is not None, HAS_ACCUM=accum is not None, INPUT_PRECISION=precision,
                      BM=config.BM, BN=config.BN, BK=config.BK, EPILOGUE_SPLIT=split,
-                     PERSISTENT=bool(config.persistent), GROUP_M=_GROUP_M, USE_TMA=use_tma, STAGED=staged,
-                     STAGGER_US=config.stagger_us),
+                     PERSISTENT=bool(config.persistent), GROUP_M=_GROUP_M, USE_TMA=use_tma, STAGED=staged),
                 dict(num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers or None,
                      enable_fp_fusion=False))
 
@@ -850,9 +839,17 @@ def default_config(M: int, N: int, K: int, dtype: torch.dtype, bf16_storage: boo
 # from Q8_LARGE_K tokens, and below it where it has at least Q8_TMA_MIN_TILES tiles (two programs
 # on each SM of an H100 or H200 is 264; 128 tiles lost, 512 won: 256 lies between); the pointer
 # tiles where TMA cannot address the operands.
+# Session 22 (v31, bench/results/2026-12-05-s22/call1 on an H200, call2 on an H100; K = 1024 and 4096,
+# time over Q8_TMA_CONFIG's, H200 / H100): its staged twin, Q8_TALL_CONFIG, 0.89-0.94 / 0.83-0.90 at
+# 8192x8192, 0.94-0.95 / 0.89 at 8192x2048; 1.00-1.04 / 0.96-0.98 at 4096x14336, 1.01-1.04 / 1.02-1.05
+# at 2048x8192, 0.98-1.03 / 1.02 at 2048x2048. So the staged tile where the TMA tile would run on
+# weights of Q8_TALL_M rows or more (K = 256 and 16384 not measured; the 1B step's gate and up
+# projections and its tied head, 8B's gate and up).
 Q8_LARGE_K = 4096
 Q8_TMA_MIN_TILES = 256
-DEFAULT_Q8_CONFIGS = {"small_k": Q8_SMALL_K_CONFIG, "large_k": Q8_LARGE_K_CONFIG, "tma": Q8_TMA_CONFIG}
+Q8_TALL_M = 8192
+DEFAULT_Q8_CONFIGS = {"small_k": Q8_SMALL_K_CONFIG, "large_k": Q8_LARGE_K_CONFIG, "tma": Q8_TMA_CONFIG,
+                      "tma_tall": Q8_TALL_CONFIG}
 
 
 @functools.lru_cache(maxsize=None)
@@ -879,7 +876,7 @@ def default_q8_config(M: int, N: int, K: int, dtype: torch.dtype, tma_ok: bool =
         return _q8_tile_by_label(override)
     tma = DEFAULT_Q8_CONFIGS["tma"]
     if tma_ok and (K >= Q8_LARGE_K or _cdiv(M, tma.BM) * _cdiv(N, tma.BN) >= Q8_TMA_MIN_TILES):
-        return tma
+        return DEFAULT_Q8_CONFIGS["tma_tall"] if M >= Q8_TALL_M else tma
     return DEFAULT_Q8_CONFIGS["small_k" if K < Q8_LARGE_K else "large_k"]
 
 

@@ -31,10 +31,6 @@ Flags (constexpr):
              the dot's initial value on purpose: Triton rewrites add(dot(a, b, 0), c) into
              dot(a, b, c) (its dot-add combine), so "accum + dot" would not be what runs.
   N_STATE    how many state tensors the rule keeps (0, 1 or 2)
-  STAGGER_US (persistent programs) each program sleeps up to this many microseconds before its first
-             tile, by a fraction of it spread over the programs (pid x 0.618 mod 1): two programs that
-             share a multiprocessor start out of phase, so that one's epilogue (integer and IEEE work)
-             can run beside the other's mainloop (tensor cores) instead of both in step. Timing only.
   STAGED     (8bit regime, persistent programs) the epilogue reads the tile's accumulator back from
              the program's own slot of a scratch buffer in global memory, stage[program, BM, BN]
              (BM * BN * 4 bytes a program, resident in L2), one row sub-tile at a time, instead of
@@ -48,8 +44,6 @@ Launch with ``enable_fp_fusion=False`` (see kernels/ieee.py); the launchers in k
 
 import triton
 import triton.language as tl
-
-from forge_num.interpreter import is_interpreter
 
 from .quant8 import QBLOCK, dequantize, quantize_block_sr
 from .random import rounding_bits
@@ -163,7 +157,7 @@ def fused_linear_update_kernel(
     INPUT_PRECISION: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
     PERSISTENT: tl.constexpr = False, GROUP_M: tl.constexpr = 8, USE_TMA: tl.constexpr = False,
-    STAGED: tl.constexpr = False, STAGGER_US: tl.constexpr = 0,
+    STAGED: tl.constexpr = False,
 ):
     """One program per tile (grid [cdiv(M, BM), cdiv(N, BN)]), or PERSISTENT: a 1-D grid of fewer
     programs, each walking tiles pid, pid + P, pid + 2P, ... in grouped order (GROUP_M tile rows
@@ -171,11 +165,6 @@ def fused_linear_update_kernel(
     Scheduling only: every tile computes the same bits and writes the same telemetry slot."""
     tl.static_assert(not STAGED or (PERSISTENT and STATE_Q8), "STAGED needs PERSISTENT programs and STATE_Q8")
     if PERSISTENT:
-        if STAGGER_US > 0 and CAN_SLEEP:
-            # the fraction pid x 40503 / 2^16 (40503 / 2^16 ~ 0.618, the golden ratio's: consecutive
-            # pids, and pids P/2 apart, land far apart) of STAGGER_US, in ns
-            phase = (tl.program_id(0) * 40503) & 0xFFFF
-            sleep_ns((phase * (STAGGER_US * 1000 // 64)) >> 10)
         stage = stage_ptr + tl.program_id(0).to(tl.int64) * (BM * BN)  # this program's scratch slot
         tiles_m = tl.cdiv(M, BM)
         tiles_n = tl.cdiv(N, BN)
@@ -200,17 +189,6 @@ def fused_linear_update_kernel(
             stride_dyk, stride_dym, h, grad_scale, seed, rand_stride, rand_base, rand_rows, slots_n, GUARDED_UPDATE,
             N_STATE, BF16_STORAGE, STATE_Q8, UPDATE, STORE_ACC, HAS_ACCUM, INPUT_PRECISION, BM, BN, BK, EPILOGUE_SPLIT, USE_TMA,
             STAGED)
-
-
-# nanosleep is PTX (sm_70 on): not under the interpreter, where the programs run one after the other
-CAN_SLEEP: tl.constexpr = tl.constexpr(not is_interpreter())
-
-
-@triton.jit
-def sleep_ns(ns):
-    """Suspend the thread for about ns nanoseconds (PTX nanosleep: at most 1 ms, approximate)."""
-    return tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r", [ns], dtype=tl.int32,
-                                     is_pure=False, pack=1)
 
 
 @triton.jit

@@ -187,12 +187,11 @@ def _random_case_with_config(regime, config, data):
 
 
 
-@pytest.mark.parametrize("config", [*dict.fromkeys(kernels.DEFAULT_Q8_CONFIGS.values()),
-                                    *(c for c in kernels.CANDIDATE_Q8_CONFIGS if c.staged)], ids=str)
+@pytest.mark.parametrize("config", dict.fromkeys(kernels.DEFAULT_Q8_CONFIGS.values()), ids=str)
 def test_8bit_telemetry_within_its_bound(config):
     """The 8bit defaults' telemetry, reduced once a tile (v29), against the exact Σ g² and the
-    non-finite count, over several tiles with rows and columns past the edges (the staged candidates'
-    too: their terms read back from the scratch slot)."""
+    non-finite count, over several tiles with rows and columns past the edges (the staged default's
+    too: its terms read back from the scratch slot)."""
     from tests.kernel_cases import run_q8_telemetry_case
 
     run_q8_telemetry_case(CUDA, config, M=2 * config.BM + 5, N=3 * config.BN - 56)
@@ -279,13 +278,14 @@ def _state_bits(states):
     return [t for s in states for t in ((s.codes, s.scales) if isinstance(s, kernels.Q8State) else (s,))]
 
 
-# a pointer, a TMA and a persistent TMA tile of the linear regimes, the 8bit pointer and TMA tiles, and
-# the fp32 regime with fp32 operands (the IEEE mainloop)
+# a pointer, a TMA and a persistent TMA tile of the linear regimes, the 8bit pointer, TMA and staged
+# TMA tiles (the last with a scratch tensor of its own each launch), and the fp32 regime with fp32
+# operands (the IEEE mainloop)
 _LINEAR_TILES = (kernels.DEFAULT_BF16_CONFIG[False], kernels.DEFAULT_TMA_CONFIGS["small_k"],
                  kernels.DEFAULT_TMA_CONFIGS["large_k"])
 CACHED_LAUNCH_CASES = ([(r, c) for r in ("fp32", "bf16-sr") for c in _LINEAR_TILES]
                        + [("8bit", kernels.DEFAULT_Q8_CONFIGS["small_k"]), ("8bit", kernels.DEFAULT_Q8_CONFIGS["tma"]),
-                          ("fp32-ieee", kernels.IEEE_CONFIGS[0])])
+                          ("8bit", kernels.DEFAULT_Q8_CONFIGS["tma_tall"]), ("fp32-ieee", kernels.IEEE_CONFIGS[0])])
 
 
 @pytest.mark.parametrize("regime,config", CACHED_LAUNCH_CASES, ids=[f"{r}-{c}" for r, c in CACHED_LAUNCH_CASES])

@@ -115,14 +115,19 @@ def test_default_tile_by_k_and_operands():
     # the TMA 64x128 wherever TMA can load the operands, from Q8_LARGE_K tokens or with tiles enough
     # (1024, 2048): 256 tiles exactly; (1000, 2048): 256 counting the partial row of tiles, 240 without;
     # (512, 2048): 128, measured slower below 4096 tokens
-    for M, N in ((4096, 4096), (2048, 2048), (1024, 2048), (1000, 2048), (960, 2048), (512, 2048), (8, 128)):
+    # and on weights of Q8_TALL_M rows or more, its staged twin in the TMA tile's place
+    for M, N in ((4096, 4096), (2048, 2048), (1024, 2048), (1000, 2048), (960, 2048), (512, 2048), (8, 128),
+                 (8192, 2048), (8191, 2048), (128256, 2048), (8192, 128)):
         many = -(-M // 64) * -(-N // 128) >= kernels.Q8_TMA_MIN_TILES
-        assert many == ((M, N) in ((4096, 4096), (2048, 2048), (1024, 2048), (1000, 2048)))
-        assert kernels.default_q8_config(M, N, q8_large_k, bf16) == q8["tma"]
-        assert kernels.default_q8_config(M, N, 256, bf16) == (q8["tma"] if many else q8["small_k"])
+        assert many == ((M, N) in ((4096, 4096), (2048, 2048), (1024, 2048), (1000, 2048), (8192, 2048),
+                                   (8191, 2048), (128256, 2048)))
+        tma_tile = q8["tma_tall"] if M >= kernels.Q8_TALL_M else q8["tma"]
+        assert kernels.default_q8_config(M, N, q8_large_k, bf16) == tma_tile
+        assert kernels.default_q8_config(M, N, 256, bf16) == (tma_tile if many else q8["small_k"])
         assert kernels.default_q8_config(M, N, q8_large_k - 1, bf16, tma_ok=False) == q8["small_k"]
         assert kernels.default_q8_config(M, N, q8_large_k, bf16, tma_ok=False) == q8["large_k"]
     assert q8["tma"].tma and q8["tma"].max_registers == 128 and q8["tma"] in kernels.Q8_CONFIGS[bf16]
+    assert q8["tma_tall"].staged and q8["tma_tall"].tma and q8["tma_tall"] in kernels.Q8_CONFIGS[bf16]
     assert kernels.default_q8_config(8192, 8192, 16384, torch.float32) == kernels.Q8_CONFIGS[torch.float32][0]
     ok = lambda *shapes: kernels._tma_addressable(*(torch.zeros(s, dtype=bf16) for s in shapes))  # noqa: E731
     assert ok((40, 136), (40, 72))
@@ -266,10 +271,11 @@ def test_q8_tile_override(monkeypatch):
     """FORGE_NUM_Q8_TILE=<label> (a benchmark's switch) picks that 8bit tile, a candidate too, wherever TMA
     can load the operands, and nowhere else; a label naming no tile is an error that lists the known ones."""
     bf16 = torch.bfloat16
-    staged = next(c for c in kernels.CANDIDATE_Q8_CONFIGS if c.staged)
-    monkeypatch.setenv("FORGE_NUM_Q8_TILE", staged.label.replace(" ", "_"))
+    candidate = kernels.CANDIDATE_Q8_CONFIGS[-1]
+    monkeypatch.setenv("FORGE_NUM_Q8_TILE", candidate.label.replace(" ", "_"))
     for K in (256, 4096, 16384):
-        assert kernels.default_q8_config(512, 2048, K, bf16) == staged
+        assert kernels.default_q8_config(512, 2048, K, bf16) == candidate
+        assert kernels.default_q8_config(8192, 2048, K, bf16) == candidate
         assert kernels.default_q8_config(512, 2048, K, bf16, tma_ok=False) in kernels.DEFAULT_Q8_CONFIGS.values()
     assert kernels.default_q8_config(512, 2048, 4096, torch.float32) == kernels.Q8_CONFIGS[torch.float32][0]
     monkeypatch.setenv("FORGE_NUM_Q8_TILE", "64x128x64_w8_s9")
