@@ -64,6 +64,7 @@ and counts are combined across ranks, replicated parameters counted once (forge_
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Iterable
 
 from typing import NamedTuple
@@ -321,7 +322,9 @@ class ForgeOptimizer(torch.optim.Optimizer):
         self._recs: dict[torch.Tensor, _Rec] = {}  # parameters updated in backward
         self._passive: list[torch.Tensor] = []  # trainable model parameters this optimizer does not hold
         self._grad_reducer = None  # set by forge_num.distributed.prepare_data_parallel
-        self._grad_seen: dict = {}  # plain mode: (id, version) of each .grad consumed by the last step()
+        # plain mode: (weak reference, version) of each .grad consumed by the last step(); a weak
+        # reference, not id(): a new .grad can take a freed one's address, hence its id
+        self._grad_seen: dict = {}
         self._mode = "idle"  # idle | norm | update | skip
         self._norms: list[tuple] = []  # (parameter, fp32 norm of its local gradient) of the norm pass
         self._stash: dict[torch.Tensor, torch.Tensor | None] = {}
@@ -730,6 +733,11 @@ class ForgeOptimizer(torch.optim.Optimizer):
     # step()
     # ---------------------------------------------------------------------------------------
 
+    def _grad_consumed(self, p) -> bool:
+        """Whether p.grad is the tensor the last step() consumed, unmodified since (same version)."""
+        seen = self._grad_seen.get(p)
+        return seen is not None and seen[0]() is p.grad and seen[1] == p.grad._version
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
@@ -749,7 +757,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
             p for g in self.param_groups for p in g["params"] if p not in self._recs and p.grad is not None
         ]
         # A .grad that is the same tensor, unmodified, as at the last step() came from no new backward.
-        fresh = [p for p in plain if self._grad_seen.get(p) != (id(p.grad), p.grad._version)]
+        fresh = [p for p in plain if not self._grad_consumed(p)]
         if self._max_events == 0 and not fresh:
             what = (
                 "no parameter of the prepared model received a gradient"
@@ -789,7 +797,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
         for p, rec in pending:
             rec.accum = None
             p.grad = None
-        self._grad_seen = {p: (id(p.grad), p.grad._version) for p in plain}
+        self._grad_seen = {p: (weakref.ref(p.grad), p.grad._version) for p in plain}
         self._finish_step()
         return loss
 

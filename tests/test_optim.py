@@ -279,6 +279,25 @@ def test_step_without_backward_is_explained():
     o.step()
 
 
+def test_a_new_gradient_where_a_freed_one_was_is_fresh(monkeypatch):
+    """A .grad freed by zero_grad() and made anew by the next backward can take the freed tensor's
+    address, so its id(), with the same version, 0: it is a new gradient all the same, and step()
+    applies it. (Telling them apart by (id, version) raised "no backward ran" now and then in a plain
+    training loop: CI, session 22.) Here every id() collides, as the worst case of that reuse."""
+    import forge_num.optim as optim_module
+
+    monkeypatch.setattr(optim_module, "id", lambda obj: 0, raising=False)
+    m = Net()
+    o = fn.AdamW(m.parameters())
+    for _ in range(3):
+        o.zero_grad(set_to_none=True)
+        for p in m.parameters():
+            p.grad = torch.ones_like(p)  # a new tensor, version 0, as a backward's
+        o.step()
+    with pytest.raises(RuntimeError, match="every .grad is the one the last step"):
+        o.step()  # the same tensor, unmodified, is still refused
+
+
 def test_telemetry_and_nonfinite_policy():
     torch.manual_seed(0)
     m = Net()
