@@ -155,8 +155,7 @@ class TileConfig:
             v = getattr(self, name)
             if v < 16 or v & (v - 1):
                 raise ValueError(f"TileConfig.{name} must be a power of two >= 16, got {v}")
-        if (self.epilogue_split not in ((1, 2, 4, 8, 16) if self.staged else (1, 2, 4, 8))
-                or self.BN // self.epilogue_split < 8):
+        if self.epilogue_split not in (1, 2, 4, 8) or self.BN // self.epilogue_split < 8:
             raise ValueError(f"TileConfig.epilogue_split must be 1, 2, 4 or 8 with BN/split >= 8, got {self}")
         if not (isinstance(self.persistent, int) and 0 <= self.persistent <= 8):
             raise ValueError(f"TileConfig.persistent must be an int in [0, 8] (programs per SM), got {self}")
@@ -304,11 +303,11 @@ CANDIDATE_CONFIGS = (
 # On the CPU (ptxas of Triton 3.6, sm_90a, AdamW): the persistent 64x128 e4 spills 560 B (the plain
 # default 280 B), staged in e8 72 B; the staged 128x128 e16 244 B (unstaged, capped: ~2 KB). Time over
 # the TMA default's at 4096x14336, 8192x8192, 8192x2048, 2048x8192, 2048x2048, K = 1024 and 4096: the
-# persistent 64x128 1.01-1.25 (H200; its spills), the staged 128x128 e16 1.15-1.69 (H200), both
+# persistent 64x128 0.99-1.25 (H200; its spills), the staged 128x128 e16 1.15-1.69 (H200), both
 # dropped; the staged 64x128 e8 promoted on tall weights (Q8_TALL_CONFIG, default_q8_config has its
 # numbers). v32, dropped: the staged 64x128's programs started up to 30 or 70 us late, spread over the
 # programs, so that two sharing an SM would run out of step (one's epilogue beside the other's
-# mainloop): 30 us within -0.02..+0.04 of the unstaggered tile's ratio at eight of ten points (H100),
+# mainloop): 30 us within -0.02..+0.05 of the unstaggered tile's ratio at eight of ten points (H100),
 # 1.13x and 1.06x its time at 2048x2048; 70 us slower at all ten (the sleep's cost: no phase held).
 CANDIDATE_Q8_CONFIGS: tuple[TileConfig, ...] = (
     TileConfig(64, 128, 64, num_warps=8, num_stages=3, epilogue_split=4, tma=True, max_registers=128),
@@ -619,22 +618,28 @@ def _launch_linear(
             config = INTERPRETER_Q8_CONFIG if _interpreting() else default_q8_config(M, N, K, x.dtype, tma_ok)
         else:
             config = INTERPRETER_CONFIG if _interpreting() else default_config(M, N, K, x.dtype, bf16, tma_ok=tma_ok)
-    if q8 and (config.BN % QBLOCK or config.epilogue_split > (16 if config.staged else 4)
+    if q8 and (config.BN % QBLOCK or config.epilogue_split > (8 if config.staged else 4)
                or config.BM % config.epilogue_split):
         raise ValueError(f"the 8bit regime needs BN a multiple of {QBLOCK} and its epilogue split into 1, 2 or 4 "
-                         f"row sub-tiles (up to 16 staged), got {config}")
+                         f"row sub-tiles (1, 2, 4 or 8 staged), got {config}")
     tiles = _cdiv(M, config.BM) * _cdiv(N, config.BN)
     norm_sq, nonfinite = _telemetry_buffers(max(tiles, 1), device, launched=bool(M and N))
     if M and N:
-        launch = _linear_launch_arguments(weight, states, x, dy, accum, acc_out, norm_sq, nonfinite, rule, h,
-                                          grad_scale, update, config, n_state, seed, bf16, q8, rand, tma_ok)
-        if _LAUNCH is None:  # the interpreter's kernel
-            _, _, grid, args, constants = launch
-            constexprs, options = constants()
-            fused_linear_update_kernel[grid](*args, **constexprs, **options)
-        else:
-            _LAUNCH.launch(*launch)
+        _launch(_LAUNCH, fused_linear_update_kernel,
+                _linear_launch_arguments(weight, states, x, dy, accum, acc_out, norm_sq, nonfinite, rule, h,
+                                         grad_scale, update, config, n_state, seed, bf16, q8, rand, tma_ok))
     return UpdateStats(norm_sq, nonfinite)
+
+
+def _launch(cached: CachedLaunch | None, kernel, launch: tuple) -> None:
+    """Run ``launch`` = (key, pins, grid, args, constants) of ``kernel``: through its CachedLaunch, or
+    as kernel[grid](...) where ``cached`` is None (the interpreter's kernel, TRITON_INTERPRET=1 at import)."""
+    if cached is None:
+        _, _, grid, args, constants = launch
+        constexprs, options = constants()
+        kernel[grid](*args, **constexprs, **options)
+    else:
+        cached.launch(*launch)
 
 
 # The kernel's GROUP_M (a defaulted constexpr): passed explicitly, since a cached launch names every
@@ -669,10 +674,10 @@ def _linear_launch_arguments(weight, states, x, dy, accum, acc_out, norm_sq, non
     rand_stride, rand_base, rand_rows = rand or (max(N, 1), 0, None)
     # a staged tile's scratch: one BM x BN fp32 slot for each program of the persistent grid (the 8bit
     # update's only; a mainloop-only launch with the tile, the comparator's, holds its accumulator)
+    # (a fresh tensor each launch, from torch's caching allocator, ordered on the launch's stream: ~6-10 us
+    # of the device's host, ~35 launches a 1B step; a buffer kept per stream would save that, and would
+    # need care under CUDA-graph capture)
     staged = config.staged and q8
-    # a staged tile's 16 row sub-tiles are the 8bit epilogue's; another launch with the tile (the
-    # comparator's mainloop pass) splits its column epilogue at most 8 ways (element-wise: no bit changes)
-    split = config.epilogue_split if q8 else min(config.epilogue_split, 8)
     stage = torch.empty(grid[0] * config.BM * config.BN, dtype=torch.float32, device=x.device) if staged else dummy
     tensors = (weight if weight is not None else dummy, s[0], s[1], x, dy, accum if accum is not None else dummy,
                acc_out if acc_out is not None else dummy, norm_sq, nonfinite, stage)
@@ -698,7 +703,7 @@ def _linear_launch_arguments(weight, states, x, dy, accum, acc_out, norm_sq, non
     def constants():
         return (dict(GUARDED_UPDATE=guarded, N_STATE=n_state, BF16_STORAGE=bf16, STATE_Q8=q8, UPDATE=update,
                      STORE_ACC=acc_out is not None, HAS_ACCUM=accum is not None, INPUT_PRECISION=precision,
-                     BM=config.BM, BN=config.BN, BK=config.BK, EPILOGUE_SPLIT=split,
+                     BM=config.BM, BN=config.BN, BK=config.BK, EPILOGUE_SPLIT=config.epilogue_split,
                      PERSISTENT=bool(config.persistent), GROUP_M=_GROUP_M, USE_TMA=use_tma, STAGED=staged),
                 dict(num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers or None,
                      enable_fp_fusion=False))
@@ -843,8 +848,11 @@ def default_config(M: int, N: int, K: int, dtype: torch.dtype, bf16_storage: boo
 # time over Q8_TMA_CONFIG's, H200 / H100): its staged twin, Q8_TALL_CONFIG, 0.89-0.94 / 0.83-0.90 at
 # 8192x8192, 0.94-0.95 / 0.89 at 8192x2048; 1.00-1.04 / 0.96-0.98 at 4096x14336, 1.01-1.04 / 1.02-1.05
 # at 2048x8192, 0.98-1.03 / 1.02 at 2048x2048. So the staged tile where the TMA tile would run on
-# weights of Q8_TALL_M rows or more (K = 256 and 16384 not measured; the 1B step's gate and up
-# projections and its tied head, 8B's gate and up).
+# weights of Q8_TALL_M rows or more: the gate and up projections of Llama-1B (8192x2048), 3B
+# (8192x3072, not measured) and 8B (14336x4096), and the tied heads (128256 rows, not measured). Call 3
+# (H100) at K = 256 / 1024 / 4096 / 16384: 14336x4096 0.88 / 0.84 / 0.80 / 0.82, 8192x8192 1.04 / 0.83
+# / 0.89 / 0.81 (the one loss, at 256 tokens, left in the rule until 256-512 tokens are measured on
+# more shapes).
 Q8_LARGE_K = 4096
 Q8_TMA_MIN_TILES = 256
 Q8_TALL_M = 8192
@@ -1107,14 +1115,9 @@ def elementwise_update(
     # every program writes its own slot: no fill needed, except when there is no launch at all
     norm_sq, nonfinite = _telemetry_buffers(n_prog, param.device, launched=bool(numel))
     if numel:
-        launch = _elementwise_launch_arguments(param, grad, states, norm_sq, nonfinite, numel, n_prog, rule,
-                                               h, grad_scale, seed, bf16, cols, stride, base, rows)
-        if _ELEMENTWISE_LAUNCH is None:  # the interpreter's kernel
-            _, _, grid, args, constants = launch
-            constexprs, options = constants()
-            elementwise_update_kernel[grid](*args, **constexprs, **options)
-        else:
-            _ELEMENTWISE_LAUNCH.launch(*launch)
+        _launch(_ELEMENTWISE_LAUNCH, elementwise_update_kernel,
+                _elementwise_launch_arguments(param, grad, states, norm_sq, nonfinite, numel, n_prog, rule, h,
+                                              grad_scale, seed, bf16, cols, stride, base, rows))
     return UpdateStats(norm_sq, nonfinite)
 
 

@@ -244,7 +244,7 @@ def _every_kind_of_launch():
     h = rule.scalars({"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}, 3)
     linear = (kernels.DEFAULT_BF16_CONFIG[False], kernels.DEFAULT_TMA_CONFIGS["small_k"],
               kernels.DEFAULT_TMA_CONFIGS["large_k"], kernels.IEEE_CONFIGS[0])
-    q8 = (kernels.Q8_SMALL_K_CONFIG, kernels.Q8_TMA_CONFIG)
+    q8 = (kernels.Q8_SMALL_K_CONFIG, kernels.Q8_TMA_CONFIG, kernels.Q8_TALL_CONFIG)  # the last staged
     zeros = torch.zeros
     shapes = ((256, 256, 64), (256, 256, 17), (256, 256, 1), (33, 256, 64), (256, 136, 64))
     update = kernels.fused_linear_update
@@ -270,6 +270,9 @@ def _every_kind_of_launch():
                     if seed is not None:
                         yield update, (w, x, dy, st, rule, h), dict(counter=(N, N + 16, 32, rows), **common)
                         yield update, (w, x, dy, st, rule, h), dict(counter=(N, N, 2**40), **common)
+        # the staged tile's mainloop-only launches (the comparator's): unstaged, no scratch
+        yield kernels.linear_mainloop, (x, dy), dict(config=kernels.Q8_TALL_CONFIG)
+        yield kernels.weight_grad_norm_sq, (x, dy, accum), dict(config=kernels.Q8_TALL_CONFIG)
         for config in q8:
             w = _offset(zeros(M, N, dtype=torch.bfloat16), odd == "w")
             for n_state in (1, 2):
