@@ -47,7 +47,7 @@ from forge_num.emulator.linear_update import cdiv as _cdiv
 from forge_num.emulator.philox import CounterMap, check_counter_rows
 from forge_num.rules import Rule
 
-from .launch_cache import CachedLaunch
+from .launch_cache import CachedLaunch, alignment_bits
 from .linear_update import elementwise_update_kernel, fused_linear_update_kernel
 from .quant8 import QBLOCK as _QBLOCK
 from .rules import guarded_update_jit
@@ -693,9 +693,7 @@ def _linear_launch_arguments(weight, states, x, dy, accum, acc_out, norm_sq, non
     # the integers themselves (a superset of Triton's classes: 1, a multiple of 16, i32 or i64); h a
     # tuple of floats (_check_scalars; its length the rule's), grad_scale a float, seed and rand_base
     # typed (tl.uint64, tl.int64) and not specialized.
-    aligned = 0
-    for t in (*tensors, scales[0], scales[1], rand_rows):
-        aligned = (aligned << 1) | (t is not None and t.data_ptr() % 16 == 0)
+    aligned = alignment_bits((*tensors, scales[0], scales[1], rand_rows))
     key = (id(guarded), id(config), n_state, bf16, q8, update, accum is not None, acc_out is not None, use_tma,
            x.dtype, weight.dtype if weight is not None else None, rand_rows is None, aligned, M, N, K, stride_xk,
            stride_xn, stride_dyk, stride_dym, rand_stride)
@@ -1071,9 +1069,7 @@ def _elementwise_launch_arguments(param, grad, states, norm_sq, nonfinite, numel
     # a multiple of 16, i32 or i64); h a tuple of floats (_check_scalars; its length the rule's),
     # grad_scale a float, seed and rand_base typed (tl.uint64, tl.int64) and not specialized
     # (linear_update._UNSPECIALIZED).
-    aligned = 0
-    for t in (*tensors, rows):
-        aligned = (aligned << 1) | (t is not None and t.data_ptr() % 16 == 0)
+    aligned = alignment_bits((*tensors, rows))
     key = (id(guarded), n_state, bf16, grad.dtype, rows is None, remap, block, aligned, numel, cols, stride)
 
     def constants():

@@ -51,6 +51,15 @@ from triton.runtime.driver import driver
 MAX_KEYS = 4096
 
 
+def alignment_bits(tensors) -> int:
+    """One bit a tensor argument, in order: whether its data pointer is 16-byte aligned (Triton
+    specializes every pointer on it); 0 for None. A key's part for the launches below."""
+    bits = 0
+    for t in tensors:
+        bits = (bits << 1) | (t is not None and t.data_ptr() % 16 == 0)
+    return bits
+
+
 class CachedLaunch:
     """``launch(key, pins, grid, args, constants)`` = ``jit_fn[grid](*args, **constexprs, **options)``
     with ``(constexprs, options) = constants()``, where ``args`` are the values of the kernel's

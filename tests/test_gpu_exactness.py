@@ -288,14 +288,9 @@ CACHED_LAUNCH_CASES = ([(r, c) for r in ("fp32", "bf16-sr") for c in _LINEAR_TIL
                           ("8bit", kernels.DEFAULT_Q8_CONFIGS["tma_tall"]), ("fp32-ieee", kernels.IEEE_CONFIGS[0])])
 
 
-@pytest.mark.parametrize("regime,config", CACHED_LAUNCH_CASES, ids=[f"{r}-{c}" for r, c in CACHED_LAUNCH_CASES])
-def test_cached_triton_launch(regime, config, monkeypatch):
-    """kernels/launch_cache.py on the Triton fused kernel (kernels._linear_launch_arguments' key): on
-    shapes of each of Triton's integer classes (M, N, K multiples of 16 or not, K = 1; TMA where
-    their rows allow it, else the pointer fallback), plain and with an accumulated gradient (or, in
-    bf16-sr, gathered rows' counters), the launch that skips Triton's binder (a key's second launch)
-    gives the bits of the launch through JITFunction.run, and the kernel kept under its key is the
-    one Triton's own lookup picks (JITFunction.run(..., warmup=True))."""
+@pytest.fixture
+def cached_launches(monkeypatch):
+    """The (key, grid, args, constants) of every CachedLaunch.launch call, in order (the launches run)."""
     from forge_num.kernels import launch_cache
 
     seen = []
@@ -306,6 +301,18 @@ def test_cached_triton_launch(regime, config, monkeypatch):
         return real_launch(self, key, pins, grid, args, constants)
 
     monkeypatch.setattr(launch_cache.CachedLaunch, "launch", spy)
+    return seen
+
+
+@pytest.mark.parametrize("regime,config", CACHED_LAUNCH_CASES, ids=[f"{r}-{c}" for r, c in CACHED_LAUNCH_CASES])
+def test_cached_triton_launch(regime, config, monkeypatch, cached_launches):
+    """kernels/launch_cache.py on the Triton fused kernel (kernels._linear_launch_arguments' key): on
+    shapes of each of Triton's integer classes (M, N, K multiples of 16 or not, K = 1; TMA where
+    their rows allow it, else the pointer fallback), plain and with an accumulated gradient (or, in
+    bf16-sr, gathered rows' counters), the launch that skips Triton's binder (a key's second launch)
+    gives the bits of the launch through JITFunction.run, and the kernel kept under its key is the
+    one Triton's own lookup picks (JITFunction.run(..., warmup=True))."""
+    seen = cached_launches
     for (M, N, K), extra in itertools.product(((256, 256, 128), (264, 136, 100), (128, 520, 1)), (False, True)):
         w0, s0, x, dy, rule, h, seed = _cached_launch_case(regime, M, N, K, seed=M + N + K)
         kwargs = dict(seed=seed, config=config)
@@ -371,7 +378,7 @@ def _cached_elementwise_case(regime: str, rule_name: str, shape: tuple, seed: in
 
 @pytest.mark.parametrize("rule_name", sorted(_ELEMENTWISE_RULES))
 @pytest.mark.parametrize("regime", ["fp32", "bf16-sr"])
-def test_cached_elementwise_launch(regime, rule_name, monkeypatch):
+def test_cached_elementwise_launch(regime, rule_name, monkeypatch, cached_launches):
     """kernels/launch_cache.py on the element-wise kernel (kernels._elementwise_launch_arguments' key):
     for a rule with 0, 1 and 2 states, on parameters of each of Triton's integer classes (numel and
     cols 1, multiples of 16 or not; one misaligned gradient), with the flat counters, a remapped
@@ -381,15 +388,7 @@ def test_cached_elementwise_launch(regime, rule_name, monkeypatch):
     kernel kept under its key is the one Triton's own lookup picks (JITFunction.run(..., warmup=True))."""
     from unittest import mock
 
-    from forge_num.kernels import launch_cache
-
-    seen = []
-    real_launch = launch_cache.CachedLaunch.launch
-
-    def spy(self, key, pins, grid, args, constants):
-        seen.append((key, grid, args, constants))
-        return real_launch(self, key, pins, grid, args, constants)
-
+    seen = cached_launches
     kernel = kernels.elementwise_update_kernel
     binder_runs = []
     real_run = kernel.run
@@ -398,7 +397,6 @@ def test_cached_elementwise_launch(regime, rule_name, monkeypatch):
         binder_runs.append(kwargs.get("warmup"))
         return real_run(*args, **kwargs)
 
-    monkeypatch.setattr(launch_cache.CachedLaunch, "launch", spy)
     cases = itertools.product(_ELEMENTWISE_SHAPES, ("flat", "remap", "rows"))
     for i, (shape, counter_kind) in enumerate(cases):
         R, C = shape
