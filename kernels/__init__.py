@@ -851,9 +851,15 @@ def default_config(M: int, N: int, K: int, dtype: torch.dtype, bf16_storage: boo
 # (H100) at K = 256 / 1024 / 4096 / 16384: 14336x4096 0.88 / 0.84 / 0.80 / 0.82, 8192x8192 1.04 / 0.83
 # / 0.89 / 0.81 (the one loss, at 256 tokens, left in the rule until 256-512 tokens are measured on
 # more shapes).
+# Session 23 (bench/results/2026-12-05-s23/call1, H100), K = 256 / 512 / 4096: 8192x3072 1.14 / 0.90 /
+# 0.89, the heads 128256x2048 0.91 / 0.85 / 0.72 and 128256x3072 0.92 / 0.85 / 0.73, 8192x8192 1.04 /
+# 0.89 / 0.90. At K <= Q8_TALL_SMALL_K the staged tile loses on both 8192-row weights and wins on
+# 14336x4096 (0.88, session 22) and the heads: there it needs Q8_TALL_M_SMALL_K rows.
 Q8_LARGE_K = 4096
 Q8_TMA_MIN_TILES = 256
 Q8_TALL_M = 8192
+Q8_TALL_SMALL_K = 256
+Q8_TALL_M_SMALL_K = 14336
 DEFAULT_Q8_CONFIGS = {"small_k": Q8_SMALL_K_CONFIG, "large_k": Q8_LARGE_K_CONFIG, "tma": Q8_TMA_CONFIG,
                       "tma_tall": Q8_TALL_CONFIG}
 
@@ -882,7 +888,8 @@ def default_q8_config(M: int, N: int, K: int, dtype: torch.dtype, tma_ok: bool =
         return _q8_tile_by_label(override)
     tma = DEFAULT_Q8_CONFIGS["tma"]
     if tma_ok and (K >= Q8_LARGE_K or _cdiv(M, tma.BM) * _cdiv(N, tma.BN) >= Q8_TMA_MIN_TILES):
-        return DEFAULT_Q8_CONFIGS["tma_tall"] if M >= Q8_TALL_M else tma
+        tall = M >= (Q8_TALL_M if K > Q8_TALL_SMALL_K else Q8_TALL_M_SMALL_K)
+        return DEFAULT_Q8_CONFIGS["tma_tall"] if tall else tma
     return DEFAULT_Q8_CONFIGS["small_k" if K < Q8_LARGE_K else "large_k"]
 
 
@@ -950,6 +957,12 @@ def fused_linear_update(
 
             rand = (int(seed), rand_stride, rand_base) if bf16 else None
             return gluon_update.launch(weight, x, dy, states, rule, h, grad_scale, ws, rand)
+    elif config is None and q8 and accum is None and acc_out is None and rand_rows is None and not _interpreting():
+        ws = _ws_q8_route(weight, x, dy, states)
+        if ws is not None:  # the warp-specialized Gluon 8bit kernel, where switched on: the same bits
+            from . import gluon_q8
+
+            return gluon_q8.launch(weight, x, dy, states, rule, h, grad_scale, ws, (int(seed), rand_stride, rand_base))
     return _launch_linear(
         weight, states, x, dy, accum, acc_out, rule, h, grad_scale, update=True, config=config,
         n_state=len(states), seed=seed or 0, bf16=bf16 and not q8, q8=q8,
@@ -971,6 +984,19 @@ def _ws_route(weight, x, dy, states):
     except ImportError:
         return None
     return gluon_update.route_config(weight, x, dy, states)
+
+
+def _ws_q8_route(weight, x, dy, states):
+    """The tile of kernels/gluon_q8.py for this 8bit-regime update where that kernel is switched on
+    (its route_config), else None; as _ws_route, None where Gluon cannot be imported or with
+    FORGE_NUM_GLUON=0."""
+    if weight.device.type != "cuda" or os.environ.get("FORGE_NUM_GLUON", "1") == "0":
+        return None
+    try:
+        from . import gluon_q8
+    except ImportError:
+        return None
+    return gluon_q8.route_config(weight, x, dy, states)
 
 
 def _kernel_counter(counter, numel: int, device, cols: int | None = None) -> tuple[int, int, int, torch.Tensor | None]:

@@ -116,7 +116,8 @@ def test_default_tile_by_k_and_operands():
     # the TMA 64x128 wherever TMA can load the operands, from Q8_LARGE_K tokens or with tiles enough
     # (1024, 2048): 256 tiles exactly; (1000, 2048): 256 counting the partial row of tiles, 240 without;
     # (512, 2048): 128, measured slower below 4096 tokens
-    # and on weights of Q8_TALL_M rows or more, its staged twin in the TMA tile's place
+    # and on weights of Q8_TALL_M rows or more, its staged twin in the TMA tile's place (at K <= 256 only
+    # from Q8_TALL_M_SMALL_K rows)
     for M, N in ((4096, 4096), (2048, 2048), (1024, 2048), (1000, 2048), (960, 2048), (512, 2048), (8, 128),
                  (8192, 2048), (8191, 2048), (128256, 2048), (8192, 128)):
         many = -(-M // 64) * -(-N // 128) >= kernels.Q8_TMA_MIN_TILES
@@ -124,7 +125,10 @@ def test_default_tile_by_k_and_operands():
                                    (8191, 2048), (128256, 2048)))
         tma_tile = q8["tma_tall"] if M >= kernels.Q8_TALL_M else q8["tma"]
         assert kernels.default_q8_config(M, N, q8_large_k, bf16) == tma_tile
-        assert kernels.default_q8_config(M, N, 256, bf16) == (tma_tile if many else q8["small_k"])
+        assert kernels.default_q8_config(M, N, 512, bf16) == (tma_tile if many else q8["small_k"])
+        # at 256 tokens the staged tile only from Q8_TALL_M_SMALL_K rows (128256 here, not 8192)
+        small_k_tile = q8["tma_tall"] if M >= kernels.Q8_TALL_M_SMALL_K else q8["tma"]
+        assert kernels.default_q8_config(M, N, 256, bf16) == (small_k_tile if many else q8["small_k"])
         assert kernels.default_q8_config(M, N, q8_large_k - 1, bf16, tma_ok=False) == q8["small_k"]
         assert kernels.default_q8_config(M, N, q8_large_k, bf16, tma_ok=False) == q8["large_k"]
     assert q8["tma"].tma and q8["tma"].max_registers == 128 and q8["tma"] in kernels.Q8_CONFIGS[bf16]
