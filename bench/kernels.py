@@ -35,6 +35,11 @@ import torch
 import triton
 
 from forge_num import kernels, rules
+try:
+    from forge_num.kernels.gluon_q8 import Q8WSConfig, fused_linear_update_q8_ws
+except ImportError:  # a Triton without Gluon: the Triton tiles only
+    class Q8WSConfig:  # noqa: D101  (never instantiated: no Gluon tile is timed)
+        pass
 from forge_num.kernels import random as krandom
 
 # issue 5: the Llama-8B projections (4096x4096, 14336x4096, 4096x14336) and two of Llama-70B's
@@ -57,6 +62,18 @@ def measure_ceilings() -> dict:
 # (not picked by the launcher until measured faster and verified; their comment says why each).
 CANDIDATES = kernels.CANDIDATE_CONFIGS
 Q8_CANDIDATES = kernels.CANDIDATE_Q8_CONFIGS
+
+
+def _gluon_q8_tiles(M: int, N: int) -> tuple:
+    """The Gluon 8bit kernel's tiles (kernels/gluon_q8.py) where it runs: an sm_90 GPU, M and N
+    multiples of 8; timed beside the Triton 8bit tiles, labelled "ws8 ..."."""
+    try:
+        from forge_num.kernels import gluon_q8
+    except ImportError:
+        return ()
+    if M % 8 or N % 8 or torch.cuda.get_device_capability() != (9, 0):
+        return ()
+    return (gluon_q8.DEFAULT_Q8_WS_CONFIG, *gluon_q8.Q8_WS_CANDIDATE_CONFIGS)
 
 # Bytes per weight element that the update must read and write at least, by regime: W, m, v read
 # and written once (8bit: codes, plus one fp32 scale per QBLOCK elements for each state).
@@ -152,7 +169,10 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", o
     x, dy, w, states, h, seed = regime_problem(M, N, K, precision)
 
     def forge(config=None):
-        kernels.fused_linear_update(w, x, dy, states, rules.ADAMW, h, config=config, seed=seed)
+        if isinstance(config, Q8WSConfig):  # the Gluon 8bit kernel's tiles (kernels/gluon_q8.py)
+            fused_linear_update_q8_ws(w, x, dy, states, rules.ADAMW, h, config=config, seed=seed)
+        else:
+            kernels.fused_linear_update(w, x, dy, states, rules.ADAMW, h, config=config, seed=seed)
 
     # the unfused baseline keeps its parameter in the regime's weight dtype: fp32 under AMP, or bf16
     p = torch.nn.Parameter(w.clone())
@@ -166,7 +186,7 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", o
 
     per_config, compiled, failed = {}, {}, {}
     configs = kernels.Q8_CONFIGS[torch.bfloat16] if precision == "8bit" else kernels.configs_for(torch.bfloat16)
-    candidates = Q8_CANDIDATES if precision == "8bit" else CANDIDATES
+    candidates = Q8_CANDIDATES + _gluon_q8_tiles(M, N) if precision == "8bit" else CANDIDATES
     default = (kernels.default_q8_config(M, N, K, torch.bfloat16) if precision == "8bit"
                else kernels.default_config(M, N, K, torch.bfloat16, precision == "bf16-sr"))
     for cfg in (*configs, *candidates):
@@ -175,7 +195,7 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", o
         try:
             per_config[str(cfg)] = triton.testing.do_bench(lambda: forge(cfg), warmup=10, rep=100,
                                                            return_mode="median") * 1e-3
-            compiled[str(cfg)] = RECORDER.resources()
+            compiled[str(cfg)] = {} if isinstance(cfg, Q8WSConfig) else RECORDER.resources()
         except Exception as e:  # a tile that does not compile here (shared memory): reported, not fatal
             failed[str(cfg)] = f"{type(e).__name__}: {str(e)[:160]}"
     t_forge = triton.testing.do_bench(forge, warmup=25, rep=200, return_mode="median") * 1e-3
@@ -215,7 +235,7 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", o
         p.grad = None
     labels = {str(c): c.label for c in (*configs, *candidates)}
     # what the launcher runs with no tile given: the Gluon kernel where kernels._ws_route sends it
-    routed = kernels._ws_route(w, x, dy, states) if precision != "8bit" else None
+    routed = kernels._ws_route(w, x, dy, states) if precision != "8bit" else kernels._ws_q8_route(w, x, dy, states)
     if routed is not None:
         default = routed
     flops = 2.0 * K * M * N

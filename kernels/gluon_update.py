@@ -77,6 +77,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from forge_num.rules import Rule
 
 from . import ieee as _ieee
+from . import linear_update as _linear_update
+from . import quant8 as _quant8
 from . import random as _random
 from . import rounding as _rounding
 from .ieee import NAMESPACE as IEEE_NAMESPACE
@@ -90,34 +92,52 @@ from .launch_cache import CachedLaunch
 # ---------------------------------------------------------------------------------------------
 
 
-def _module_in_gluon(module, names):
-    """The jit functions ``names`` of a kernels/ module as Gluon functions, in a namespace of their
-    own where ``tl`` is Gluon's language and each name is its Gluon twin (so that the functions
-    call one another's twins, never a Triton-language function)."""
-    namespace = {**vars(module), "tl": gl}
-    twins = {}
-    for name in names:
-        fn = getattr(module, name).fn
-        twins[name] = gluon.jit(types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__,
-                                                   fn.__closure__))
-    namespace.update(twins)
-    # a module object: Triton's dependency hashing skips modules and hashes the functions read from
-    # them (a namespace object would be deep-copied as a global value)
-    twin_module = types.ModuleType(f"{__name__}.{module.__name__.rsplit('.', 1)[-1]}_in_gluon")
-    for name, fn in twins.items():
-        setattr(twin_module, name, fn)
-    return twin_module
+def _modules_in_gluon(spec):
+    """The jit functions of kernels/ modules as Gluon functions: spec is ((module, names), ...); each
+    function is rebuilt in a namespace of its module's own where ``tl`` is Gluon's language and every
+    name in spec is its Gluon twin, so that the twins call one another's twins, never a
+    Triton-language function, across modules too (linear_update's 8bit epilogue calls quant8's,
+    random's and rounding's functions, imported there by name). Returns one module object of twins
+    for each module in spec, in order."""
+    twins, built = {}, []
+    for module, names in spec:
+        namespace = {**vars(module), "tl": gl}
+        own = {}
+        for name in names:
+            if name in twins:
+                raise ValueError(f"_modules_in_gluon: two functions named {name!r}")
+            fn = getattr(module, name).fn
+            own[name] = twins[name] = gluon.jit(types.FunctionType(fn.__code__, namespace, fn.__name__,
+                                                                   fn.__defaults__, fn.__closure__))
+        built.append((module, namespace, own))
+    twin_modules = []
+    for module, namespace, own in built:
+        namespace.update(twins)
+        # a module object: Triton's dependency hashing skips modules and hashes the functions read from
+        # them (a namespace object would be deep-copied as a global value)
+        twin_module = types.ModuleType(f"{__name__}.{module.__name__.rsplit('.', 1)[-1]}_in_gluon")
+        for name, fn in own.items():
+            setattr(twin_module, name, fn)
+        twin_modules.append(twin_module)
+    return twin_modules
 
 
 _IEEE_OPS = {name: op.fn.__name__ for name, op in IEEE_NAMESPACE.items() if name != "tl"}
-_IEEE = _module_in_gluon(_ieee, _IEEE_OPS.values())
+(_IEEE,) = _modules_in_gluon([(_ieee, _IEEE_OPS.values())])
 NAMESPACE = {**{name: getattr(_IEEE, fn_name) for name, fn_name in _IEEE_OPS.items()}, "tl": gl}
 
-# The bf16-sr regime's register operations, one text with the Triton kernel's: the Philox rounds
+# The stochastic regimes' register operations, one text with the Triton kernels': the Philox rounds
 # (philox4x32_10 = tl.randint4x's), the random-slice table, the bf16 widening and stochastic rounding
-_RANDOM = _module_in_gluon(_random, ("wide_products_a", "wide_products_b", "products_a", "products_b", "philox4x32_10",
-                                     "random_slices"))
-_ROUNDING = _module_in_gluon(_rounding, ("_is_nan", "bf16_sr_bits", "bf16_to_f32"))
+# (the bf16-sr regime), and the 8bit regime's block quantization on blocks along a tile's last axis,
+# with the epilogue's loads, stores, counters and telemetry terms (kernels/gluon_q8.py)
+_RANDOM, _ROUNDING, _QUANT8, _LINEAR = _modules_in_gluon([
+    (_random, ("wide_products_a", "wide_products_b", "products_a", "products_b", "philox4x32_10", "random_slices",
+               "rounding_bits")),
+    (_rounding, ("_is_nan", "bf16_sr_bits", "bf16_to_f32")),
+    (_quant8, ("magnitude_key", "block_exponent", "sr_threshold", "sr_code", "quantize_blocks_sr", "code_unit_value",
+               "dequantize_blocks")),
+    (_linear_update, ("load_f32", "store_f32", "telemetry_terms", "element_counters")),
+])
 
 
 @functools.lru_cache(maxsize=None)
@@ -148,11 +168,8 @@ def tile_coords(tile, tiles_m, tiles_n, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
-def operand_loader(descs, bufs, bars, M, N, K, GROUP_M: gl.constexpr):
+def operand_loader(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, op_empty, M, N, K, GROUP_M: gl.constexpr):
     """Worker: the K blocks of every tile this program owns, in order, into the operand ring."""
-    dy_desc, x_desc, w_desc, s0_desc, s1_desc = descs
-    dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs, g_bufs = bufs
-    op_ready, op_empty, st_ready, st_empty, g_ready, g_empty = bars
     BK: gl.constexpr = dy_desc.block_type.shape[0]
     BM: gl.constexpr = dy_desc.block_type.shape[1]
     BN: gl.constexpr = x_desc.block_type.shape[1]
@@ -580,7 +597,7 @@ def fused_linear_update_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, nor
         gl.warp_specialize([
             (epilogue_consumer, (descs, bufs, bars, M, N, K, h, grad_scale, rand, norm_sq_ptr, nonfinite_ptr,
                                  GUARDED_UPDATE, BF16_STORAGE, GROUP_M, num_warps)),
-            (operand_loader, (descs, bufs, bars, M, N, K, GROUP_M)),
+            (operand_loader, (dy_desc, x_desc, dy_bufs, x_bufs, op_ready, op_empty, M, N, K, GROUP_M)),
             (state_loader, (descs, bufs, bars, M, N, K, GROUP_M)),
             (mma_worker, (descs, bufs, bars, M, N, K, GROUP_M)),
         ], [1, 1, 4], [24, 24, 152])
@@ -600,7 +617,7 @@ def fused_linear_update_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, nor
         gl.warp_specialize([
             (pingpong_consumer, (descs, bufs, bars, M, N, K, h, grad_scale, rand, norm_sq_ptr, nonfinite_ptr,
                                  GUARDED_UPDATE, BF16_STORAGE, GROUP_M, 0)),
-            (operand_loader, (descs, bufs, bars, M, N, K, GROUP_M)),
+            (operand_loader, (dy_desc, x_desc, dy_bufs, x_bufs, op_ready, op_empty, M, N, K, GROUP_M)),
             (state_loader, (descs, bufs, bars, M, N, K, GROUP_M)),
             (pingpong_consumer, (descs, bufs_b, bars, M, N, K, h, grad_scale, rand, norm_sq_ptr, nonfinite_ptr,
                                  GUARDED_UPDATE, BF16_STORAGE, GROUP_M, 1)),
@@ -612,7 +629,7 @@ def fused_linear_update_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, nor
         gl.warp_specialize([
             (consumer, (descs, bufs, bars, M, N, K, h, grad_scale, rand, norm_sq_ptr, nonfinite_ptr, GUARDED_UPDATE, BF16_STORAGE, GROUP_M,
                         num_warps)),
-            (operand_loader, (descs, bufs, bars, M, N, K, GROUP_M)),
+            (operand_loader, (dy_desc, x_desc, dy_bufs, x_bufs, op_ready, op_empty, M, N, K, GROUP_M)),
             (state_loader, (descs, bufs, bars, M, N, K, GROUP_M)),
         ], [1, 1], [24, 24])
 

@@ -31,8 +31,10 @@ __all__ = [
     "block_exponent",
     "sr_threshold",
     "sr_code",
+    "quantize_blocks_sr",
     "quantize_block_sr",
     "code_unit_value",
+    "dequantize_blocks",
     "dequantize",
 ]
 
@@ -112,6 +114,20 @@ def sr_code(bits, eb, rand24, signed: tl.constexpr):
 
 
 @triton.jit
+def quantize_blocks_sr(bits, rand, signed: tl.constexpr):
+    """Blocks along the last axis: fp32 encodings ``bits`` (uint32 [..., QBLOCK]) -> (codes uint32
+    [..., QBLOCK], scales fp32 [...]). The rank is free: quantize_block_sr's tile [BM, J, QBLOCK], or
+    a [R, QBLOCK] row sub-tile of one block a row (the Gluon 8bit epilogue, kernels/gluon_q8.py), whose
+    layouts Gluon keeps as given: the reduction and its expansion are on the one axis."""
+    amax = tl.max(magnitude_key(bits, signed), axis=-1)
+    eb, poisoned = block_exponent(amax, signed)
+    codes = sr_code(bits, tl.expand_dims(eb, -1), rand, signed)
+    codes = tl.where(tl.expand_dims(poisoned, -1), 0, codes).to(tl.uint32)
+    scale_bits = tl.where(poisoned, 0x7FC00000, eb.to(tl.uint32) << 23).to(tl.uint32)
+    return codes, scale_bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def quantize_block_sr(x, rand, signed: tl.constexpr):
     """fp32 tile [BM, BN] -> (codes uint8 [BM, BN], scales fp32 [BM, BN // QBLOCK]).
 
@@ -122,14 +138,8 @@ def quantize_block_sr(x, rand, signed: tl.constexpr):
     J: tl.constexpr = BN // QBLOCK
     tl.static_assert(BN % QBLOCK == 0, "tile width must be a multiple of QBLOCK")
     bits = tl.reshape(x.to(tl.uint32, bitcast=True), (BM, J, QBLOCK))
-    r3 = tl.reshape(rand, (BM, J, QBLOCK))
-    amax = tl.max(magnitude_key(bits, signed), axis=2)
-    eb, poisoned = block_exponent(amax, signed)
-    codes = sr_code(bits, eb[:, :, None], r3, signed)
-    codes = tl.where(poisoned[:, :, None], 0, codes).to(tl.uint32)
-    codes = tl.reshape(codes, (BM, BN)).to(tl.uint8)
-    scale_bits = tl.where(poisoned, 0x7FC00000, eb.to(tl.uint32) << 23).to(tl.uint32)
-    return codes, scale_bits.to(tl.float32, bitcast=True)
+    codes, scales = quantize_blocks_sr(bits, tl.reshape(rand, (BM, J, QBLOCK)), signed)
+    return tl.reshape(codes, (BM, BN)).to(tl.uint8), scales
 
 
 @triton.jit
@@ -157,17 +167,25 @@ def code_unit_value(codes, signed: tl.constexpr):
 
 
 @triton.jit
+def dequantize_blocks(codes, scales, signed: tl.constexpr):
+    """Blocks along the last axis: (codes uint8 [..., QBLOCK], scales fp32 [...]) -> fp32 [..., QBLOCK],
+    exactly q * scale; NaN (0x7FC00000) throughout a block whose scale is not finite. Any rank, as
+    quantize_blocks_sr."""
+    q = code_unit_value(codes, signed)
+    s = tl.expand_dims(scales, -1)
+    y = (q * s).to(tl.uint32, bitcast=True)
+    # a non-finite scale (a poisoned block) gives the quiet NaN 0x7FC00000, written as bits: a NaN
+    # produced by arithmetic is 0x7FFFFFFF on the GPU but keeps the operand's payload on a CPU
+    poisoned = (s.to(tl.uint32, bitcast=True) & 0x7F800000) == 0x7F800000
+    y = tl.where(poisoned, 0x7FC00000, y).to(tl.uint32)
+    return y.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def dequantize(codes, scales, signed: tl.constexpr):
     """(codes uint8 [BM, BN], scales fp32 [BM, BN // QBLOCK]) -> fp32 [BM, BN], exactly q * scale;
     NaN (0x7FC00000) throughout a block whose scale is not finite."""
     BM: tl.constexpr = codes.shape[0]
     BN: tl.constexpr = codes.shape[1]
     J: tl.constexpr = BN // QBLOCK
-    q = tl.reshape(code_unit_value(codes, signed), (BM, J, QBLOCK))
-    s = scales[:, :, None]
-    y = (q * s).to(tl.uint32, bitcast=True)
-    # a non-finite scale (a poisoned block) gives the quiet NaN 0x7FC00000, written as bits: a NaN
-    # produced by arithmetic is 0x7FFFFFFF on the GPU but keeps the operand's payload on a CPU
-    poisoned = (s.to(tl.uint32, bitcast=True) & 0x7F800000) == 0x7F800000
-    y = tl.where(poisoned, 0x7FC00000, y).to(tl.uint32)
-    return tl.reshape(y.to(tl.float32, bitcast=True), (BM, BN))
+    return tl.reshape(dequantize_blocks(tl.reshape(codes, (BM, J, QBLOCK)), scales, signed), (BM, BN))

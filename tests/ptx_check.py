@@ -139,6 +139,35 @@ def check_gluon_ws(rule_name: str, config, precision: str = "fp32") -> dict:
             "shared_model": config.shared_bytes(len(rule.state), 2 if bf16 else 4), **resource_usage(ptx)}
 
 
+def check_gluon_q8(rule_name: str, config) -> dict:
+    """The 8bit Gluon kernel (kernels/gluon_q8.py) for sm_90 with one tile: IEEE op counts (each op of
+    the rule once per element an epilogue thread updates, and dequantization's two products a state:
+    a subnormal code's f * 2^-k and q * scale), the wgmma chain, TMA loads, the register caps, ptxas
+    resources and shared memory; its Philox rounds' products (as in check_gluon_ws)."""
+    from bench.registers import resource_usage
+    from forge_num import rules
+    from forge_num.kernels.gluon_q8 import compile_for_sm90
+
+    rule = rules.get_rule(rule_name)
+    compiled = compile_for_sm90(rule, config)
+    ptx = compiled.asm["ptx"]
+    calls = vocabulary_calls(rule.update) + vocabulary_calls(rules.guarded_update)
+    calls["mul"] += 2 * len(rule.state)
+    per_thread = config.BM * config.BN // (32 * config.num_warps)
+    return {"rule": rule_name, "config": config.label, "ptx": count(ptx), "forbidden": forbidden(ptx),
+            "expected": {op: calls.get(op, 0) * per_thread for op in PTX_OP}, "per_thread": per_thread,
+            "mul_hi": len(re.findall(r"mul\.hi\.u32", ptx)), "mul_wide": len(re.findall(r"mul\.wide\.u32", ptx)),
+            "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "tma": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
+            "setmaxnreg": len(re.findall(r"setmaxnreg", ptx)), "shared": int(compiled.metadata.shared),
+            "shared_model": config.shared_bytes(), **resource_usage(ptx)}
+
+
+def _gluon_q8_configs():
+    from forge_num.kernels.gluon_q8 import DEFAULT_Q8_WS_CONFIG, Q8_WS_CANDIDATE_CONFIGS
+
+    return (DEFAULT_Q8_WS_CONFIG, *Q8_WS_CANDIDATE_CONFIGS)
+
+
 def _gluon_kernel():
     from forge_num.kernels.gluon_update import fused_linear_update_ws_kernel
 
@@ -199,6 +228,7 @@ def main() -> int:
                          for c in cfgs],
            "gluon_ws": [check_gluon_ws(r, c) for r in ("adamw", "lion", "sgd") for c in _gluon_ws_configs()]
                        + [check_gluon_ws(r, c, "bf16-sr") for r in ("adamw", "sgd") for c in _gluon_ws_bf16_sr_configs()],
+           "gluon_q8": [check_gluon_q8(r, c) for r in ("adamw", "lion", "sgd") for c in _gluon_q8_configs()],
            "labels": {str(c): c.label for c in (*kernels.BF16_CONFIGS, *kernels.IEEE_CONFIGS,
                                                 *kernels.Q8_CONFIGS[kernels.torch.bfloat16],
                                                 *kernels.Q8_CONFIGS[kernels.torch.float32])}}

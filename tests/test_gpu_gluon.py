@@ -332,3 +332,129 @@ def test_cached_launch_bf16_sr_whatever_the_key():
         constexprs, options = constants()
         tritons = gu.fused_linear_update_ws_kernel.run(*args, grid=grid, warmup=True, **constexprs, **options)
         assert gu._LAUNCH.lookup(key) is tritons, (seed, base)
+
+
+# ---------------------------------------------------------------------------------------------
+# The 8bit regime (kernels/gluon_q8.py): bf16 weight and Q8State states, the epilogue in warps of
+# its own. Its twin is the Triton 8bit TMA tile (64x128x64: the same wgmma chain, K blocks of 64).
+# ---------------------------------------------------------------------------------------------
+
+Q8_TRITON_TWIN = kernels.DEFAULT_Q8_CONFIGS["tma"]
+
+
+def _q8_configs():
+    from forge_num.kernels.gluon_q8 import DEFAULT_Q8_WS_CONFIG, Q8_WS_CANDIDATE_CONFIGS
+
+    return [DEFAULT_Q8_WS_CONFIG, *Q8_WS_CANDIDATE_CONFIGS]
+
+
+def _q8_clone(states):
+    return [kernels.Q8State(s.codes.clone(), s.scales.clone()) for s in states]
+
+
+def _same_q8(a, b) -> bool:
+    return torch.equal(a.codes, b.codes) and torch.equal(a.scales.view(torch.int32), b.scales.view(torch.int32))
+
+
+def _check_q8(rule_name, M, N, K, seed, config, bad_rows=0, counter=None):
+    """The 8bit regime: Gluon against the Triton 8bit kernel (weight, codes, scales bit for bit, the
+    non-finite count equal, Σ g² within the telemetry bound) and against the emulator's kernel."""
+    from forge_num.emulator import emulate
+    from forge_num.emulator.philox import derive_seed
+    from forge_num.kernels.gluon_q8 import fused_linear_update_q8_ws
+    from tests.kernel_cases import _q8_state
+
+    rule, h, w32, s32, x, dy = _case(rule_name, M, N, K, seed, bad_rows)
+    w0 = w32.bfloat16()
+    s0 = [kernels.Q8State(*(t.to(CUDA) for t in _q8_state(s.cpu() * 1e-2, signed=(i == 0), seed=seed + i)))
+          for i, s in enumerate(s32)]
+    key = derive_seed(seed, 3, 2**40 + M)  # a key above 2^63 for some seeds: the u64 argument
+    ww, sw = w0.clone(), _q8_clone(s0)
+    stats_ws = fused_linear_update_q8_ws(ww, x, dy, sw, rule, h, config=config, seed=key, counter=counter)
+    wt, st = w0.clone(), _q8_clone(s0)
+    stats_t = kernels.fused_linear_update(wt, x, dy, st, rule, h, config=Q8_TRITON_TWIN, seed=key, counter=counter)
+    assert same_bits(ww, wt), "Gluon weight != Triton weight (8bit)"
+    for a, b in zip(sw, st):
+        assert _same_q8(a, b), "Gluon state != Triton state (8bit)"
+    assert int(stats_ws.nonfinite) == int(stats_t.nonfinite)
+    assert (bad_rows == 0) == (int(stats_ws.nonfinite) == 0)
+    res = emulate(bf16_bits(w0.cpu()), bf16_bits(x.cpu()), bf16_bits(dy.cpu()),
+                  [(s.codes.cpu().numpy(), s.scales.cpu().numpy()) for s in s0], rule=rule, h=h,
+                  tile=(config.BM, config.BN, config.BK), precision="8bit", seed=key, counter=counter)
+    assert np.array_equal(res.weight, bf16_bits(ww.cpu())), "emulated kernel != Gluon weight (8bit)"
+    for (c, sc), s in zip(res.states, sw):
+        assert np.array_equal(c, s.codes.cpu().numpy()), "emulated codes != Gluon codes"
+        assert np.array_equal(sc.view(np.uint32), s.scales.cpu().numpy().view(np.uint32)), "emulated scales differ"
+    grad = kernels.linear_mainloop(x, dy, config=TRITON_TWIN).cpu().numpy().astype(np.float64)
+    ref, got = float((grad * grad).sum()), float(stats_ws.norm_sq)
+    if math.isfinite(ref):
+        assert abs(got - ref) <= sum_of_squares_order_bound(M * N, ref), (got, ref)
+    else:
+        assert not math.isfinite(got)
+    # not vacuous: the states moved
+    assert any(not torch.equal(a.codes, b.codes) for a, b in zip(sw, s0))
+
+
+@pytest.mark.parametrize("config", _q8_configs(), ids=lambda c: c.label)
+@pytest.mark.parametrize("rule_name", ["adamw", "adam", "sgd", "lion"])  # two and one 8bit states
+@pytest.mark.parametrize("M,N,K", [(64, 128, 64), (200, 264, 150), (8 * 37, 8 * 41, 1024), (512, 384, 8)])
+def test_ws_kernel_8bit_gives_the_triton_kernels_bits(rule_name, M, N, K, config):
+    _check_q8(rule_name, M, N, K, seed=M * 7 + N + K, config=config)
+
+
+def test_ws_kernel_8bit_shards_walks_and_nonfinite():
+    """A column shard's counter map (a counter base past 2^32), non-finite gradients, and one program
+    walking every tile (the operand ring and both g buffers wrapping, with their phases)."""
+    for config in _q8_configs():
+        _check_q8("adamw", 200, 264, 150, seed=21, config=config, counter=(264, 3 * 264, 264 + 2**33))
+        _check_q8("adamw", 200, 264, 150, seed=22, config=config, bad_rows=3)
+        with mock.patch.object(kernels, "_sm_count", lambda device: 1):
+            _check_q8("lion", 320, 384, 200, seed=23, config=config)
+            _check_q8("adamw", 8 * 37, 8 * 41, 70, seed=24, config=config)
+
+
+def test_ws_kernel_8bit_refuses_what_it_does_not_cover():
+    from forge_num.kernels.gluon_q8 import fused_linear_update_q8_ws
+    from tests.kernel_cases import _q8_state
+
+    rule, h, w, s, x, dy = _case("adamw", 64, 128, 64, seed=1)
+    q = [kernels.Q8State(*(t.to(CUDA) for t in _q8_state(t.cpu(), signed=(i == 0), seed=i))) for i, t in enumerate(s)]
+    with pytest.raises(TypeError, match="8bit regime"):
+        fused_linear_update_q8_ws(w, x, dy, q, rule, h, seed=1)
+    with pytest.raises(TypeError, match="8bit regime"):
+        fused_linear_update_q8_ws(w.bfloat16(), x, dy, [t.bfloat16() for t in s], rule, h, seed=1)
+    with pytest.raises(ValueError, match="needs a seed"):
+        fused_linear_update_q8_ws(w.bfloat16(), x, dy, q, rule, h)
+    with pytest.raises(ValueError, match="gathered rows"):
+        fused_linear_update_q8_ws(w.bfloat16(), x, dy, q, rule, h, seed=1,
+                                  counter=(128, 128, 0, torch.arange(64, device=CUDA)))
+    with pytest.raises(TypeError, match="bf16 operands"):
+        fused_linear_update_q8_ws(w.bfloat16(), x.float(), dy.float(), q, rule, h, seed=1)
+    with pytest.raises(ValueError, match="contiguous"):
+        fused_linear_update_q8_ws(w.bfloat16(), x.t().contiguous().t(), dy, q, rule, h, seed=1)
+
+
+def test_the_launcher_routes_8bit_where_switched_on():
+    """kernels.fused_linear_update with no tile given, 8bit states: with FORGE_NUM_GLUON_Q8=1 the
+    Gluon kernel (gluon_q8.route_config), with =0 the Triton kernel; the same bits, and a cached
+    second launch (kernels/launch_cache.py) the same bits again."""
+    from forge_num.emulator.philox import derive_seed
+    from forge_num.kernels import gluon_q8
+    from tests.kernel_cases import _q8_state
+
+    M, N, K = 4096, 2048, 256  # 32 x 16 = 512 tiles
+    rule, h, w32, s32, x, dy = _case("adamw", M, N, K, seed=31)
+    w0 = w32.bfloat16()
+    s0 = [kernels.Q8State(*(t.to(CUDA) for t in _q8_state(s.cpu() * 1e-2, signed=(i == 0), seed=i)))
+          for i, s in enumerate(s32)]
+    key = derive_seed(7, 3, 11)
+    outs = []
+    for flag, fast in (("1", "0"), ("1", "1"), ("1", "1"), ("0", "1")):
+        w, s = w0.clone(), _q8_clone(s0)
+        env = {"FORGE_NUM_GLUON_Q8": flag, "FORGE_NUM_FAST_LAUNCH": fast}
+        with mock.patch.dict("os.environ", env), mock.patch.object(gluon_q8, "launch", wraps=gluon_q8.launch) as spy:
+            kernels.fused_linear_update(w, x, dy, s, rule, h, seed=key)
+        assert [c.args[7] for c in spy.call_args_list] == ([gluon_q8.DEFAULT_Q8_WS_CONFIG] if flag == "1" else [])
+        outs.append((w, s))
+    for w, s in outs[1:]:
+        assert same_bits(w, outs[0][0]) and all(_same_q8(a, b) for a, b in zip(s, outs[0][1]))

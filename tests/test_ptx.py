@@ -132,6 +132,24 @@ def test_the_warp_specialized_gluon_kernel_compiles_to_ieee_ops_for_sm_90(report
     assert set(GLUON_SPILL_EXCEPTIONS) <= seen, "an exception names a tile the report no longer compiles"
 
 
+def test_the_8bit_gluon_kernel_compiles_to_ieee_ops_for_sm_90_without_spills(report):
+    """kernels/gluon_q8.py, its default tile and candidates, for rules of two and one 8bit states:
+    each op of the rule once per element an epilogue thread updates, plus dequantization's two
+    products a state, correctly rounded and nothing approximate; the Philox rounds' products (one
+    call an element: 16-20 a thread's element, kernels/random.py); the mainloop on wgmma (4
+    m64n128k16 a K block of 64) from TMA loads; the partitions' register caps; no spill (ptxas of
+    Triton 3.6: the tiles were chosen so, kernels/gluon_q8.py says which spilled); shared memory as
+    Q8WSConfig.shared_bytes counts it (plus barriers)."""
+    assert report["gluon_q8"], "no 8bit Gluon tile compiled"
+    for r in report["gluon_q8"]:
+        assert r["forbidden"] == [] and r["ptx"] == r["expected"], r
+        products = r["mul_hi"] + r["mul_wide"]
+        assert 16 * r["per_thread"] <= products <= 20 * r["per_thread"] + 8, r
+        assert r["wgmma"] == 4 and r["tma"] >= 2 and r["setmaxnreg"] >= 2, r
+        assert r["spill_stores"] == 0, r
+        assert 0 <= r["shared"] - r["shared_model"] <= 1024 and r["shared"] <= 227 * 1024, r
+
+
 # Spills a configuration may have, by (label, storage regime), each with the measurement that
 # makes it worth them. Every entry must name a configuration the report compiles, so the table
 # cannot outlive its reason. Bytes of spill stores per thread, ptxas of Triton 3.6 for sm_90a.

@@ -1,0 +1,423 @@
+"""The 8bit regime in the warp-specialized Gluon kernel: one tile's update beside the next tile's mainloop.
+
+Why (bench/NOTES.md, sessions 16-22): in the 8bit regime the update is the work. Per element the
+Triton tile's epilogue runs ~268 SASS instructions (block quantization 81, the rule's IEEE
+divisions and square root 69, Philox 46), against 8 bytes of memory traffic, and the Triton kernel
+runs it after its mainloop, in the same warps: the tile's time is the sum of the two. Here they are
+different warps of one program, and the accumulator goes between them through shared memory:
+
+    partition        warps  work
+    operand loader   1      TMA loads of the K blocks dY[k0:k0+BK, rows] and X[k0:k0+BK, cols] into a
+                            ring of STAGES slots (kernels/gluon_update.py's operand_loader)
+    MMA              4      per tile: the mainloop (gluon_update.mainloop, one m64nBNk16 wgmma chain),
+                            then the accumulator [BM, BN] whole into g buffer t % 2 of shared memory
+                            (double buffered: the next tile's mainloop runs while the epilogue
+                            warps update this one), handed over by g_ready, taken back by g_empty
+    epilogue       E = num_warps (default partition)
+                            per tile: row sub-tiles [ROWS, BN] of g read from the buffer in a layout
+                            of their own (a warp a row of a block, 4 consecutive columns a thread:
+                            a block's absmax is a reduction within a warp), the buffer handed back
+                            after the last one; on each, kernels/linear_update.py's update_rows_q8
+                            itself (bound to Gluon: load W and the codes and scales by pointer, the
+                            guarded rule, Philox, stochastic rounding, store); the tile's
+                            telemetry into its slot
+
+The bits are the Triton 8bit kernel's: the mainloop is the same chain of k16 wgmma block FMAs in K
+order as `tl.dot` in that kernel's TMA mode (BK = 64, zeros past the edges: gluon_update's module
+docstring), and the epilogue is the same text (update_rows_q8 and everything it calls, compiled in
+Gluon's language by gluon_update._modules_in_gluon), element-wise given an element's 128-column block,
+and every sub-tile row holds whole blocks (BN = QBLOCK = 128, tiles at multiples of 128). The
+telemetry's sums are bounded, not bit-exact (proofs/telemetry.md), as between the Triton tiles.
+
+Scope: the 8bit regime (bf16 weight, Q8State states) with bf16 operands TMA can address (contiguous,
+16-byte aligned, M and N multiples of 8), K > 0, the plain counter map or a shard's (no gathered
+rows), no accumulation buffer. tests/test_gpu_gluon.py holds it to the Triton kernel bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl  # the Philox arguments' annotations (gluon_update says why)
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+
+from forge_num.rules import Rule
+
+from . import gluon_update as _ws
+from .launch_cache import CachedLaunch
+from .quant8 import QBLOCK as _QBLOCK
+
+QBLOCK = int(_QBLOCK.value)  # elements a block of an 8-bit state's row (kernels/quant8.py), as a host int
+
+
+@gluon.jit
+def mma_whole_tiles(dy_bufs, x_bufs, op_ready, op_empty, g_bufs, g_ready, g_empty, M, N, K, GROUP_M: gl.constexpr):
+    """Worker (one warp group): per tile this program owns, the mainloop, then the accumulator whole
+    into g buffer t % 2 once the epilogue has handed it back (its (t // 2)-th use), then g_ready."""
+    BM: gl.constexpr = g_bufs.type.shape[1]
+    BN: gl.constexpr = g_bufs.type.shape[2]
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, BN, 16])
+    tiles_m = gl.cdiv(M, BM)
+    tiles_n = gl.cdiv(N, BN)
+    i = 0
+    t = 0
+    for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
+        acc, i = _ws.mainloop(dy_bufs, x_bufs, op_ready, op_empty, i, K, mma_layout)
+        b = t % 2
+        mbarrier.wait(g_empty.index(b), ((t // 2) & 1) ^ 1)
+        g_bufs.index(b).store(acc)
+        mbarrier.arrive(g_ready.index(b), count=1)
+        t += 1
+
+
+@gluon.jit
+def update_row_blocks(g, offs_m, offs_n, block, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h,
+                      grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE: gl.constexpr, N_STATE: gl.constexpr):
+    """The 8bit epilogue on a row sub-tile g [R, QBLOCK] of one block a row, block column ``block`` of
+    the [M, n_blocks] scales: kernels/linear_update.py's update_rows_q8 (load_q8, update_in_place_q8,
+    telemetry_terms) step for step, with this tile's addressing (q8_addresses' there: a scale per row
+    here, not [R, J]) and the block functions on the last axis (quant8's quantize_blocks_sr and
+    dequantize_blocks, which quantize_block_sr and dequantize call on [R, J, QBLOCK]): W bf16,
+    widened exactly, stored with stochastic rounding (slice r_p); state 0 signed E4M3 codes (slice
+    r_m24), state 1 unsigned E5M3 codes (slice r_v24), each under its block's power-of-two scale;
+    Philox counter r rand_stride + c + rand_base of element (r, c). Returns its telemetry terms."""
+    in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    offs = offs_m[:, None].to(gl.int64) * N + offs_n[None, :]
+    soffs = offs_m.to(gl.int64) * n_blocks + block
+    smask = offs_m < M
+    p = _ws._LINEAR.load_f32(w_ptr, offs, in_tile, True)
+    s0 = p
+    s1 = p
+    if N_STATE >= 1:
+        s0 = _ws._QUANT8.dequantize_blocks(gl.load(c0_ptr + offs, mask=in_tile, other=0),
+                                           gl.load(scale0_ptr + soffs, mask=smask, other=1.0), True)
+    if N_STATE >= 2:
+        s1 = _ws._QUANT8.dequantize_blocks(gl.load(c1_ptr + offs, mask=in_tile, other=0),
+                                           gl.load(scale1_ptr + soffs, mask=smask, other=1.0), False)
+    p, s0, s1, finite = GUARDED_UPDATE(p, g, s0, s1, h, grad_scale)
+    counters = _ws._LINEAR.element_counters(offs_m, offs_n, M, rand_stride, rand_base, None)
+    r_p, _, _, r_m24, r_v24 = _ws._RANDOM.rounding_bits(seed, counters)
+    _ws._LINEAR.store_f32(w_ptr, offs, in_tile, p, r_p, True)
+    if N_STATE >= 1:
+        codes0, scales0 = _ws._QUANT8.quantize_blocks_sr(s0.to(gl.uint32, bitcast=True), r_m24, True)
+        gl.store(c0_ptr + offs, codes0.to(gl.uint8), mask=in_tile)
+        gl.store(scale0_ptr + soffs, scales0, mask=smask)
+    if N_STATE >= 2:
+        codes1, scales1 = _ws._QUANT8.quantize_blocks_sr(s1.to(gl.uint32, bitcast=True), r_v24, False)
+        gl.store(c1_ptr + offs, codes1.to(gl.uint8), mask=in_tile)
+        gl.store(scale1_ptr + soffs, scales1, mask=smask)
+    return _ws._LINEAR.telemetry_terms(g, in_tile, finite)
+
+
+@gluon.jit
+def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h, grad_scale,
+                seed, rand_stride, rand_base, norm_sq_ptr, nonfinite_ptr, GUARDED_UPDATE: gl.constexpr,
+                N_STATE: gl.constexpr, ROWS: gl.constexpr, GROUP_M: gl.constexpr, num_warps: gl.constexpr):
+    """Default partition: per tile, its BM / ROWS row sub-tiles of g from g buffer t % 2, each updated
+    by update_rows_q8 (the buffer handed back once the last is in registers); the sub-tiles'
+    telemetry terms added element by element, in order, then reduced into the tile's slot
+    pid_m * tiles_n + pid_n (the Triton 8bit epilogue's order)."""
+    BM: gl.constexpr = g_bufs.type.shape[1]
+    BN: gl.constexpr = g_bufs.type.shape[2]
+    SUBTILES: gl.constexpr = BM // ROWS
+    gl.static_assert(SUBTILES * ROWS == BM, "ROWS must divide BM")
+    gl.static_assert(ROWS % num_warps == 0, "each epilogue warp takes whole rows of a sub-tile")
+    # a warp a row (of one 128-column block), 4 consecutive columns a thread (16-byte shared-memory
+    # reads of g, 8-byte loads of W, 4-byte loads of the codes), warps stacked on the rows
+    epi: gl.constexpr = gl.BlockedLayout([ROWS // num_warps, BN // 32], [1, 32], [num_warps, 1], [1, 0])
+    tiles_m = gl.cdiv(M, BM)
+    tiles_n = gl.cdiv(N, BN)
+    t = 0
+    for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
+        pid_m, pid_n = _ws.tile_coords(tile, tiles_m, tiles_n, GROUP_M)
+        b = t % 2
+        mbarrier.wait(g_ready.index(b), (t // 2) & 1)
+        offs_n = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, epi))
+        sq = gl.zeros((ROWS, BN), dtype=gl.float64, layout=epi)
+        bad = gl.zeros((ROWS, BN), dtype=gl.int32, layout=epi)
+        for j in gl.static_range(SUBTILES):
+            g = g_bufs.index(b).slice(j * ROWS, ROWS, dim=0).load(epi)
+            if j == SUBTILES - 1:
+                mbarrier.arrive(g_empty.index(b), count=1)  # g is in registers: the MMA warps may refill it
+            offs_m = pid_m * BM + j * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, epi))
+            sq_j, bad_j = update_row_blocks(
+                g, offs_m, offs_n, pid_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h, grad_scale,
+                seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
+            sq += sq_j
+            bad += bad_j
+        slot = pid_m * tiles_n + pid_n
+        gl.store(norm_sq_ptr + slot, gl.sum(gl.sum(sq, axis=1), axis=0))
+        gl.store(nonfinite_ptr + slot, gl.sum(gl.sum(bad, axis=1), axis=0))
+        t += 1
+
+
+# seed, rand_stride, rand_base typed and not specialized (gluon_update's kernel says why)
+@gluon.jit(do_not_specialize=["seed", "rand_stride", "rand_base"])
+def fused_linear_update_q8_ws_kernel(dy_desc, x_desc, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, norm_sq_ptr,
+                                     nonfinite_ptr, n_blocks, M, N, K, h, grad_scale, seed: tl.uint64,
+                                     rand_stride: tl.int64, rand_base: tl.int64, GUARDED_UPDATE: gl.constexpr,
+                                     N_STATE: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr,
+                                     GROUP_M: gl.constexpr, MMA_REGS: gl.constexpr, num_warps: gl.constexpr):
+    """The operand ring, the double-buffered g and their barriers, then the three partitions (module
+    docstring). dy_desc [K, M] block [BK, BM], x_desc [K, N] block [BK, BN]; w_ptr the bf16 weight
+    [M, N]; c0/c1_ptr the states' uint8 codes [M, N], scale0/scale1_ptr their fp32 block scales
+    [M, n_blocks] (N_STATE of them; the others any pointer, never read)."""
+    BM: gl.constexpr = dy_desc.block_type.shape[1]
+    BN: gl.constexpr = x_desc.block_type.shape[1]
+    dy_bufs = gl.allocate_shared_memory(dy_desc.dtype, [STAGES] + dy_desc.block_type.shape, dy_desc.layout)
+    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+    g_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BN], gl.float32)
+    g_bufs = gl.allocate_shared_memory(gl.float32, [2, BM, BN], g_layout)
+    op_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    op_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    g_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    g_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(op_ready.index(s), count=1)
+        mbarrier.init(op_empty.index(s), count=1)
+    for b in gl.static_range(2):
+        mbarrier.init(g_ready.index(b), count=1)
+        mbarrier.init(g_empty.index(b), count=1)
+    gl.warp_specialize([
+        (q8_epilogue, (g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h,
+                       grad_scale, seed, rand_stride, rand_base, norm_sq_ptr, nonfinite_ptr, GUARDED_UPDATE, N_STATE,
+                       ROWS, GROUP_M, num_warps)),
+        (_ws.operand_loader, (dy_desc, x_desc, dy_bufs, x_bufs, op_ready, op_empty, M, N, K, GROUP_M)),
+        (mma_whole_tiles, (dy_bufs, x_bufs, op_ready, op_empty, g_bufs, g_ready, g_empty, M, N, K, GROUP_M)),
+    ], [1, 4], [24, MMA_REGS])
+
+
+# ---------------------------------------------------------------------------------------------
+# Launcher
+# ---------------------------------------------------------------------------------------------
+
+
+class Q8WSConfig:
+    """The 8bit warp-specialized tile: BM x BN output tiles (BM = 64: one MMA warp group; BN = QBLOCK:
+    one block a row), K blocks of BK in STAGES operand slots, num_warps epilogue warps on row sub-tiles
+    of ROWS rows, the MMA warp group's registers (setmaxnreg) and the launch's register cap, GROUP_M
+    tile rows per group; one program an SM (the operand ring and the two g buffers: 136 KB)."""
+
+    __slots__ = ("BM", "BN", "BK", "STAGES", "ROWS", "GROUP_M", "num_warps", "mma_registers", "max_registers")
+
+    def __init__(self, BM=64, BN=128, BK=64, STAGES=3, ROWS=16, GROUP_M=8, num_warps=8, mma_registers=104,
+                 max_registers=128):
+        if BM != 64 or BN != QBLOCK:
+            raise ValueError(f"Q8WSConfig: BM must be 64 (one MMA warp group) and BN {QBLOCK} (one block a row), "
+                             f"got {BM}x{BN}")
+        if num_warps not in (4, 8, 16) or ROWS % num_warps or BM % ROWS or ROWS % 8:
+            raise ValueError(f"Q8WSConfig: {num_warps} epilogue warps (4, 8 or 16) must divide the sub-tile's {ROWS} "
+                             f"rows, a multiple of 8 (a slice of the swizzled g buffer) dividing BM = {BM}")
+        if max_registers * 32 * (num_warps + 8) > 65536:
+            raise ValueError(f"Q8WSConfig: {max_registers} registers a thread at launch for {num_warps + 8} warps "
+                             "(the epilogue's, the loader's group of 4, the MMA warp group) exceed the SM's 65536")
+        self.BM, self.BN, self.BK, self.STAGES, self.ROWS, self.GROUP_M = BM, BN, BK, STAGES, ROWS, GROUP_M
+        self.num_warps, self.mma_registers, self.max_registers = num_warps, mma_registers, max_registers
+
+    def _key(self):
+        return tuple(getattr(self, k) for k in self.__slots__)
+
+    def __eq__(self, other):
+        return isinstance(other, Q8WSConfig) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+    @property
+    def label(self) -> str:
+        return (f"ws8 {self.BM}x{self.BN}x{self.BK} st{self.STAGES} w{self.num_warps} rows{self.ROWS}"
+                + (f" g{self.GROUP_M}" if self.GROUP_M != 8 else "")
+                + f" mma{self.mma_registers} r{self.max_registers}")
+
+    def __repr__(self):
+        return f"Q8WSConfig({self.label})"
+
+    def shared_bytes(self) -> int:
+        """Shared memory of one program: the operand ring and the two g buffers (barriers aside)."""
+        return self.STAGES * self.BK * (self.BM + self.BN) * 2 + 2 * self.BM * self.BN * 4
+
+
+# ptxas (sm_90, Triton 3.6, AdamW): eight epilogue warps on 16-row sub-tiles (8 elements a thread)
+# with the MMA warp group at 104 registers spill nothing; at 152 the epilogue spilled 140 B, on 8-row
+# sub-tiles 340 B (their g reads hoisted together), on 32-row 1.2 KB, and 16 epilogue warps (80
+# registers at launch) did not compile.
+DEFAULT_Q8_WS_CONFIG = Q8WSConfig()
+# candidates measured beside it (bench/ws_kernel.py --precision 8bit)
+Q8_WS_CANDIDATE_CONFIGS = (
+    Q8WSConfig(STAGES=4),
+    Q8WSConfig(STAGES=2),
+)
+
+
+def _check_q8_ws_operands(weight, x, dy, states, n_state, seed, counter):
+    """The scope of this kernel (module docstring), each violation named."""
+    from forge_num import kernels
+
+    if weight.dtype != torch.bfloat16 or not states or not all(isinstance(s, kernels.Q8State) for s in states):
+        raise TypeError("fused_linear_update_q8_ws: the 8bit regime (a bf16 weight and Q8State states), got weight "
+                        f"{weight.dtype}, states {[type(s).__name__ for s in states]}")
+    if seed is None:
+        raise ValueError("fused_linear_update_q8_ws: the 8bit regime rounds stochastically and needs a seed")
+    if counter is not None and len(counter) == 4 and counter[3] is not None:
+        raise ValueError("fused_linear_update_q8_ws: a counter map of gathered rows is the Triton kernel's only")
+    if x.dtype != torch.bfloat16 or dy.dtype != torch.bfloat16:
+        raise TypeError(f"fused_linear_update_q8_ws: bf16 operands only, got x {x.dtype}, dy {dy.dtype}")
+    if len(states) > n_state:
+        raise ValueError(f"fused_linear_update_q8_ws: the rule keeps at most {n_state} states, got {len(states)}")
+    if x.dim() != 2 or dy.dim() != 2 or weight.dim() != 2:
+        raise ValueError("fused_linear_update_q8_ws: x [K, N], dy [K, M] and weight [M, N] must be 2-D")
+    M, N = weight.shape
+    if x.shape[1] != N or dy.shape[1] != M or x.shape[0] != dy.shape[0]:
+        raise ValueError(f"fused_linear_update_q8_ws: shapes weight {tuple(weight.shape)}, x {tuple(x.shape)}, "
+                         f"dy {tuple(dy.shape)} do not make dW = dyᵀ x of weight's shape")
+    if x.shape[0] == 0:
+        raise ValueError("fused_linear_update_q8_ws: K = 0 tokens (an empty operand) is not covered; "
+                         "kernels.fused_linear_update handles it")
+    if M % 8 or N % 8:
+        raise ValueError(f"fused_linear_update_q8_ws: M and N must be multiples of 8 (16-byte TMA rows), got {M}x{N}")
+    n_blocks = triton.cdiv(N, QBLOCK)
+    tensors = [("weight", weight, (M, N)), ("x", x, None), ("dy", dy, None)]
+    for i, s in enumerate(states):
+        tensors += [(f"state {i} codes", s.codes, (M, N)), (f"state {i} scales", s.scales, (M, n_blocks))]
+    for i, s in enumerate(states):
+        if s.codes.dtype != torch.uint8 or s.scales.dtype != torch.float32:
+            raise TypeError(f"fused_linear_update_q8_ws: state {i}: uint8 codes and float32 scales, got "
+                            f"{s.codes.dtype}, {s.scales.dtype}")
+    for name, t, shape in tensors:
+        if shape is not None and tuple(t.shape) != shape:
+            raise ValueError(f"fused_linear_update_q8_ws: {name} of shape {tuple(t.shape)}, expected {shape}")
+        if not t.is_contiguous():
+            raise ValueError(f"fused_linear_update_q8_ws: {name} must be contiguous, got strides {t.stride()}")
+        if t.data_ptr() % 16:
+            raise ValueError(f"fused_linear_update_q8_ws: {name} must start 16-byte aligned")
+        if t.device != weight.device:
+            raise ValueError(f"fused_linear_update_q8_ws: {name} on {t.device}, weight on {weight.device}")
+
+
+def fused_linear_update_q8_ws(weight: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, states, rule: Rule, h,
+                              grad_scale: float = 1.0, config: Q8WSConfig = DEFAULT_Q8_WS_CONFIG,
+                              seed: int | None = None, counter: tuple | None = None):
+    """weight, states <- the guarded rule applied with g = dyᵀ x, in place, in the 8bit regime (a bf16
+    weight and Q8State states; ``seed`` and ``counter`` as kernels.fused_linear_update takes them);
+    returns kernels.UpdateStats, like kernels.fused_linear_update, whose bits it must give."""
+    from forge_num import kernels
+
+    states = list(states)
+    _check_q8_ws_operands(weight, x, dy, states, len(rule.state), seed, counter)
+    h, grad_scale = kernels._check_scalars(rule, h, grad_scale)
+    _, rand_stride, rand_base, _ = kernels._kernel_counter(counter, weight.numel(), weight.device, cols=weight.shape[1])
+    return launch(weight, x, dy, states, rule, h, grad_scale, config, (int(seed), rand_stride, rand_base))
+
+
+def launch(weight, x, dy, states, rule: Rule, h: tuple, grad_scale: float, config: Q8WSConfig, rand: tuple):
+    """The launch itself, for operands already checked; rand = (seed, rand_stride, rand_base)."""
+    from forge_num import kernels
+
+    M, N = weight.shape
+    tiles = triton.cdiv(M, config.BM) * triton.cdiv(N, config.BN)
+    norm_sq, nonfinite = kernels._telemetry_buffers(max(tiles, 1), weight.device, launched=bool(M and N))
+    if M and N:
+        _LAUNCH.launch(*_launch_arguments(weight, x, dy, states, rule, h, grad_scale, config, norm_sq, nonfinite, rand))
+    return kernels.UpdateStats(norm_sq, nonfinite)
+
+
+def _launch_arguments(weight, x, dy, states, rule, h, grad_scale, c: Q8WSConfig, norm_sq, nonfinite, rand):
+    """(key, pins, grid, runtime arguments, constants) of a launch through _LAUNCH (CachedLaunch)."""
+    from forge_num import kernels
+
+    M, N = weight.shape
+    K = x.shape[0]
+    codes = [s.codes for s in states] + [weight, weight]  # absent states: any pointer, never read
+    scales = [s.scales for s in states] + [norm_sq, norm_sq]
+    programs = min(triton.cdiv(M, c.BM) * triton.cdiv(N, c.BN), kernels._sm_count(weight.device))
+    # What Triton specializes this launch on (kernels/launch_cache.py): the constexprs and options (a
+    # function of the rule and the config, pinned), the number of states (which pointers are real:
+    # absent ones stand in as tensors of other dtypes), and the integers n_blocks, M, N, K (1 or not, a
+    # multiple of 16 or not; all below 2^31); every pointer is 16-byte aligned (checked by the callers)
+    # and seed, rand_stride, rand_base are typed and not specialized.
+    n_blocks = triton.cdiv(N, QBLOCK)
+    key = (id(rule), id(c), len(states), weight.device.index, M == 1, N == 1, K == 1, n_blocks == 1,
+           M % 16 == 0, N % 16 == 0, K % 16 == 0, n_blocks % 16 == 0)
+    seed, rand_stride, rand_base = rand
+    args = (_ws._nvmma_desc(dy, (c.BK, c.BM), gl.bfloat16), _ws._nvmma_desc(x, (c.BK, c.BN), gl.bfloat16),
+            weight, codes[0], scales[0], codes[1], scales[1], norm_sq, nonfinite, n_blocks, M, N, K, h, grad_scale,
+            seed, rand_stride, rand_base)
+    return key, (rule, c), (programs,), args, lambda: _launch_constants(rule, c, len(states))
+
+
+def _launch_constants(rule: Rule, c: Q8WSConfig, n_state: int) -> tuple[dict, dict]:
+    """(constexprs in the kernel's parameter order, compile options) of a rule, a config and its
+    number of states."""
+    constexprs = dict(GUARDED_UPDATE=_ws.guarded_update_gluon(rule), N_STATE=n_state, STAGES=c.STAGES, ROWS=c.ROWS,
+                      GROUP_M=c.GROUP_M, MMA_REGS=c.mma_registers, num_warps=c.num_warps)
+    return constexprs, dict(maxnreg=c.max_registers, enable_fp_fusion=False)
+
+
+_LAUNCH = CachedLaunch(fused_linear_update_q8_ws_kernel)
+
+
+def compile_for_sm90(rule: Rule, config: Q8WSConfig = DEFAULT_Q8_WS_CONFIG, M: int = 256, N: int = 256, K: int = 128):
+    """The kernel compiled for sm_90 without a GPU (descriptors built on CPU tensors, for their types
+    only): the CompiledKernel, whose .asm holds "ttgir", "ptx" and (with ptxas) "cubin"."""
+    from triton.backends.compiler import BaseBackend, GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import create_function_from_signature
+
+    c = config
+    n_state = len(rule.state)
+    constexprs, launch_options = _launch_constants(rule, c, n_state)
+    dy = torch.empty(K, M, dtype=torch.bfloat16)
+    x = torch.empty(K, N, dtype=torch.bfloat16)
+    n_blocks = triton.cdiv(N, QBLOCK)
+    args = dict(dy_desc=_ws._nvmma_desc(dy, (c.BK, c.BM), gl.bfloat16), x_desc=_ws._nvmma_desc(x, (c.BK, c.BN), gl.bfloat16),
+                w_ptr=torch.empty(M, N, dtype=torch.bfloat16), c0_ptr=torch.empty(M, N, dtype=torch.uint8),
+                scale0_ptr=torch.empty(M, n_blocks), c1_ptr=torch.empty(M, N, dtype=torch.uint8),
+                scale1_ptr=torch.empty(M, n_blocks), norm_sq_ptr=torch.empty(4, dtype=torch.float64),
+                nonfinite_ptr=torch.empty(4, dtype=torch.int32), n_blocks=n_blocks, M=M, N=N, K=K,
+                h=tuple(1.0 for _ in rule.scalar_names), grad_scale=1.0, seed=2**63 + 1, rand_stride=N, rand_base=0,
+                **constexprs)
+    kernel = fused_linear_update_q8_ws_kernel
+    binder = create_function_from_signature(kernel.signature, kernel.params, BaseBackend)
+    _, spec, _ = binder(**args)
+    signature = {p.name: s[0] for p, s in zip(kernel.params, spec)}
+    constexprs = {p.name: args[p.name] for p in kernel.params if p.is_constexpr}
+    src = GluonASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    options = {"num_warps": c.num_warps, **{k: v for k, v in launch_options.items() if v is not None}}
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the launcher uses this kernel (kernels.fused_linear_update with no tile given)
+# ---------------------------------------------------------------------------------------------
+# Not yet measured on a GPU, so not routed: with FORGE_NUM_GLUON_Q8=1 in the environment (read at
+# each call: an A/B switch for benchmarks) the launcher sends 8bit updates here wherever the operands
+# and states allow (route_config); =0, or unset while ROUTED is False, never.
+ROUTED = False
+MIN_TILES = 132  # below one tile an SM of an H100/H200 the one-program-an-SM grid idles SMs
+
+
+def route_config(weight: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, states) -> Q8WSConfig | None:
+    """DEFAULT_Q8_WS_CONFIG for an 8bit update that passed the Triton launcher's checks (plain states,
+    no accumulation buffer, no gathered rows) where this kernel applies and is switched on (above),
+    else None: an sm_90 GPU, bf16 operands, K > 0, M and N multiples of 8, every tensor contiguous and
+    16-byte aligned (TMA's descriptors; the launch key's alignment), at least MIN_TILES tiles."""
+    if os.environ.get("FORGE_NUM_GLUON_Q8", "1" if ROUTED else "0") != "1":
+        return None
+    if weight.device.type != "cuda" or x.dtype != torch.bfloat16 or not states:
+        return None
+    M, N = weight.shape
+    c = DEFAULT_Q8_WS_CONFIG
+    if x.shape[0] == 0 or M % 8 or N % 8 or triton.cdiv(M, c.BM) * triton.cdiv(N, c.BN) < MIN_TILES:
+        return None
+    if not _ws._is_sm90(weight.device.index if weight.device.index is not None else torch.cuda.current_device()):
+        return None
+    for t in (weight, x, dy, *(u for s in states for u in (s.codes, s.scales))):
+        if not t.is_contiguous() or t.data_ptr() % 16:
+            return None
+    return c

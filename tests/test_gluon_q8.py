@@ -1,0 +1,130 @@
+"""The 8bit regime's warp-specialized Gluon kernel (kernels/gluon_q8.py), what can be checked on the
+CPU: its tiles fit an SM, it names what it refuses before any launch, it hands the launch its
+counter map, it is never routed off an sm_90 GPU or unless switched on, and its launch key
+determines Triton's specialization. Its bits are checked on the GPU (tests/test_gpu_gluon.py), its
+PTX on the CPU (tests/test_ptx.py)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from forge_num import kernels, rules
+
+gluon_q8 = pytest.importorskip("forge_num.kernels.gluon_q8")
+
+H = rules.ADAMW.scalars({"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}, 1)
+
+
+def _problem(M=64, N=128, K=64, n_state=2):
+    w = torch.zeros(M, N, dtype=torch.bfloat16)
+    x = torch.zeros(K, N, dtype=torch.bfloat16)
+    dy = torch.zeros(K, M, dtype=torch.bfloat16)
+    return w, x, dy, [kernels.Q8State.zeros(M, N) for _ in range(n_state)]
+
+
+def test_its_tiles_fit_an_sm():
+    """Each tile's one program fits the H200's shared memory (227 KB a block) and its warps the SM's
+    65536 registers at the launch's cap."""
+    for c in (gluon_q8.DEFAULT_Q8_WS_CONFIG, *gluon_q8.Q8_WS_CANDIDATE_CONFIGS):
+        assert c.shared_bytes() + 1024 <= 227 * 1024, c
+        assert c.max_registers * 32 * (c.num_warps + 8) <= 65536, c
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(BM=128), "BM must be 64"), (dict(BN=256), "BN 128"), (dict(ROWS=4, num_warps=4), "multiple of 8"),
+    (dict(ROWS=24), "dividing BM"), (dict(num_warps=16, ROWS=16), "exceed the SM"),
+])
+def test_a_config_names_what_it_cannot_run(bad, match):
+    with pytest.raises(ValueError, match=match):
+        gluon_q8.Q8WSConfig(**bad)
+
+
+def test_the_kernel_names_what_it_refuses():
+    """Checked before any launch, so on the CPU: the regime, the key, gathered rows, the operands'
+    dtype, layout and shapes, the states' dtypes and shapes."""
+    w, x, dy, q = _problem()
+    f = gluon_q8.fused_linear_update_q8_ws
+    with pytest.raises(TypeError, match="8bit regime"):
+        f(w.float(), x, dy, q, rules.ADAMW, H, seed=1)
+    with pytest.raises(TypeError, match="8bit regime"):
+        f(w, x, dy, [torch.zeros_like(w)] * 2, rules.ADAMW, H, seed=1)
+    with pytest.raises(TypeError, match="8bit regime"):
+        f(w, x, dy, [], rules.ADAMW, H, seed=1)
+    with pytest.raises(ValueError, match="needs a seed"):
+        f(w, x, dy, q, rules.ADAMW, H)
+    with pytest.raises(ValueError, match="gathered rows"):
+        f(w, x, dy, q, rules.ADAMW, H, seed=1, counter=(128, 128, 0, torch.arange(64)))
+    with pytest.raises(TypeError, match="bf16 operands"):
+        f(w, x.float(), dy.float(), q, rules.ADAMW, H, seed=1)
+    with pytest.raises(ValueError, match="at most 1 states"):
+        f(w, x, dy, q, rules.LION, rules.LION.scalars({"lr": 1e-4, "betas": (0.9, 0.99), "weight_decay": 0.0}, 1),
+          seed=1)
+    with pytest.raises(ValueError, match="do not make dW"):
+        f(w, x[:, :64], dy, q, rules.ADAMW, H, seed=1)
+    with pytest.raises(ValueError, match="K = 0"):
+        f(w, x[:0], dy[:0], q, rules.ADAMW, H, seed=1)
+    with pytest.raises(ValueError, match="contiguous"):
+        f(w, x.t().contiguous().t(), dy, q, rules.ADAMW, H, seed=1)
+    with pytest.raises(TypeError, match="uint8 codes and float32 scales"):
+        f(w, x, dy, [kernels.Q8State(q[0].codes.to(torch.int8), q[0].scales), q[1]], rules.ADAMW, H, seed=1)
+    with pytest.raises(ValueError, match=r"state 1 scales of shape \(64, 2\)"):
+        f(w, x, dy, [q[0], kernels.Q8State(q[1].codes, torch.ones(64, 2))], rules.ADAMW, H, seed=1)
+    w2, x2, dy2, q2 = _problem(M=60)
+    with pytest.raises(ValueError, match="multiples of 8"):
+        f(w2, x2, dy2, q2, rules.ADAMW, H, seed=1)
+
+
+def test_the_kernel_takes_the_counter_map(monkeypatch):
+    """fused_linear_update_q8_ws hands the launch (seed, row_stride, base) of its counter map, the
+    flat indices without one (the launch itself stubbed)."""
+    w, x, dy, q = _problem()
+    seen = []
+    monkeypatch.setattr(gluon_q8, "launch", lambda *args: seen.append(args[-1]))
+    gluon_q8.fused_linear_update_q8_ws(w, x, dy, q, rules.ADAMW, H, seed=7)
+    gluon_q8.fused_linear_update_q8_ws(w, x, dy, q, rules.ADAMW, H, seed=2**64 - 1, counter=(128, 384, 2**33))
+    assert seen == [(7, 128, 0), (2**64 - 1, 384, 2**33)]
+
+
+def test_no_route_off_the_gpu_or_unless_switched_on(monkeypatch):
+    w, x, dy, q = _problem(M=4096, N=4096, K=256)
+    for flag in ("1", "0"):
+        monkeypatch.setenv("FORGE_NUM_GLUON_Q8", flag)
+        assert gluon_q8.route_config(w, x, dy, q) is None  # CPU tensors
+        assert kernels._ws_q8_route(w, x, dy, q) is None
+    monkeypatch.delenv("FORGE_NUM_GLUON_Q8")
+    assert gluon_q8.ROUTED or gluon_q8.route_config(w, x, dy, q) is None
+
+
+def _binder_specialization(args, constexprs, options) -> str:
+    from tests.test_launch_cache import _binder_specialization as spec
+
+    return spec(gluon_q8.fused_linear_update_q8_ws_kernel, args, constexprs, options)
+
+
+def test_the_launch_key_determines_its_specialization(monkeypatch):
+    """_launch_arguments' key (CPU tensors, the SM count mocked) against Triton's binder: launches
+    under one key are launches the binder specializes alike, over shapes of every class the key tells
+    apart (M, N, K, n_blocks a multiple of 16 or not, K = 1, one block a row), one and two states,
+    counter maps and Philox keys of every size; and launches do share keys."""
+    monkeypatch.setattr(kernels, "_sm_count", lambda device: 132)
+    lion = rules.LION.scalars({"lr": 1e-4, "betas": (0.9, 0.99), "weight_decay": 0.0}, 1)
+    by_key, shared = {}, 0
+    for (M, N, K), (rule, h, n_state), rand in itertools.product(
+            ((64, 128, 64), (72, 136, 17), (128, 2048, 1), (200, 264, 150), (64, 16 * 128, 32), (8, 8, 16)),
+            ((rules.ADAMW, H, 2), (rules.LION, lion, 1)),
+            ((1, 128, 0), (2**63 + 5, 2**31 + 16, 2**40), (2**64 - 1, 3, 17))):
+        w, x, dy, q = _problem(M, N, K, n_state)
+        norm_sq, nonfinite = torch.zeros(4, dtype=torch.float64), torch.zeros(4, dtype=torch.int32)
+        key, pins, grid, args, constants = gluon_q8._launch_arguments(
+            w, x, dy, q, rule, h, 1.0, gluon_q8.DEFAULT_Q8_WS_CONFIG, norm_sq, nonfinite, rand)
+        constexprs, options = constants()
+        assert args[-3:] == rand and grid[0] <= 132
+        spec = _binder_specialization(args, constexprs, {k: v for k, v in options.items() if v is not None})
+        if key in by_key:
+            shared += 1
+            assert by_key[key] == spec, (M, N, K, rule.name, rand)
+        by_key[key] = spec
+    assert shared > 0
