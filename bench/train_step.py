@@ -259,7 +259,7 @@ def unavailable_reason(method: str, cuda: bool) -> str | None:
 # (category, regular expression on the kernel name, or the aten op name on the CPU), first match
 # wins: the copy kernels are element-wise kernels too, so casts come before the element-wise rest.
 KERNEL_CATEGORIES = (
-    ("forge fused dW + update", r"fused_linear_update_(ws_)?kernel"),  # the Triton and the Gluon kernel
+    ("forge fused dW + update", r"fused_linear_update_(q8_)?(ws_)?kernel"),  # the Triton and the Gluon kernels
     ("forge element-wise update", r"elementwise_update_kernel"),
     ("optimizer step", r"multi_tensor_apply|fused_adam|adamw?_?8bit|optimizer|flashoptim|_step_kernel"),
     ("GEMM", r"gemm|xmma|nvjet|cutlass|cublas|^aten::(mm|addmm|bmm|matmul|linear)$"),

@@ -43,7 +43,7 @@ import triton
 import triton.language as tl  # the Philox arguments' annotations (gluon_update says why)
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from forge_num.rules import Rule
 
@@ -68,6 +68,65 @@ def mma_whole_tiles(dy_bufs, x_bufs, op_ready, op_empty, g_bufs, g_ready, g_empt
     t = 0
     for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
         acc, i = _ws.mainloop(dy_bufs, x_bufs, op_ready, op_empty, i, K, mma_layout)
+        b = t % 2
+        mbarrier.wait(g_empty.index(b), ((t // 2) & 1) ^ 1)
+        g_bufs.index(b).store(acc)
+        mbarrier.arrive(g_ready.index(b), count=1)
+        t += 1
+
+
+@gluon.jit
+def load_k_block(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, j, nk, tiles_m, tiles_n, GROUP_M: gl.constexpr):
+    """The TMA loads of this program's j-th K block (block j % nk of its (j // nk)-th tile) into operand
+    slot j % STAGES, where that tile exists."""
+    BK: gl.constexpr = dy_desc.block_type.shape[0]
+    BM: gl.constexpr = dy_desc.block_type.shape[1]
+    BN: gl.constexpr = x_desc.block_type.shape[1]
+    STAGES: gl.constexpr = dy_bufs.type.shape[0]
+    tile = gl.program_id(0) + (j // nk) * gl.num_programs(0)
+    if tile < tiles_m * tiles_n:
+        pid_m, pid_n = _ws.tile_coords(tile, tiles_m, tiles_n, GROUP_M)
+        s = j % STAGES
+        k0 = (j % nk) * BK
+        mbarrier.expect(op_ready.index(s), dy_desc.block_type.nbytes + x_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(dy_desc, [k0, pid_m * BM], op_ready.index(s), dy_bufs.index(s))
+        tma.async_copy_global_to_shared(x_desc, [k0, pid_n * BN], op_ready.index(s), x_bufs.index(s))
+
+
+@gluon.jit
+def mma_self_loaded_tiles(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, g_bufs, g_ready, g_empty, M, N, K,
+                          GROUP_M: gl.constexpr):
+    """Worker (one warp group) of the loader-free design: mma_whole_tiles, issuing its own TMA loads
+    STAGES - 1 K blocks ahead (across tiles) instead of a loader partition's; no empty barriers: block
+    i + STAGES - 1 goes into block i - 1's slot once block i - 1's wgmma has retired (the wait that
+    leaves one wgmma in flight). The same wgmma chain as gluon_update.mainloop, so the same bits. Why:
+    without the loader's warp group (padded to four warps) sixteen epilogue warps fit the SM's
+    registers at a launch cap the wgmma accumulator allows (Q8WSConfig)."""
+    BK: gl.constexpr = dy_desc.block_type.shape[0]
+    BM: gl.constexpr = g_bufs.type.shape[1]
+    BN: gl.constexpr = g_bufs.type.shape[2]
+    STAGES: gl.constexpr = dy_bufs.type.shape[0]
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, BN, 16])
+    tiles_m = gl.cdiv(M, BM)
+    tiles_n = gl.cdiv(N, BN)
+    nk = gl.cdiv(K, BK)
+    for j in gl.static_range(STAGES - 1):
+        load_k_block(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, j, nk, tiles_m, tiles_n, GROUP_M)
+    i = 0
+    t = 0
+    for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
+        acc = gl.zeros((BM, BN), dtype=gl.float32, layout=mma_layout)
+        for kb in range(0, nk):
+            s = i % STAGES
+            mbarrier.wait(op_ready.index(s), (i // STAGES) & 1)
+            a = dy_bufs.index(s).permute((1, 0))
+            b = x_bufs.index(s)
+            acc = warpgroup_mma(a, b, acc, is_async=True)
+            acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a, b))
+            load_k_block(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, i + STAGES - 1, nk, tiles_m, tiles_n, GROUP_M)
+            i += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         b = t % 2
         mbarrier.wait(g_empty.index(b), ((t // 2) & 1) ^ 1)
         g_bufs.index(b).store(acc)
@@ -162,7 +221,8 @@ def fused_linear_update_q8_ws_kernel(dy_desc, x_desc, w_ptr, c0_ptr, scale0_ptr,
                                      nonfinite_ptr, n_blocks, M, N, K, h, grad_scale, seed: tl.uint64,
                                      rand_stride: tl.int64, rand_base: tl.int64, GUARDED_UPDATE: gl.constexpr,
                                      N_STATE: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr,
-                                     GROUP_M: gl.constexpr, MMA_REGS: gl.constexpr, num_warps: gl.constexpr):
+                                     GROUP_M: gl.constexpr, MMA_REGS: gl.constexpr, SELF_LOAD: gl.constexpr,
+                                     num_warps: gl.constexpr):
     """The operand ring, the double-buffered g and their barriers, then the three partitions (module
     docstring). dy_desc [K, M] block [BK, BM], x_desc [K, N] block [BK, BN]; w_ptr the bf16 weight
     [M, N]; c0/c1_ptr the states' uint8 codes [M, N], scale0/scale1_ptr their fp32 block scales
@@ -183,13 +243,24 @@ def fused_linear_update_q8_ws_kernel(dy_desc, x_desc, w_ptr, c0_ptr, scale0_ptr,
     for b in gl.static_range(2):
         mbarrier.init(g_ready.index(b), count=1)
         mbarrier.init(g_empty.index(b), count=1)
-    gl.warp_specialize([
-        (q8_epilogue, (g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h,
-                       grad_scale, seed, rand_stride, rand_base, norm_sq_ptr, nonfinite_ptr, GUARDED_UPDATE, N_STATE,
-                       ROWS, GROUP_M, num_warps)),
-        (_ws.operand_loader, (dy_desc, x_desc, dy_bufs, x_bufs, op_ready, op_empty, M, N, K, GROUP_M)),
-        (mma_whole_tiles, (dy_bufs, x_bufs, op_ready, op_empty, g_bufs, g_ready, g_empty, M, N, K, GROUP_M)),
-    ], [1, 4], [24, MMA_REGS])
+    # (the epilogue partition's entry is written out in both branches: a tuple holding a jit function
+    # cannot be a variable in Gluon)
+    if SELF_LOAD:
+        gl.warp_specialize([
+            (q8_epilogue, (g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks,
+                           h, grad_scale, seed, rand_stride, rand_base, norm_sq_ptr, nonfinite_ptr, GUARDED_UPDATE,
+                           N_STATE, ROWS, GROUP_M, num_warps)),
+            (mma_self_loaded_tiles, (dy_desc, x_desc, dy_bufs, x_bufs, op_ready, g_bufs, g_ready, g_empty, M, N, K,
+                                     GROUP_M)),
+        ], [4], [MMA_REGS])
+    else:
+        gl.warp_specialize([
+            (q8_epilogue, (g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks,
+                           h, grad_scale, seed, rand_stride, rand_base, norm_sq_ptr, nonfinite_ptr, GUARDED_UPDATE,
+                           N_STATE, ROWS, GROUP_M, num_warps)),
+            (_ws.operand_loader, (dy_desc, x_desc, dy_bufs, x_bufs, op_ready, op_empty, M, N, K, GROUP_M)),
+            (mma_whole_tiles, (dy_bufs, x_bufs, op_ready, op_empty, g_bufs, g_ready, g_empty, M, N, K, GROUP_M)),
+        ], [1, 4], [24, MMA_REGS])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -197,45 +268,38 @@ def fused_linear_update_q8_ws_kernel(dy_desc, x_desc, w_ptr, c0_ptr, scale0_ptr,
 # ---------------------------------------------------------------------------------------------
 
 
-class Q8WSConfig:
+class Q8WSConfig(_ws.ValueConfig):
     """The 8bit warp-specialized tile: BM x BN output tiles (BM = 64: one MMA warp group; BN = QBLOCK:
     one block a row), K blocks of BK in STAGES operand slots, num_warps epilogue warps on row sub-tiles
     of ROWS rows, the MMA warp group's registers (setmaxnreg) and the launch's register cap, GROUP_M
     tile rows per group; one program an SM (the operand ring and the two g buffers: 136 KB)."""
 
-    __slots__ = ("BM", "BN", "BK", "STAGES", "ROWS", "GROUP_M", "num_warps", "mma_registers", "max_registers")
+    __slots__ = ("BM", "BN", "BK", "STAGES", "ROWS", "GROUP_M", "num_warps", "mma_registers", "max_registers",
+                 "self_load")
 
     def __init__(self, BM=64, BN=128, BK=64, STAGES=3, ROWS=16, GROUP_M=8, num_warps=8, mma_registers=104,
-                 max_registers=128):
+                 max_registers=128, self_load=False):
         if BM != 64 or BN != QBLOCK:
             raise ValueError(f"Q8WSConfig: BM must be 64 (one MMA warp group) and BN {QBLOCK} (one block a row), "
                              f"got {BM}x{BN}")
         if num_warps not in (4, 8, 16) or ROWS % num_warps or BM % ROWS or ROWS % 8:
             raise ValueError(f"Q8WSConfig: {num_warps} epilogue warps (4, 8 or 16) must divide the sub-tile's {ROWS} "
                              f"rows, a multiple of 8 (a slice of the swizzled g buffer) dividing BM = {BM}")
-        if max_registers * 32 * (num_warps + 8) > 65536:
-            raise ValueError(f"Q8WSConfig: {max_registers} registers a thread at launch for {num_warps + 8} warps "
-                             "(the epilogue's, the loader's group of 4, the MMA warp group) exceed the SM's 65536")
+        # warps: the epilogue's, the MMA warp group, and (unless the MMA warps load) the loader's group,
+        # one warp padded to four
+        warps = num_warps + 4 + (0 if self_load else 4)
+        if max_registers * 32 * warps > 65536:
+            raise ValueError(f"Q8WSConfig: {max_registers} registers a thread at launch for {warps} warps exceed "
+                             "the SM's 65536")
+        self.self_load = self_load
         self.BM, self.BN, self.BK, self.STAGES, self.ROWS, self.GROUP_M = BM, BN, BK, STAGES, ROWS, GROUP_M
         self.num_warps, self.mma_registers, self.max_registers = num_warps, mma_registers, max_registers
-
-    def _key(self):
-        return tuple(getattr(self, k) for k in self.__slots__)
-
-    def __eq__(self, other):
-        return isinstance(other, Q8WSConfig) and self._key() == other._key()
-
-    def __hash__(self):
-        return hash(self._key())
 
     @property
     def label(self) -> str:
         return (f"ws8 {self.BM}x{self.BN}x{self.BK} st{self.STAGES} w{self.num_warps} rows{self.ROWS}"
                 + (f" g{self.GROUP_M}" if self.GROUP_M != 8 else "")
-                + f" mma{self.mma_registers} r{self.max_registers}")
-
-    def __repr__(self):
-        return f"Q8WSConfig({self.label})"
+                + f" mma{self.mma_registers} r{self.max_registers}" + (" sl" if self.self_load else ""))
 
     def shared_bytes(self) -> int:
         """Shared memory of one program: the operand ring and the two g buffers (barriers aside)."""
@@ -247,10 +311,17 @@ class Q8WSConfig:
 # sub-tiles 340 B (their g reads hoisted together), on 32-row 1.2 KB, and 16 epilogue warps (80
 # registers at launch) did not compile.
 DEFAULT_Q8_WS_CONFIG = Q8WSConfig()
-# candidates measured beside it (bench/ws_kernel.py --precision 8bit)
+# candidates measured beside it (bench/kernels.py --precision 8bit: "ws8 ..." labels): two and four
+# operand stages (session 23, call 2: two starve the mainloop at 4096 tokens, 1.8x; four within 2% of
+# three); the loader-free design (mma_self_loaded_tiles) with the same eight epilogue warps (12 warps,
+# 168 registers at launch, no spill) and with sixteen (20 warps at 96: the epilogue gets 112 and
+# spills 100 B for AdamW, ptxas of Triton 3.6), the second because call 2 found eight epilogue warps
+# an SM the bound below 4096 tokens.
 Q8_WS_CANDIDATE_CONFIGS = (
     Q8WSConfig(STAGES=4),
     Q8WSConfig(STAGES=2),
+    Q8WSConfig(self_load=True, max_registers=168),
+    Q8WSConfig(num_warps=16, self_load=True, max_registers=96, mma_registers=96),
 )
 
 
@@ -354,7 +425,7 @@ def _launch_constants(rule: Rule, c: Q8WSConfig, n_state: int) -> tuple[dict, di
     """(constexprs in the kernel's parameter order, compile options) of a rule, a config and its
     number of states."""
     constexprs = dict(GUARDED_UPDATE=_ws.guarded_update_gluon(rule), N_STATE=n_state, STAGES=c.STAGES, ROWS=c.ROWS,
-                      GROUP_M=c.GROUP_M, MMA_REGS=c.mma_registers, num_warps=c.num_warps)
+                      GROUP_M=c.GROUP_M, MMA_REGS=c.mma_registers, SELF_LOAD=c.self_load, num_warps=c.num_warps)
     return constexprs, dict(maxnreg=c.max_registers, enable_fp_fusion=False)
 
 
@@ -364,10 +435,6 @@ _LAUNCH = CachedLaunch(fused_linear_update_q8_ws_kernel)
 def compile_for_sm90(rule: Rule, config: Q8WSConfig = DEFAULT_Q8_WS_CONFIG, M: int = 256, N: int = 256, K: int = 128):
     """The kernel compiled for sm_90 without a GPU (descriptors built on CPU tensors, for their types
     only): the CompiledKernel, whose .asm holds "ttgir", "ptx" and (with ptxas) "cubin"."""
-    from triton.backends.compiler import BaseBackend, GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import create_function_from_signature
-
     c = config
     n_state = len(rule.state)
     constexprs, launch_options = _launch_constants(rule, c, n_state)
@@ -381,15 +448,7 @@ def compile_for_sm90(rule: Rule, config: Q8WSConfig = DEFAULT_Q8_WS_CONFIG, M: i
                 nonfinite_ptr=torch.empty(4, dtype=torch.int32), n_blocks=n_blocks, M=M, N=N, K=K,
                 h=tuple(1.0 for _ in rule.scalar_names), grad_scale=1.0, seed=2**63 + 1, rand_stride=N, rand_base=0,
                 **constexprs)
-    kernel = fused_linear_update_q8_ws_kernel
-    binder = create_function_from_signature(kernel.signature, kernel.params, BaseBackend)
-    _, spec, _ = binder(**args)
-    signature = {p.name: s[0] for p, s in zip(kernel.params, spec)}
-    constexprs = {p.name: args[p.name] for p in kernel.params if p.is_constexpr}
-    src = GluonASTSource(fn=kernel, signature=signature, constexprs=constexprs)
-    options = {"num_warps": c.num_warps, **{k: v for k, v in launch_options.items() if v is not None}}
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-
+    return _ws.compile_gluon_for_sm90(fused_linear_update_q8_ws_kernel, args, c.num_warps, launch_options)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -400,20 +459,34 @@ def compile_for_sm90(rule: Rule, config: Q8WSConfig = DEFAULT_Q8_WS_CONFIG, M: i
 # and states allow (route_config); =0, or unset while ROUTED is False, never.
 ROUTED = False
 MIN_TILES = 132  # below one tile an SM of an H100/H200 the one-program-an-SM grid idles SMs
+ROUTE_MIN_K = 4096  # call 2: 0.82-0.87x the better Triton tile's time at 4096 tokens, 0.98-1.06x at 1024
+
+
+def _config_by_label(label: str) -> Q8WSConfig:
+    """The tile (the default or a candidate) whose label is ``label``, '_' for ' ' (FORGE_NUM_GLUON_Q8=<label>:
+    a benchmark's A/B switch)."""
+    tiles = {c.label: c for c in (DEFAULT_Q8_WS_CONFIG, *Q8_WS_CANDIDATE_CONFIGS)}
+    tile = tiles.get(label.replace("_", " "))
+    if tile is None:
+        raise ValueError(f"FORGE_NUM_GLUON_Q8={label!r} is neither 0, 1 nor a tile's label; known: "
+                         + ", ".join(sorted(k.replace(" ", "_") for k in tiles)))
+    return tile
 
 
 def route_config(weight: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, states) -> Q8WSConfig | None:
-    """DEFAULT_Q8_WS_CONFIG for an 8bit update that passed the Triton launcher's checks (plain states,
-    no accumulation buffer, no gathered rows) where this kernel applies and is switched on (above),
-    else None: an sm_90 GPU, bf16 operands, K > 0, M and N multiples of 8, every tensor contiguous and
-    16-byte aligned (TMA's descriptors; the launch key's alignment), at least MIN_TILES tiles."""
-    if os.environ.get("FORGE_NUM_GLUON_Q8", "1" if ROUTED else "0") != "1":
+    """DEFAULT_Q8_WS_CONFIG (or the tile FORGE_NUM_GLUON_Q8=<label> names) for an 8bit update that passed
+    the Triton launcher's checks (plain states, no accumulation buffer, no gathered rows) where this
+    kernel applies and is switched on (above), else None: an sm_90 GPU, bf16 operands, at least
+    ROUTE_MIN_K tokens, M and N multiples of 8, every tensor contiguous and 16-byte aligned (TMA's
+    descriptors; the launch key's alignment), at least MIN_TILES tiles."""
+    switch = os.environ.get("FORGE_NUM_GLUON_Q8", "1" if ROUTED else "0")
+    if switch == "0":
         return None
+    c = DEFAULT_Q8_WS_CONFIG if switch == "1" else _config_by_label(switch)
     if weight.device.type != "cuda" or x.dtype != torch.bfloat16 or not states:
         return None
     M, N = weight.shape
-    c = DEFAULT_Q8_WS_CONFIG
-    if x.shape[0] == 0 or M % 8 or N % 8 or triton.cdiv(M, c.BM) * triton.cdiv(N, c.BN) < MIN_TILES:
+    if x.shape[0] < ROUTE_MIN_K or M % 8 or N % 8 or triton.cdiv(M, c.BM) * triton.cdiv(N, c.BN) < MIN_TILES:
         return None
     if not _ws._is_sm90(weight.device.index if weight.device.index is not None else torch.cuda.current_device()):
         return None

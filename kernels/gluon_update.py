@@ -639,7 +639,26 @@ def fused_linear_update_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, nor
 # ---------------------------------------------------------------------------------------------
 
 
-class WSConfig:
+class ValueConfig:
+    """A tile configuration as a value: equal (and hashed alike) when every field in ``__slots__`` is,
+    shown by its ``label`` (WSConfig here, gluon_q8.Q8WSConfig)."""
+
+    __slots__ = ()
+
+    def _key(self):
+        return tuple(getattr(self, k) for k in self.__slots__)
+
+    def __eq__(self, other):
+        return type(other) is type(self) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.label})"
+
+
+class WSConfig(ValueConfig):
     """The warp-specialized kernel's tile: BM x BN output tiles (BM = 64 or 128: one or two consumer
     warp groups, 16 rows a warp), K blocks of BK, the epilogue on four column sub-tiles of SW = BN / 4;
     STAGES operand slots, SLOTS state slots (4: a whole tile's state in flight), `programs`
@@ -685,15 +704,6 @@ class WSConfig:
         eight epilogue warps."""
         return 8 if self.split_mma else self.BM // 16
 
-    def _key(self):
-        return tuple(getattr(self, k) for k in self.__slots__)
-
-    def __eq__(self, other):
-        return isinstance(other, WSConfig) and self._key() == other._key()
-
-    def __hash__(self):
-        return hash(self._key())
-
     @property
     def label(self) -> str:
         return (f"ws {self.BM}x{self.BN}x{self.BK} st{self.STAGES} sl{self.SLOTS} o{self.OUT_SLOTS}"
@@ -701,9 +711,6 @@ class WSConfig:
                 + (f" g{self.GROUP_M}" if self.GROUP_M != 8 else "")
                 + (f" r{self.max_registers}" if self.max_registers else "") + (" split" if self.split_mma else "")
                 + (f" pp{self.pingpong}" if self.pingpong else "") + (f" e{self.split}" if self.split != 4 else ""))
-
-    def __repr__(self):
-        return f"WSConfig({self.label})"
 
     def shared_bytes(self, n_state: int, state_bytes: int = 4) -> int:
         """Shared memory of one program: operand ring, state ring, store staging (barriers aside);
@@ -993,10 +1000,6 @@ def compile_for_sm90(rule: Rule, config: WSConfig = DEFAULT_WS_CONFIG, M: int = 
     """The kernel compiled for sm_90 without a GPU (descriptors built on CPU tensors, for their types
     only): the CompiledKernel, whose .asm holds "ttgir", "ptx" and (with ptxas) "cubin". bf16: the
     bf16-sr regime's kernel."""
-    from triton.backends.compiler import BaseBackend, GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import create_function_from_signature
-
     c = config
     n_state = len(rule.state)
     constexprs, launch_options = _launch_constants(rule, c, bf16)
@@ -1010,15 +1013,25 @@ def compile_for_sm90(rule: Rule, config: WSConfig = DEFAULT_WS_CONFIG, M: int = 
                 norm_sq_ptr=torch.empty(4, dtype=torch.float64), nonfinite_ptr=torch.empty(4, dtype=torch.int32),
                 M=M, N=N, K=K, h=tuple(1.0 for _ in rule.scalar_names), grad_scale=1.0, seed=2**63 + 1,
                 rand_stride=N, rand_base=0, **constexprs)
-    kernel = fused_linear_update_ws_kernel
+    return compile_gluon_for_sm90(fused_linear_update_ws_kernel, args, c.num_warps, launch_options)
+
+
+def compile_gluon_for_sm90(kernel, args: dict, num_warps: int, launch_options: dict):
+    """A Gluon kernel compiled for sm_90 without a GPU from its arguments by name (constexprs among
+    them; tensors and descriptors on the CPU, for their types only; an argument None is a constexpr),
+    as Triton's binder would specialize a launch with them: the CompiledKernel."""
+    from triton.backends.compiler import BaseBackend, GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import create_function_from_signature
+
     binder = create_function_from_signature(kernel.signature, kernel.params, BaseBackend)
     _, spec, _ = binder(**args)
     signature = {p.name: s[0] for p, s in zip(kernel.params, spec)}
     constexprs = {p.name: args[p.name] for p in kernel.params if p.is_constexpr}
-    for name in ("s0_desc", "s1_desc"):
-        if args[name] is None:
-            constexprs[name] = None
-            signature[name] = "constexpr"
+    for p in kernel.params:
+        if args[p.name] is None:
+            constexprs[p.name] = None
+            signature[p.name] = "constexpr"
     src = GluonASTSource(fn=kernel, signature=signature, constexprs=constexprs)
-    options = {"num_warps": c.num_warps, **{k: v for k, v in launch_options.items() if v is not None}}
+    options = {"num_warps": num_warps, **{k: v for k, v in launch_options.items() if v is not None}}
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)

@@ -30,7 +30,7 @@ def test_its_tiles_fit_an_sm():
     65536 registers at the launch's cap."""
     for c in (gluon_q8.DEFAULT_Q8_WS_CONFIG, *gluon_q8.Q8_WS_CANDIDATE_CONFIGS):
         assert c.shared_bytes() + 1024 <= 227 * 1024, c
-        assert c.max_registers * 32 * (c.num_warps + 8) <= 65536, c
+        assert c.max_registers * 32 * (c.num_warps + 4 + (0 if c.self_load else 4)) <= 65536, c
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -89,8 +89,8 @@ def test_the_kernel_takes_the_counter_map(monkeypatch):
 
 
 def test_no_route_off_the_gpu_or_unless_switched_on(monkeypatch):
-    w, x, dy, q = _problem(M=4096, N=4096, K=256)
-    for flag in ("1", "0"):
+    w, x, dy, q = _problem(M=4096, N=4096, K=4096)
+    for flag in ("1", "0", gluon_q8.Q8_WS_CANDIDATE_CONFIGS[-1].label.replace(" ", "_")):
         monkeypatch.setenv("FORGE_NUM_GLUON_Q8", flag)
         assert gluon_q8.route_config(w, x, dy, q) is None  # CPU tensors
         assert kernels._ws_q8_route(w, x, dy, q) is None
@@ -128,3 +128,14 @@ def test_the_launch_key_determines_its_specialization(monkeypatch):
             assert by_key[key] == spec, (M, N, K, rule.name, rand)
         by_key[key] = spec
     assert shared > 0
+
+
+def test_a_tile_is_switched_on_by_its_label(monkeypatch):
+    """FORGE_NUM_GLUON_Q8=<label> names the tile the route takes ('_' for ' '); an unknown one is an
+    error naming the known labels (checked before the device is looked at)."""
+    w, x, dy, q = _problem(M=4096, N=4096, K=4096)
+    assert gluon_q8._config_by_label(gluon_q8.Q8_WS_CANDIDATE_CONFIGS[0].label.replace(" ", "_")) \
+        == gluon_q8.Q8_WS_CANDIDATE_CONFIGS[0]
+    monkeypatch.setenv("FORGE_NUM_GLUON_Q8", "ws8_nonesuch")
+    with pytest.raises(ValueError, match="neither 0, 1 nor a tile's label; known: ws8_64x128x64"):
+        gluon_q8.route_config(w, x, dy, q)

@@ -442,7 +442,7 @@ def test_the_launcher_routes_8bit_where_switched_on():
     from forge_num.kernels import gluon_q8
     from tests.kernel_cases import _q8_state
 
-    M, N, K = 4096, 2048, 256  # 32 x 16 = 512 tiles
+    M, N, K = 4096, 2048, gluon_q8.ROUTE_MIN_K  # 64 x 16 = 1024 tiles
     rule, h, w32, s32, x, dy = _case("adamw", M, N, K, seed=31)
     w0 = w32.bfloat16()
     s0 = [kernels.Q8State(*(t.to(CUDA) for t in _q8_state(s.cpu() * 1e-2, signed=(i == 0), seed=i)))

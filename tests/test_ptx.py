@@ -137,17 +137,28 @@ def test_the_8bit_gluon_kernel_compiles_to_ieee_ops_for_sm_90_without_spills(rep
     each op of the rule once per element an epilogue thread updates, plus dequantization's two
     products a state, correctly rounded and nothing approximate; the Philox rounds' products (one
     call an element: 16-20 a thread's element, kernels/random.py); the mainloop on wgmma (4
-    m64n128k16 a K block of 64) from TMA loads; the partitions' register caps; no spill (ptxas of
-    Triton 3.6: the tiles were chosen so, kernels/gluon_q8.py says which spilled); shared memory as
-    Q8WSConfig.shared_bytes counts it (plus barriers)."""
+    m64n128k16 a K block of 64) from TMA loads; the partitions' register caps; no spill but
+    GLUON_Q8_SPILL_EXCEPTIONS' (ptxas of Triton 3.6: the tiles were chosen so, kernels/gluon_q8.py
+    says which spilled); shared memory as Q8WSConfig.shared_bytes counts it (plus barriers)."""
     assert report["gluon_q8"], "no 8bit Gluon tile compiled"
     for r in report["gluon_q8"]:
         assert r["forbidden"] == [] and r["ptx"] == r["expected"], r
         products = r["mul_hi"] + r["mul_wide"]
         assert 16 * r["per_thread"] <= products <= 20 * r["per_thread"] + 8, r
         assert r["wgmma"] == 4 and r["tma"] >= 2 and r["setmaxnreg"] >= 2, r
-        assert r["spill_stores"] == 0, r
+        assert r["spill_stores"] <= GLUON_Q8_SPILL_EXCEPTIONS.get((r["config"], r["rule"]), 0), r
         assert 0 <= r["shared"] - r["shared_model"] <= 1024 and r["shared"] <= 227 * 1024, r
+    seen = {(r["config"], r["rule"]) for r in report["gluon_q8"]}
+    assert set(GLUON_Q8_SPILL_EXCEPTIONS) <= seen, "an exception names a tile the report no longer compiles"
+
+
+# The 8bit Gluon tiles' spills, by (label, rule), bytes of spill stores a thread (ptxas of Triton 3.6):
+# the candidate with sixteen epilogue warps at 96 registers (20 warps an SM: the most the SM's
+# registers allow at a launch cap the wgmma accumulator needs) spills 104 B for AdamW; it is timed
+# because eight epilogue warps an SM bound the spill-free tiles below 4096 tokens (session 23, call 2).
+GLUON_Q8_SPILL_EXCEPTIONS = {
+    ("ws8 64x128x64 st3 w16 rows16 mma96 r96 sl", "adamw"): 104,
+}
 
 
 # Spills a configuration may have, by (label, storage regime), each with the measurement that
