@@ -959,7 +959,7 @@ def fused_linear_update(
             return gluon_update.launch(weight, x, dy, states, rule, h, grad_scale, ws, rand)
     elif config is None and q8 and accum is None and acc_out is None and rand_rows is None and not _interpreting():
         ws = _ws_q8_route(weight, x, dy, states)
-        if ws is not None:  # the warp-specialized Gluon 8bit kernel, where switched on: the same bits
+        if ws is not None:  # the warp-specialized Gluon 8bit kernel, where measured faster: the same bits
             from . import gluon_q8
 
             return gluon_q8.launch(weight, x, dy, states, rule, h, grad_scale, ws, (int(seed), rand_stride, rand_base))
@@ -987,9 +987,9 @@ def _ws_route(weight, x, dy, states):
 
 
 def _ws_q8_route(weight, x, dy, states):
-    """The tile of kernels/gluon_q8.py for this 8bit-regime update where that kernel is switched on
-    (its route_config), else None; as _ws_route, None where Gluon cannot be imported or with
-    FORGE_NUM_GLUON=0."""
+    """The tile of kernels/gluon_q8.py for this 8bit-regime update where that kernel is the measured
+    default (its route_config: sm_90, the measured K ranges, enough tiles; FORGE_NUM_GLUON_Q8 its own
+    switch), else None; as _ws_route, None where Gluon cannot be imported or with FORGE_NUM_GLUON=0."""
     if weight.device.type != "cuda" or os.environ.get("FORGE_NUM_GLUON", "1") == "0":
         return None
     try:

@@ -29,6 +29,11 @@ Gluon's language by gluon_update._modules_in_gluon), element-wise given an eleme
 and every sub-tile row holds whole blocks (BN = QBLOCK = 128, tiles at multiples of 128). The
 telemetry's sums are bounded, not bit-exact (proofs/telemetry.md), as between the Triton tiles.
 
+The loader-free design (mma_self_loaded_tiles, Q8WSConfig(self_load=True)) drops the loader
+partition: the MMA warp group issues its own TMA loads, and the registers the loader's warp group held
+let sixteen epilogue warps run instead of eight (faster below 4096 tokens, slower from there: the
+route at the end of this module says where each runs).
+
 Scope: the 8bit regime (bf16 weight, Q8State states) with bf16 operands TMA can address (contiguous,
 16-byte aligned, M and N multiples of 8), K > 0, the plain counter map or a shard's (no gathered
 rows), no accumulation buffer. tests/test_gpu_gluon.py holds it to the Triton kernel bit for bit.
@@ -160,7 +165,10 @@ def update_row_blocks(g, offs_m, offs_n, block, M, N, w_ptr, c0_ptr, scale0_ptr,
                                            gl.load(scale1_ptr + soffs, mask=smask, other=1.0), False)
     p, s0, s1, finite = GUARDED_UPDATE(p, g, s0, s1, h, grad_scale)
     counters = _ws._LINEAR.element_counters(offs_m, offs_n, M, rand_stride, rand_base, None)
-    r_p, _, _, r_m24, r_v24 = _ws._RANDOM.rounding_bits(seed, counters)
+    # rounding_bits' words without its tl.randint4x branch (FORGE_NUM_PHILOX_WIDE=0), which Gluon lacks:
+    # philox4x32_10 gives tl.randint4x's words either way (kernels/random.py)
+    c0, c1, c2, c3 = _ws._RANDOM.philox4x32_10(seed, counters)
+    r_p, _, _, r_m24, r_v24 = _ws._RANDOM.random_slices(c0, c1, c2, c3)
     _ws._LINEAR.store_f32(w_ptr, offs, in_tile, p, r_p, True)
     if N_STATE >= 1:
         codes0, scales0 = _ws._QUANT8.quantize_blocks_sr(s0.to(gl.uint32, bitcast=True), r_m24, True)
@@ -282,6 +290,9 @@ class Q8WSConfig(_ws.ValueConfig):
         if BM != 64 or BN != QBLOCK:
             raise ValueError(f"Q8WSConfig: BM must be 64 (one MMA warp group) and BN {QBLOCK} (one block a row), "
                              f"got {BM}x{BN}")
+        if STAGES < 2 or BK % 16:
+            raise ValueError(f"Q8WSConfig: at least 2 operand stages (a K block is loaded while the one before "
+                             f"it is multiplied) and K blocks of a multiple of 16, got STAGES={STAGES}, BK={BK}")
         if num_warps not in (4, 8, 16) or ROWS % num_warps or BM % ROWS or ROWS % 8:
             raise ValueError(f"Q8WSConfig: {num_warps} epilogue warps (4, 8 or 16) must divide the sub-tile's {ROWS} "
                              f"rows, a multiple of 8 (a slice of the swizzled g buffer) dividing BM = {BM}")
@@ -294,6 +305,9 @@ class Q8WSConfig(_ws.ValueConfig):
         self.self_load = self_load
         self.BM, self.BN, self.BK, self.STAGES, self.ROWS, self.GROUP_M = BM, BN, BK, STAGES, ROWS, GROUP_M
         self.num_warps, self.mma_registers, self.max_registers = num_warps, mma_registers, max_registers
+        if self.shared_bytes() + 1024 > 227 * 1024:
+            raise ValueError(f"Q8WSConfig: {self.shared_bytes()} B of shared memory a program exceed the 227 KB "
+                             "of a block on sm_90")
 
     @property
     def label(self) -> str:
@@ -310,18 +324,26 @@ class Q8WSConfig(_ws.ValueConfig):
 # with the MMA warp group at 104 registers spill nothing; at 152 the epilogue spilled 140 B, on 8-row
 # sub-tiles 340 B (their g reads hoisted together), on 32-row 1.2 KB, and 16 epilogue warps (80
 # registers at launch) did not compile.
-DEFAULT_Q8_WS_CONFIG = Q8WSConfig()
-# candidates measured beside it (bench/kernels.py --precision 8bit: "ws8 ..." labels): two and four
-# operand stages (session 23, call 2: two starve the mainloop at 4096 tokens, 1.8x; four within 2% of
-# three); the loader-free design (mma_self_loaded_tiles) with the same eight epilogue warps (12 warps,
-# 168 registers at launch, no spill) and with sixteen (20 warps at 96: the epilogue gets 112 and
-# spills 100 B for AdamW, ptxas of Triton 3.6), the second because call 2 found eight epilogue warps
-# an SM the bound below 4096 tokens.
+# Four operand stages, not three: 0.96-1.01x the three-stage tile's time on the six shapes timed at 256,
+# 1024 and 4096 tokens (session 23, calls 2-3), bit-exact alike; the training steps of calls 3-4 ran
+# with three.
+DEFAULT_Q8_WS_CONFIG = Q8WSConfig(STAGES=4)
+# The loader-free design (mma_self_loaded_tiles) with sixteen epilogue warps: 20 warps at 96 registers
+# (the epilogue gets 112 and spills 104 B for AdamW, ptxas of Triton 3.6), because call 2 found eight
+# epilogue warps an SM the bound below 4096 tokens. Call 4 (H200): 0.77x the default's time at 256 and
+# 1024 tokens on 4096x14336, 0.73-0.77x on 2048x8192, but 1.38x at 4096, where its mainloop, waiting
+# on its own loads (ptxas puts a warp-group barrier between the wgmma wait and each TMA issue), falls
+# behind the loader partition's.
+WIDE_EPILOGUE_CONFIG = Q8WSConfig(num_warps=16, self_load=True, max_registers=96, mma_registers=96)
+# candidates measured beside them (bench/kernels.py --precision 8bit: "ws8 ..." labels): three and two
+# operand stages (session 23, call 2: two starve the mainloop at 4096 tokens, 1.8x; three 1.00-1.04x
+# four's time); the loader-free design with the default's eight epilogue warps (12 warps at 168 registers,
+# no spill; call 4: 0.98-1.02x the default at 256-1024 tokens, 1.33-1.36x at 4096).
 Q8_WS_CANDIDATE_CONFIGS = (
-    Q8WSConfig(STAGES=4),
+    Q8WSConfig(STAGES=3),
     Q8WSConfig(STAGES=2),
     Q8WSConfig(self_load=True, max_registers=168),
-    Q8WSConfig(num_warps=16, self_load=True, max_registers=96, mma_registers=96),
+    WIDE_EPILOGUE_CONFIG,
 )
 
 
@@ -390,6 +412,8 @@ def launch(weight, x, dy, states, rule: Rule, h: tuple, grad_scale: float, confi
     from forge_num import kernels
 
     M, N = weight.shape
+    if x.shape[0] == 0:  # the mainloop divides by its K blocks (and a zero-token update is the launcher's)
+        raise ValueError("gluon_q8.launch: K = 0 tokens; kernels.fused_linear_update handles them")
     tiles = triton.cdiv(M, config.BM) * triton.cdiv(N, config.BN)
     norm_sq, nonfinite = kernels._telemetry_buffers(max(tiles, 1), weight.device, launched=bool(M and N))
     if M and N:
@@ -454,12 +478,40 @@ def compile_for_sm90(rule: Rule, config: Q8WSConfig = DEFAULT_Q8_WS_CONFIG, M: i
 # ---------------------------------------------------------------------------------------------
 # Where the launcher uses this kernel (kernels.fused_linear_update with no tile given)
 # ---------------------------------------------------------------------------------------------
-# Not yet measured on a GPU, so not routed: with FORGE_NUM_GLUON_Q8=1 in the environment (read at
-# each call: an A/B switch for benchmarks) the launcher sends 8bit updates here wherever the operands
-# and states allow (route_config); =0, or unset while ROUTED is False, never.
-ROUTED = False
+# Measured in session 23 (bench/results/2026-12-05-s23/, AdamW, time over the better Triton 8bit tile's,
+# the TMA 64x128 or the staged tall tile):
+#   DEFAULT_Q8_WS_CONFIG (four stages) at 4096 tokens: 0.82-0.87x on 4096x14336, 14336x4096, 4096x4096
+#     and 8192x2048 (H100, call 2), 0.87x on 2048x8192 and 0.99x on 2048x2048 (H100, call 3); with three
+#     stages 0.83-0.90x and 1.03x there, 0.88x and 0.94x on 4096x14336 and 2048x8192 (H200, call 4); at
+#     1024 tokens 0.98-1.06x, at 256 1.15-1.33x. Llama-1B's 4x1024 step (checkpointing) with the
+#     three-stage tile routed: its fused kernels 38.0 -> 34.6 ms, 1.013x tokens/s (H100, call 3), 36.7
+#     -> 34.1 ms, 1.014x (H200, call 4);
+#   WIDE_EPILOGUE_CONFIG at 1024 tokens: 0.86x on 4096x14336 and on 2048x8192 (H200, call 4); at 256
+#     1.00x and 0.93x; at 4096 1.20-1.26x.
+# So the default from ROUTE_MIN_K to below ROUTE_MAX_K tokens (more than 4096 not measured: there the
+# mainloop's share grows, and the Triton tiles' mainloops are the faster), the sixteen-warp tile from
+# ROUTE_WIDE_MIN_K to below ROUTE_WIDE_MAX_K (2048 not measured: its mainloop's loss grows with K), and
+# with at least MIN_TILES tiles. FORGE_NUM_GLUON_Q8 in the environment (read at each call): 0 never, 1
+# or unset the ranges above, a tile's label ('_' for ' ') that tile wherever the kernel applies (an A/B
+# switch for benchmarks).
+ROUTED = True
 MIN_TILES = 132  # below one tile an SM of an H100/H200 the one-program-an-SM grid idles SMs
-ROUTE_MIN_K = 4096  # call 2: 0.82-0.87x the better Triton tile's time at 4096 tokens, 0.98-1.06x at 1024
+ROUTE_MIN_K = 4096
+ROUTE_MAX_K = 8192
+ROUTE_WIDE_MIN_K = 1024
+ROUTE_WIDE_MAX_K = 2048
+
+
+def config_for(M: int, N: int, K: int) -> Q8WSConfig | None:
+    """The tile the launcher routes a (M, N, K) 8bit update to, or None (the Triton kernel): the measured
+    ranges above; M and N multiples of 8 (TMA's 16-byte rows of bf16 operands)."""
+    if M % 8 or N % 8 or triton.cdiv(M, 64) * triton.cdiv(N, QBLOCK) < MIN_TILES:
+        return None
+    if ROUTE_MIN_K <= K < ROUTE_MAX_K:
+        return DEFAULT_Q8_WS_CONFIG
+    if ROUTE_WIDE_MIN_K <= K < ROUTE_WIDE_MAX_K:
+        return WIDE_EPILOGUE_CONFIG
+    return None
 
 
 def _config_by_label(label: str) -> Q8WSConfig:
@@ -474,19 +526,23 @@ def _config_by_label(label: str) -> Q8WSConfig:
 
 
 def route_config(weight: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, states) -> Q8WSConfig | None:
-    """DEFAULT_Q8_WS_CONFIG (or the tile FORGE_NUM_GLUON_Q8=<label> names) for an 8bit update that passed
-    the Triton launcher's checks (plain states, no accumulation buffer, no gathered rows) where this
-    kernel applies and is switched on (above), else None: an sm_90 GPU, bf16 operands, at least
-    ROUTE_MIN_K tokens, M and N multiples of 8, every tensor contiguous and 16-byte aligned (TMA's
-    descriptors; the launch key's alignment), at least MIN_TILES tiles."""
+    """config_for's tile (or the tile FORGE_NUM_GLUON_Q8=<label> names) for an 8bit update that passed
+    the Triton launcher's checks (plain states, no accumulation buffer, no gathered rows), else None:
+    switched off (above), or not an sm_90 GPU, not bf16 operands, no tokens, M or N not a multiple of 8,
+    fewer than MIN_TILES tiles, a tensor not contiguous or not 16-byte aligned (TMA's descriptors; the
+    launch key's alignment)."""
     switch = os.environ.get("FORGE_NUM_GLUON_Q8", "1" if ROUTED else "0")
     if switch == "0":
         return None
-    c = DEFAULT_Q8_WS_CONFIG if switch == "1" else _config_by_label(switch)
+    forced = None if switch == "1" else _config_by_label(switch)  # a wrong label is an error anywhere
     if weight.device.type != "cuda" or x.dtype != torch.bfloat16 or not states:
         return None
     M, N = weight.shape
-    if x.shape[0] < ROUTE_MIN_K or M % 8 or N % 8 or triton.cdiv(M, c.BM) * triton.cdiv(N, c.BN) < MIN_TILES:
+    K = x.shape[0]
+    c = config_for(M, N, K) if forced is None else forced
+    if forced is not None and (K == 0 or M % 8 or N % 8 or triton.cdiv(M, c.BM) * triton.cdiv(N, c.BN) < MIN_TILES):
+        return None
+    if c is None:
         return None
     if not _ws._is_sm90(weight.device.index if weight.device.index is not None else torch.cuda.current_device()):
         return None

@@ -131,8 +131,7 @@ NAMESPACE = {**{name: getattr(_IEEE, fn_name) for name, fn_name in _IEEE_OPS.ite
 # (the bf16-sr regime), and the 8bit regime's block quantization on blocks along a tile's last axis,
 # with the epilogue's loads, stores, counters and telemetry terms (kernels/gluon_q8.py)
 _RANDOM, _ROUNDING, _QUANT8, _LINEAR = _modules_in_gluon([
-    (_random, ("wide_products_a", "wide_products_b", "products_a", "products_b", "philox4x32_10", "random_slices",
-               "rounding_bits")),
+    (_random, ("wide_products_a", "wide_products_b", "products_a", "products_b", "philox4x32_10", "random_slices")),
     (_rounding, ("_is_nan", "bf16_sr_bits", "bf16_to_f32")),
     (_quant8, ("magnitude_key", "block_exponent", "sr_threshold", "sr_code", "quantize_blocks_sr", "code_unit_value",
                "dequantize_blocks")),

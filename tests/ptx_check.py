@@ -196,9 +196,12 @@ def philox_products() -> dict:
 
     cfg = kernels.Q8_SMALL_K_CONFIG
     ptx = compile_tuned(cfg, rules.ADAMW, "bf16", "8bit")
+    # the 8bit Gluon kernel takes the switch too (its rounds: philox4x32_10's products either way)
+    gluon = check_gluon_q8("adamw", _gluon_q8_configs()[0])
     return {"wide": bool(krandom.WIDE_PRODUCTS), "per_thread": cfg.BM * cfg.BN // (32 * cfg.num_warps),
             "mul_hi": len(re.findall(r"mul\.hi\.u32", ptx)), "mul_wide": len(re.findall(r"mul\.wide\.u32", ptx)),
-            "forbidden": forbidden(ptx)}
+            "forbidden": forbidden(ptx),
+            "gluon_q8": {k: gluon[k] for k in ("per_thread", "mul_hi", "mul_wide", "forbidden", "ptx", "expected")}}
 
 
 def main() -> int:

@@ -35,7 +35,9 @@ def test_its_tiles_fit_an_sm():
 
 @pytest.mark.parametrize("bad, match", [
     (dict(BM=128), "BM must be 64"), (dict(BN=256), "BN 128"), (dict(ROWS=4, num_warps=4), "multiple of 8"),
-    (dict(ROWS=24), "dividing BM"), (dict(num_warps=16, ROWS=16), "exceed the SM"),
+    (dict(ROWS=24), "dividing BM"), (dict(num_warps=16, ROWS=16), "exceed the SM's 65536"),
+    (dict(STAGES=1), "at least 2 operand stages"), (dict(BK=40), "multiple of 16"),
+    (dict(STAGES=7), "exceed the 227 KB"),
 ])
 def test_a_config_names_what_it_cannot_run(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -94,8 +96,6 @@ def test_no_route_off_the_gpu_or_unless_switched_on(monkeypatch):
         monkeypatch.setenv("FORGE_NUM_GLUON_Q8", flag)
         assert gluon_q8.route_config(w, x, dy, q) is None  # CPU tensors
         assert kernels._ws_q8_route(w, x, dy, q) is None
-    monkeypatch.delenv("FORGE_NUM_GLUON_Q8")
-    assert gluon_q8.ROUTED or gluon_q8.route_config(w, x, dy, q) is None
 
 
 def _binder_specialization(args, constexprs, options) -> str:
@@ -139,3 +139,17 @@ def test_a_tile_is_switched_on_by_its_label(monkeypatch):
     monkeypatch.setenv("FORGE_NUM_GLUON_Q8", "ws8_nonesuch")
     with pytest.raises(ValueError, match="neither 0, 1 nor a tile's label; known: ws8_64x128x64"):
         gluon_q8.route_config(w, x, dy, q)
+
+
+@pytest.mark.parametrize("M,N,K,expect", [
+    (4096, 14336, 4096, "default"), (2048, 8192, 4096, "default"), (4096, 14336, 8191, "default"),
+    (1024, 2048, 4096, "default"),                                  # 16 x 16 = 256 tiles
+    (4096, 14336, 8192, None), (4096, 14336, 16384, None),          # the Triton tiles' mainloops from 8192
+    (4096, 14336, 1024, "wide"), (2048, 8192, 2047, "wide"),        # sixteen epilogue warps at 1024 tokens
+    (4096, 14336, 2048, None), (4096, 14336, 512, None), (4096, 14336, 256, None),
+    (512, 2048, 4096, None),                                        # 8 x 16 = 128 tiles, below MIN_TILES
+    (4100, 8192, 4096, None), (8192, 4100, 4096, None), (8192, 8192, 0, None),
+])
+def test_config_for_the_measured_ranges(M, N, K, expect):
+    want = {"default": gluon_q8.DEFAULT_Q8_WS_CONFIG, "wide": gluon_q8.WIDE_EPILOGUE_CONFIG, None: None}[expect]
+    assert gluon_q8.config_for(M, N, K) == want

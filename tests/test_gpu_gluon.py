@@ -12,6 +12,7 @@ Its PTX (IEEE ops only, no spills) is checked on the CPU by tests/test_ptx.py.
 from __future__ import annotations
 
 import math
+import os
 from unittest import mock
 
 import numpy as np
@@ -411,6 +412,7 @@ def test_ws_kernel_8bit_shards_walks_and_nonfinite():
         with mock.patch.object(kernels, "_sm_count", lambda device: 1):
             _check_q8("lion", 320, 384, 200, seed=23, config=config)
             _check_q8("adamw", 8 * 37, 8 * 41, 70, seed=24, config=config)
+            _check_q8("sgd", 320, 384, 40, seed=25, config=config)  # one K block a tile (fewer than the stages)
 
 
 def test_ws_kernel_8bit_refuses_what_it_does_not_cover():
@@ -434,27 +436,33 @@ def test_ws_kernel_8bit_refuses_what_it_does_not_cover():
         fused_linear_update_q8_ws(w.bfloat16(), x.t().contiguous().t(), dy, q, rule, h, seed=1)
 
 
-def test_the_launcher_routes_8bit_where_switched_on():
-    """kernels.fused_linear_update with no tile given, 8bit states: with FORGE_NUM_GLUON_Q8=1 the
-    Gluon kernel (gluon_q8.route_config), with =0 the Triton kernel; the same bits, and a cached
+@pytest.mark.parametrize("K", [1024, 4096])  # the sixteen-warp tile's range, the default's
+def test_the_launcher_routes_8bit_where_measured_faster(K):
+    """kernels.fused_linear_update with no tile given, 8bit states: gluon_q8.config_for's tile (with
+    FORGE_NUM_GLUON_Q8 unset, and =1), none with =0 (the Triton kernel); the same bits, and a cached
     second launch (kernels/launch_cache.py) the same bits again."""
     from forge_num.emulator.philox import derive_seed
     from forge_num.kernels import gluon_q8
     from tests.kernel_cases import _q8_state
 
-    M, N, K = 4096, 2048, gluon_q8.ROUTE_MIN_K  # 64 x 16 = 1024 tiles
+    M, N = 4096, 2048  # 64 x 16 = 1024 tiles
     rule, h, w32, s32, x, dy = _case("adamw", M, N, K, seed=31)
     w0 = w32.bfloat16()
     s0 = [kernels.Q8State(*(t.to(CUDA) for t in _q8_state(s.cpu() * 1e-2, signed=(i == 0), seed=i)))
           for i, s in enumerate(s32)]
     key = derive_seed(7, 3, 11)
+    expect = gluon_q8.config_for(M, N, K)
+    assert expect is not None
     outs = []
-    for flag, fast in (("1", "0"), ("1", "1"), ("1", "1"), ("0", "1")):
+    for flag, fast in ((None, "0"), ("1", "1"), ("1", "1"), ("0", "1")):
         w, s = w0.clone(), _q8_clone(s0)
-        env = {"FORGE_NUM_GLUON_Q8": flag, "FORGE_NUM_FAST_LAUNCH": fast}
+        env = {"FORGE_NUM_GLUON": "1", "FORGE_NUM_FAST_LAUNCH": fast}
         with mock.patch.dict("os.environ", env), mock.patch.object(gluon_q8, "launch", wraps=gluon_q8.launch) as spy:
+            os.environ.pop("FORGE_NUM_GLUON_Q8", None)
+            if flag is not None:
+                os.environ["FORGE_NUM_GLUON_Q8"] = flag
             kernels.fused_linear_update(w, x, dy, s, rule, h, seed=key)
-        assert [c.args[7] for c in spy.call_args_list] == ([gluon_q8.DEFAULT_Q8_WS_CONFIG] if flag == "1" else [])
+        assert [c.args[7] for c in spy.call_args_list] == ([expect] if flag != "0" else [])
         outs.append((w, s))
     for w, s in outs[1:]:
         assert same_bits(w, outs[0][0]) and all(_same_q8(a, b) for a, b in zip(s, outs[0][1]))

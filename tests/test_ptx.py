@@ -57,6 +57,10 @@ def test_philox_rounds_take_one_multiply_a_product_when_wide():
     # (a mul.hi or mul.wide or two of the tile's own addressing, the same on and off)
     assert off["mul_hi"] >= 19 * n, off
     assert off["mul_hi"] - on["mul_hi"] >= 19 * n and on["mul_wide"] - off["mul_wide"] >= 19 * n, (off, on)
+    # the 8bit Gluon kernel compiles either way (Gluon has no tl.randint4x: it runs philox4x32_10), with
+    # the rule's IEEE ops, its products as mul.hi.u32 off and mul.wide.u32 on
+    for g, kind in ((off["gluon_q8"], "mul_hi"), (on["gluon_q8"], "mul_wide")):
+        assert g["forbidden"] == [] and g["ptx"] == g["expected"] and g[kind] >= 19 * g["per_thread"], g
 
 
 def test_elementwise_kernels_hold_exactly_the_rule_ops(report):
