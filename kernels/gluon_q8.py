@@ -293,9 +293,12 @@ class Q8WSConfig(_ws.ValueConfig):
         if STAGES < 2 or BK % 16:
             raise ValueError(f"Q8WSConfig: at least 2 operand stages (a K block is loaded while the one before "
                              f"it is multiplied) and K blocks of a multiple of 16, got STAGES={STAGES}, BK={BK}")
-        if num_warps not in (4, 8, 16) or ROWS % num_warps or BM % ROWS or ROWS % 8:
-            raise ValueError(f"Q8WSConfig: {num_warps} epilogue warps (4, 8 or 16) must divide the sub-tile's {ROWS} "
-                             f"rows, a multiple of 8 (a slice of the swizzled g buffer) dividing BM = {BM}")
+        if num_warps not in (4, 8, 16) or ROWS % num_warps:
+            raise ValueError(f"Q8WSConfig: 4, 8 or 16 epilogue warps, dividing the sub-tile's {ROWS} rows (whole rows "
+                             f"a warp), got {num_warps}")
+        if ROWS % 8 or BM % ROWS:
+            raise ValueError(f"Q8WSConfig: sub-tiles of a multiple of 8 rows (a slice of the swizzled g buffer) "
+                             f"dividing BM = {BM}, got {ROWS}")
         # warps: the epilogue's, the MMA warp group, and (unless the MMA warps load) the loader's group,
         # one warp padded to four
         warps = num_warps + 4 + (0 if self_load else 4)

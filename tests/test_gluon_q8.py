@@ -34,8 +34,9 @@ def test_its_tiles_fit_an_sm():
 
 
 @pytest.mark.parametrize("bad, match", [
-    (dict(BM=128), "BM must be 64"), (dict(BN=256), "BN 128"), (dict(ROWS=4, num_warps=4), "multiple of 8"),
-    (dict(ROWS=24), "dividing BM"), (dict(num_warps=16, ROWS=16), "exceed the SM's 65536"),
+    (dict(BM=128), "BM must be 64"), (dict(BN=256), "BN 128"), (dict(ROWS=4, num_warps=4), "got 4$"),
+    (dict(ROWS=24), "got 24$"), (dict(num_warps=12, ROWS=24), "epilogue warps.*got 12$"),
+    (dict(num_warps=16, ROWS=8), "dividing the sub-tile's 8 rows"), (dict(num_warps=16, ROWS=16), "exceed the SM's 65536"),
     (dict(STAGES=1), "at least 2 operand stages"), (dict(BK=40), "multiple of 16"),
     (dict(STAGES=7), "exceed the 227 KB"),
 ])
