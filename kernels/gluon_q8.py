@@ -60,6 +60,17 @@ QBLOCK = int(_QBLOCK.value)  # elements a block of an 8-bit state's row (kernels
 
 
 @gluon.jit
+def hand_over(acc, t, g_bufs, g_ready, g_empty):
+    """Tile t's accumulator (the program's t-th) whole into g buffer t % 2, once the epilogue has handed
+    that buffer back from tile t - 2 (phase t // 2 - 1 of its g_empty: a fresh barrier's first wait
+    passes), then g_ready."""
+    b = t % 2
+    mbarrier.wait(g_empty.index(b), ((t // 2) & 1) ^ 1)
+    g_bufs.index(b).store(acc)
+    mbarrier.arrive(g_ready.index(b), count=1)
+
+
+@gluon.jit
 def mma_whole_tiles(dy_bufs, x_bufs, op_ready, op_empty, g_bufs, g_ready, g_empty, M, N, K, GROUP_M: gl.constexpr):
     """Worker (one warp group): per tile this program owns, the mainloop, then the accumulator whole
     into g buffer t % 2 once the epilogue has handed it back (its (t // 2)-th use), then g_ready."""
@@ -73,10 +84,7 @@ def mma_whole_tiles(dy_bufs, x_bufs, op_ready, op_empty, g_bufs, g_ready, g_empt
     t = 0
     for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
         acc, i = _ws.mainloop(dy_bufs, x_bufs, op_ready, op_empty, i, K, mma_layout)
-        b = t % 2
-        mbarrier.wait(g_empty.index(b), ((t // 2) & 1) ^ 1)
-        g_bufs.index(b).store(acc)
-        mbarrier.arrive(g_ready.index(b), count=1)
+        hand_over(acc, t, g_bufs, g_ready, g_empty)
         t += 1
 
 
@@ -132,10 +140,7 @@ def mma_self_loaded_tiles(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, g_bufs, g_
             load_k_block(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, i + STAGES - 1, nk, tiles_m, tiles_n, GROUP_M)
             i += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        b = t % 2
-        mbarrier.wait(g_empty.index(b), ((t // 2) & 1) ^ 1)
-        g_bufs.index(b).store(acc)
-        mbarrier.arrive(g_ready.index(b), count=1)
+        hand_over(acc, t, g_bufs, g_ready, g_empty)
         t += 1
 
 
@@ -361,38 +366,15 @@ def _check_q8_ws_operands(weight, x, dy, states, n_state, seed, counter):
         raise ValueError("fused_linear_update_q8_ws: the 8bit regime rounds stochastically and needs a seed")
     if counter is not None and len(counter) == 4 and counter[3] is not None:
         raise ValueError("fused_linear_update_q8_ws: a counter map of gathered rows is the Triton kernel's only")
-    if x.dtype != torch.bfloat16 or dy.dtype != torch.bfloat16:
-        raise TypeError(f"fused_linear_update_q8_ws: bf16 operands only, got x {x.dtype}, dy {dy.dtype}")
-    if len(states) > n_state:
-        raise ValueError(f"fused_linear_update_q8_ws: the rule keeps at most {n_state} states, got {len(states)}")
-    if x.dim() != 2 or dy.dim() != 2 or weight.dim() != 2:
-        raise ValueError("fused_linear_update_q8_ws: x [K, N], dy [K, M] and weight [M, N] must be 2-D")
-    M, N = weight.shape
-    if x.shape[1] != N or dy.shape[1] != M or x.shape[0] != dy.shape[0]:
-        raise ValueError(f"fused_linear_update_q8_ws: shapes weight {tuple(weight.shape)}, x {tuple(x.shape)}, "
-                         f"dy {tuple(dy.shape)} do not make dW = dyᵀ x of weight's shape")
-    if x.shape[0] == 0:
-        raise ValueError("fused_linear_update_q8_ws: K = 0 tokens (an empty operand) is not covered; "
-                         "kernels.fused_linear_update handles it")
-    if M % 8 or N % 8:
-        raise ValueError(f"fused_linear_update_q8_ws: M and N must be multiples of 8 (16-byte TMA rows), got {M}x{N}")
-    n_blocks = triton.cdiv(N, QBLOCK)
-    tensors = [("weight", weight, (M, N)), ("x", x, None), ("dy", dy, None)]
-    for i, s in enumerate(states):
-        tensors += [(f"state {i} codes", s.codes, (M, N)), (f"state {i} scales", s.scales, (M, n_blocks))]
     for i, s in enumerate(states):
         if s.codes.dtype != torch.uint8 or s.scales.dtype != torch.float32:
             raise TypeError(f"fused_linear_update_q8_ws: state {i}: uint8 codes and float32 scales, got "
                             f"{s.codes.dtype}, {s.scales.dtype}")
-    for name, t, shape in tensors:
-        if shape is not None and tuple(t.shape) != shape:
-            raise ValueError(f"fused_linear_update_q8_ws: {name} of shape {tuple(t.shape)}, expected {shape}")
-        if not t.is_contiguous():
-            raise ValueError(f"fused_linear_update_q8_ws: {name} must be contiguous, got strides {t.stride()}")
-        if t.data_ptr() % 16:
-            raise ValueError(f"fused_linear_update_q8_ws: {name} must start 16-byte aligned")
-        if t.device != weight.device:
-            raise ValueError(f"fused_linear_update_q8_ws: {name} on {t.device}, weight on {weight.device}")
+    M, N = weight.shape if weight.dim() == 2 else (0, 0)
+    tensors = [("weight", weight, None), ("x", x, None), ("dy", dy, None)]
+    for i, s in enumerate(states):
+        tensors += [(f"state {i} codes", s.codes, (M, N)), (f"state {i} scales", s.scales, (M, triton.cdiv(N, QBLOCK)))]
+    _ws.check_operands("fused_linear_update_q8_ws", weight, x, dy, tensors, len(states), n_state)
 
 
 def fused_linear_update_q8_ws(weight: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, states, rule: Rule, h,

@@ -753,6 +753,37 @@ def _nvmma_desc(t: torch.Tensor, block, dtype):
     return d
 
 
+def check_operands(fn: str, weight, x, dy, tensors, n_given: int, n_state: int):
+    """What both Gluon kernels need of a launch, each violation named with ``fn``: bf16 operands x
+    [K, N] and dy [K, M] making dW of weight's [M, N] shape, at most ``n_state`` states given, K > 0,
+    M and N multiples of 8 (TMA's 16-byte rows), and each (name, tensor, shape or None) of ``tensors``
+    of that shape, contiguous, 16-byte aligned (TMA; the launch keys' alignment) and on weight's device."""
+    if x.dtype != torch.bfloat16 or dy.dtype != torch.bfloat16:
+        raise TypeError(f"{fn}: bf16 operands only, got x {x.dtype}, dy {dy.dtype}")
+    if n_given > n_state:
+        raise ValueError(f"{fn}: the rule keeps at most {n_state} states, got {n_given}")
+    if x.dim() != 2 or dy.dim() != 2 or weight.dim() != 2:
+        raise ValueError(f"{fn}: x [K, N], dy [K, M] and weight [M, N] must be 2-D")
+    M, N = weight.shape
+    if x.shape[1] != N or dy.shape[1] != M or x.shape[0] != dy.shape[0]:
+        raise ValueError(f"{fn}: shapes weight {tuple(weight.shape)}, x {tuple(x.shape)}, dy {tuple(dy.shape)} "
+                         "do not make dW = dyᵀ x of weight's shape")
+    for name, t, shape in tensors:
+        if shape is not None and tuple(t.shape) != shape:
+            raise ValueError(f"{fn}: {name} of shape {tuple(t.shape)} beside weight {(M, N)}, expected {shape}")
+        if not t.is_contiguous():
+            raise ValueError(f"{fn}: {name} must be contiguous (TMA), got strides {t.stride()}")
+        if t.data_ptr() % 16:
+            raise ValueError(f"{fn}: {name} must start 16-byte aligned (TMA)")
+        if t.device != weight.device:
+            raise ValueError(f"{fn}: {name} on {t.device}, weight on {weight.device}")
+    if x.shape[0] == 0:
+        raise ValueError(f"{fn}: K = 0 tokens (an empty operand) is not covered; kernels.fused_linear_update "
+                         "handles it")
+    if M % 8 or N % 8:
+        raise ValueError(f"{fn}: M and N must be multiples of 8 (16-byte TMA rows), got {M}x{N}")
+
+
 def _check_ws_operands(weight, x, dy, states, n_state, seed):
     """The scope of this kernel (module docstring), each violation named; True for the bf16-sr regime."""
     from forge_num import kernels
@@ -761,32 +792,10 @@ def _check_ws_operands(weight, x, dy, states, n_state, seed):
         raise TypeError("fused_linear_update_ws: the fp32 regime (fp32 weight and state) or the bf16-sr regime "
                         f"(bf16 weight and state), got weight {weight.dtype}, states {[s.dtype for s in states]}")
     bf16 = kernels._check_regime("fused_linear_update_ws: weight", weight, seed)  # the dtype, and bf16-sr's key
-    if x.dtype != torch.bfloat16 or dy.dtype != torch.bfloat16:
-        raise TypeError(f"fused_linear_update_ws: bf16 operands only, got x {x.dtype}, dy {dy.dtype}")
-    if len(states) > n_state:
-        raise ValueError(f"fused_linear_update_ws: the rule keeps at most {n_state} states, got {len(states)}")
-    if x.dim() != 2 or dy.dim() != 2 or weight.dim() != 2:
-        raise ValueError("fused_linear_update_ws: x [K, N], dy [K, M] and weight [M, N] must be 2-D")
-    M, N = weight.shape
-    if x.shape[1] != N or dy.shape[1] != M or x.shape[0] != dy.shape[0]:
-        raise ValueError(f"fused_linear_update_ws: shapes weight {tuple(weight.shape)}, x {tuple(x.shape)}, "
-                         f"dy {tuple(dy.shape)} do not make dW = dyᵀ x of weight's shape")
-    for name, t in (("weight", weight), ("x", x), ("dy", dy), *((f"state {i}", s) for i, s in enumerate(states))):
-        if not t.is_contiguous():
-            raise ValueError(f"fused_linear_update_ws: {name} must be contiguous (TMA), got strides {t.stride()}")
-        if t.data_ptr() % 16:
-            raise ValueError(f"fused_linear_update_ws: {name} must start 16-byte aligned (TMA)")
-        if t.device != weight.device:
-            raise ValueError(f"fused_linear_update_ws: {name} on {t.device}, weight on {weight.device}")
-    for s in states:
-        if s.shape != weight.shape:
-            raise ValueError(f"fused_linear_update_ws: a state of shape {tuple(s.shape)} beside weight "
-                             f"{tuple(weight.shape)}")
-    if x.shape[0] == 0:
-        raise ValueError("fused_linear_update_ws: K = 0 tokens (an empty operand) is not covered; "
-                         "kernels.fused_linear_update handles it")
-    if M % 8 or N % 8:
-        raise ValueError(f"fused_linear_update_ws: M and N must be multiples of 8 (16-byte TMA rows), got {M}x{N}")
+    shape = tuple(weight.shape) if weight.dim() == 2 else None
+    check_operands("fused_linear_update_ws", weight, x, dy,
+                   [("weight", weight, None), ("x", x, None), ("dy", dy, None),
+                    *((f"state {i}", s, shape) for i, s in enumerate(states))], len(states), n_state)
     return bf16
 
 
