@@ -107,14 +107,45 @@ def load_k_block(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, j, nk, tiles_m, til
 
 
 @gluon.jit
+def load_and_advance(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, cursor, nk, tiles_m, tiles_n, GROUP_M: gl.constexpr):
+    """load_k_block for the use a load cursor names, then the cursor moved to the next use, without
+    load_k_block's divisions: cursor = (j, tile, k block, pid_m, pid_n) of the next load, the tile's
+    coordinates recomputed only when the cursor enters a tile (per K block load_k_block divides j by
+    nk and tile_coords twice more: three div.s32 in that loop's PTX, each an instruction sequence on
+    sm_90, between one wgmma's retirement and the next one's issue; here none in the K loop but at a
+    tile's end)."""
+    BK: gl.constexpr = dy_desc.block_type.shape[0]
+    BM: gl.constexpr = dy_desc.block_type.shape[1]
+    BN: gl.constexpr = x_desc.block_type.shape[1]
+    STAGES: gl.constexpr = dy_bufs.type.shape[0]
+    j, tile, kb, pid_m, pid_n = cursor
+    tiles = tiles_m * tiles_n
+    if tile < tiles:
+        s = j % STAGES
+        mbarrier.expect(op_ready.index(s), dy_desc.block_type.nbytes + x_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(dy_desc, [kb * BK, pid_m * BM], op_ready.index(s), dy_bufs.index(s))
+        tma.async_copy_global_to_shared(x_desc, [kb * BK, pid_n * BN], op_ready.index(s), x_bufs.index(s))
+    j += 1
+    kb += 1
+    if kb == nk:
+        kb = 0
+        tile += gl.num_programs(0)
+        if tile < tiles:
+            pid_m, pid_n = _ws.tile_coords(tile, tiles_m, tiles_n, GROUP_M)
+    return j, tile, kb, pid_m, pid_n
+
+
+@gluon.jit
 def mma_self_loaded_tiles(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, g_bufs, g_ready, g_empty, M, N, K,
-                          GROUP_M: gl.constexpr):
+                          GROUP_M: gl.constexpr, LOAD_CURSOR: gl.constexpr):
     """Worker (one warp group) of the loader-free design: mma_whole_tiles, issuing its own TMA loads
     STAGES - 1 K blocks ahead (across tiles) instead of a loader partition's; no empty barriers: block
     i + STAGES - 1 goes into block i - 1's slot once block i - 1's wgmma has retired (the wait that
     leaves one wgmma in flight). The same wgmma chain as gluon_update.mainloop, so the same bits. Why:
     without the loader's warp group (padded to four warps) sixteen epilogue warps fit the SM's
-    registers at a launch cap the wgmma accumulator allows (Q8WSConfig)."""
+    registers at a launch cap the wgmma accumulator allows (Q8WSConfig). LOAD_CURSOR: the loads'
+    coordinates kept by load_and_advance's cursor instead of load_k_block's divisions (a candidate, not
+    yet run on a GPU: the same uses into the same slots, so the same protocol)."""
     BK: gl.constexpr = dy_desc.block_type.shape[0]
     BM: gl.constexpr = g_bufs.type.shape[1]
     BN: gl.constexpr = g_bufs.type.shape[2]
@@ -124,8 +155,13 @@ def mma_self_loaded_tiles(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, g_bufs, g_
     tiles_m = gl.cdiv(M, BM)
     tiles_n = gl.cdiv(N, BN)
     nk = gl.cdiv(K, BK)
+    first_m, first_n = _ws.tile_coords(gl.program_id(0), tiles_m, tiles_n, GROUP_M)  # every program has a tile
+    cursor = (0, gl.program_id(0), 0, first_m, first_n)
     for j in gl.static_range(STAGES - 1):
-        load_k_block(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, j, nk, tiles_m, tiles_n, GROUP_M)
+        if LOAD_CURSOR:
+            cursor = load_and_advance(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, cursor, nk, tiles_m, tiles_n, GROUP_M)
+        else:
+            load_k_block(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, j, nk, tiles_m, tiles_n, GROUP_M)
     i = 0
     t = 0
     for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
@@ -137,7 +173,12 @@ def mma_self_loaded_tiles(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, g_bufs, g_
             b = x_bufs.index(s)
             acc = warpgroup_mma(a, b, acc, is_async=True)
             acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a, b))
-            load_k_block(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, i + STAGES - 1, nk, tiles_m, tiles_n, GROUP_M)
+            if LOAD_CURSOR:
+                cursor = load_and_advance(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, cursor, nk, tiles_m, tiles_n,
+                                          GROUP_M)
+            else:
+                load_k_block(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, i + STAGES - 1, nk, tiles_m, tiles_n,
+                             GROUP_M)
             i += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         hand_over(acc, t, g_bufs, g_ready, g_empty)
@@ -235,7 +276,7 @@ def fused_linear_update_q8_ws_kernel(dy_desc, x_desc, w_ptr, c0_ptr, scale0_ptr,
                                      rand_stride: tl.int64, rand_base: tl.int64, GUARDED_UPDATE: gl.constexpr,
                                      N_STATE: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr,
                                      GROUP_M: gl.constexpr, MMA_REGS: gl.constexpr, SELF_LOAD: gl.constexpr,
-                                     num_warps: gl.constexpr):
+                                     LOAD_CURSOR: gl.constexpr, num_warps: gl.constexpr):
     """The operand ring, the double-buffered g and their barriers, then the three partitions (module
     docstring). dy_desc [K, M] block [BK, BM], x_desc [K, N] block [BK, BN]; w_ptr the bf16 weight
     [M, N]; c0/c1_ptr the states' uint8 codes [M, N], scale0/scale1_ptr their fp32 block scales
@@ -264,7 +305,7 @@ def fused_linear_update_q8_ws_kernel(dy_desc, x_desc, w_ptr, c0_ptr, scale0_ptr,
                            h, grad_scale, seed, rand_stride, rand_base, norm_sq_ptr, nonfinite_ptr, GUARDED_UPDATE,
                            N_STATE, ROWS, GROUP_M, num_warps)),
             (mma_self_loaded_tiles, (dy_desc, x_desc, dy_bufs, x_bufs, op_ready, g_bufs, g_ready, g_empty, M, N, K,
-                                     GROUP_M)),
+                                     GROUP_M, LOAD_CURSOR)),
         ], [4], [MMA_REGS])
     else:
         gl.warp_specialize([
@@ -288,10 +329,10 @@ class Q8WSConfig(_ws.ValueConfig):
     tile rows per group; one program an SM (the operand ring and the two g buffers: 136 KB)."""
 
     __slots__ = ("BM", "BN", "BK", "STAGES", "ROWS", "GROUP_M", "num_warps", "mma_registers", "max_registers",
-                 "self_load")
+                 "self_load", "load_cursor")
 
     def __init__(self, BM=64, BN=128, BK=64, STAGES=3, ROWS=16, GROUP_M=8, num_warps=8, mma_registers=104,
-                 max_registers=128, self_load=False):
+                 max_registers=128, self_load=False, load_cursor=False):
         if BM != 64 or BN != QBLOCK:
             raise ValueError(f"Q8WSConfig: BM must be 64 (one MMA warp group) and BN {QBLOCK} (one block a row), "
                              f"got {BM}x{BN}")
@@ -310,7 +351,10 @@ class Q8WSConfig(_ws.ValueConfig):
         if max_registers * 32 * warps > 65536:
             raise ValueError(f"Q8WSConfig: {max_registers} registers a thread at launch for {warps} warps exceed "
                              "the SM's 65536")
-        self.self_load = self_load
+        if load_cursor and not self_load:
+            raise ValueError("Q8WSConfig: load_cursor keeps the self-loading MMA warps' load coordinates "
+                             "(self_load=True)")
+        self.self_load, self.load_cursor = self_load, load_cursor
         self.BM, self.BN, self.BK, self.STAGES, self.ROWS, self.GROUP_M = BM, BN, BK, STAGES, ROWS, GROUP_M
         self.num_warps, self.mma_registers, self.max_registers = num_warps, mma_registers, max_registers
         if self.shared_bytes() + 1024 > 227 * 1024:
@@ -321,7 +365,8 @@ class Q8WSConfig(_ws.ValueConfig):
     def label(self) -> str:
         return (f"ws8 {self.BM}x{self.BN}x{self.BK} st{self.STAGES} w{self.num_warps} rows{self.ROWS}"
                 + (f" g{self.GROUP_M}" if self.GROUP_M != 8 else "")
-                + f" mma{self.mma_registers} r{self.max_registers}" + (" sl" if self.self_load else ""))
+                + f" mma{self.mma_registers} r{self.max_registers}" + (" sl" if self.self_load else "")
+                + (" cur" if self.load_cursor else ""))
 
     def shared_bytes(self) -> int:
         """Shared memory of one program: the operand ring and the two g buffers (barriers aside)."""
@@ -339,19 +384,24 @@ DEFAULT_Q8_WS_CONFIG = Q8WSConfig(STAGES=4)
 # The loader-free design (mma_self_loaded_tiles) with sixteen epilogue warps: 20 warps at 96 registers
 # (the epilogue gets 112 and spills 104 B for AdamW, ptxas of Triton 3.6), because call 2 found eight
 # epilogue warps an SM the bound below 4096 tokens. Call 4 (H200): 0.77x the default's time at 256 and
-# 1024 tokens on 4096x14336, 0.73-0.77x on 2048x8192, but 1.38x at 4096, where its mainloop, waiting
-# on its own loads (ptxas puts a warp-group barrier between the wgmma wait and each TMA issue), falls
-# behind the loader partition's.
+# 1024 tokens on 4096x14336, 0.73-0.77x on 2048x8192, but 1.38x at 4096, where its mainloop falls
+# behind the loader partition's: each K block's load, issued between one wgmma's retirement and the
+# next one's issue, runs load_k_block's three integer divisions (the PTX of that loop) and four
+# warp-group barriers (one before each mbarrier operation and TMA copy) on that path.
 WIDE_EPILOGUE_CONFIG = Q8WSConfig(num_warps=16, self_load=True, max_registers=96, mma_registers=96)
 # candidates measured beside them (bench/kernels.py --precision 8bit: "ws8 ..." labels): three and two
 # operand stages (session 23, call 2: two starve the mainloop at 4096 tokens, 1.8x; three 1.00-1.04x
 # four's time); the loader-free design with the default's eight epilogue warps (12 warps at 168 registers,
 # no spill; call 4: 0.98-1.02x the default at 256-1024 tokens, 1.33-1.36x at 4096).
+# The sixteen-warp tile with load_and_advance's cursor (session 23, after the last call; compiled, not
+# run): call 4's 1.38x at 4096 tokens is, by this module's reading of the PTX, the five integer
+# divisions load_k_block runs a K block between one wgmma's retirement and the next one's issue.
 Q8_WS_CANDIDATE_CONFIGS = (
     Q8WSConfig(STAGES=3),
     Q8WSConfig(STAGES=2),
     Q8WSConfig(self_load=True, max_registers=168),
     WIDE_EPILOGUE_CONFIG,
+    Q8WSConfig(num_warps=16, self_load=True, load_cursor=True, max_registers=96, mma_registers=96),
 )
 
 
@@ -434,7 +484,8 @@ def _launch_constants(rule: Rule, c: Q8WSConfig, n_state: int) -> tuple[dict, di
     """(constexprs in the kernel's parameter order, compile options) of a rule, a config and its
     number of states."""
     constexprs = dict(GUARDED_UPDATE=_ws.guarded_update_gluon(rule), N_STATE=n_state, STAGES=c.STAGES, ROWS=c.ROWS,
-                      GROUP_M=c.GROUP_M, MMA_REGS=c.mma_registers, SELF_LOAD=c.self_load, num_warps=c.num_warps)
+                      GROUP_M=c.GROUP_M, MMA_REGS=c.mma_registers, SELF_LOAD=c.self_load,
+                      LOAD_CURSOR=c.load_cursor, num_warps=c.num_warps)
     return constexprs, dict(maxnreg=c.max_registers, enable_fp_fusion=False)
 
 

@@ -38,7 +38,7 @@ def test_its_tiles_fit_an_sm():
     (dict(ROWS=24), "got 24$"), (dict(num_warps=12, ROWS=24), "epilogue warps.*got 12$"),
     (dict(num_warps=16, ROWS=8), "dividing the sub-tile's 8 rows"), (dict(num_warps=16, ROWS=16), "exceed the SM's 65536"),
     (dict(STAGES=1), "at least 2 operand stages"), (dict(BK=40), "multiple of 16"),
-    (dict(STAGES=7), "exceed the 227 KB"),
+    (dict(STAGES=7), "exceed the 227 KB"), (dict(load_cursor=True), "self_load=True"),
 ])
 def test_a_config_names_what_it_cannot_run(bad, match):
     with pytest.raises(ValueError, match=match):

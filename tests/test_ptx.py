@@ -162,6 +162,7 @@ def test_the_8bit_gluon_kernel_compiles_to_ieee_ops_for_sm_90_without_spills(rep
 # because eight epilogue warps an SM bound the spill-free tiles below 4096 tokens (session 23, call 2).
 GLUON_Q8_SPILL_EXCEPTIONS = {
     ("ws8 64x128x64 st3 w16 rows16 mma96 r96 sl", "adamw"): 104,
+    ("ws8 64x128x64 st3 w16 rows16 mma96 r96 sl cur", "adamw"): 104,  # the same epilogue
 }
 
 
