@@ -186,29 +186,52 @@ def mma_self_loaded_tiles(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, g_bufs, g_
 
 
 @gluon.jit
-def update_row_blocks(g, offs_m, offs_n, block, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h,
-                      grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE: gl.constexpr, N_STATE: gl.constexpr):
-    """The 8bit epilogue on a row sub-tile g [R, QBLOCK] of one block a row, block column ``block`` of
-    the [M, n_blocks] scales: kernels/linear_update.py's update_rows_q8 (load_q8, update_in_place_q8,
-    telemetry_terms) step for step, with this tile's addressing (q8_addresses' there: a scale per row
-    here, not [R, J]) and the block functions on the last axis (quant8's quantize_blocks_sr and
-    dequantize_blocks, which quantize_block_sr and dequantize call on [R, J, QBLOCK]): W bf16,
-    widened exactly, stored with stochastic rounding (slice r_p); state 0 signed E4M3 codes (slice
-    r_m24), state 1 unsigned E5M3 codes (slice r_v24), each under its block's power-of-two scale;
-    Philox counter r rand_stride + c + rand_base of element (r, c). Returns its telemetry terms."""
+def load_row_blocks(offs_m, offs_n, block, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks,
+                    N_STATE: gl.constexpr):
+    """What update_loaded_row_blocks reads of a row sub-tile's rows offs_m x columns offs_n (one block
+    a row, block column ``block`` of the [M, n_blocks] scales): W widened exactly from bf16, and each
+    state's uint8 codes and its rows' fp32 scales (absent states: placeholders, never read)."""
     in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     offs = offs_m[:, None].to(gl.int64) * N + offs_n[None, :]
     soffs = offs_m.to(gl.int64) * n_blocks + block
     smask = offs_m < M
     p = _ws._LINEAR.load_f32(w_ptr, offs, in_tile, True)
+    codes0 = in_tile
+    scales0 = smask
+    codes1 = in_tile
+    scales1 = smask
+    if N_STATE >= 1:
+        codes0 = gl.load(c0_ptr + offs, mask=in_tile, other=0)
+        scales0 = gl.load(scale0_ptr + soffs, mask=smask, other=1.0)
+    if N_STATE >= 2:
+        codes1 = gl.load(c1_ptr + offs, mask=in_tile, other=0)
+        scales1 = gl.load(scale1_ptr + soffs, mask=smask, other=1.0)
+    return p, codes0, scales0, codes1, scales1
+
+
+@gluon.jit
+def update_loaded_row_blocks(g, loaded, offs_m, offs_n, block, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr,
+                             n_blocks, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE: gl.constexpr,
+                             N_STATE: gl.constexpr):
+    """The 8bit epilogue on a row sub-tile g [R, QBLOCK] of one block a row whose state load_row_blocks
+    loaded: kernels/linear_update.py's update_rows_q8 (load_q8, update_in_place_q8, telemetry_terms)
+    step for step, with this tile's addressing (q8_addresses' there: a scale per row here, not [R, J])
+    and the block functions on the last axis (quant8's quantize_blocks_sr and dequantize_blocks, which
+    quantize_block_sr and dequantize call on [R, J, QBLOCK]): W bf16, stored with stochastic rounding
+    (slice r_p); state 0 signed E4M3 codes (slice r_m24), state 1 unsigned E5M3 codes (slice r_v24),
+    each under its block's power-of-two scale; Philox counter r rand_stride + c + rand_base of element
+    (r, c). Returns its telemetry terms."""
+    in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    offs = offs_m[:, None].to(gl.int64) * N + offs_n[None, :]
+    soffs = offs_m.to(gl.int64) * n_blocks + block
+    smask = offs_m < M
+    p, codes0, scales0, codes1, scales1 = loaded
     s0 = p
     s1 = p
     if N_STATE >= 1:
-        s0 = _ws._QUANT8.dequantize_blocks(gl.load(c0_ptr + offs, mask=in_tile, other=0),
-                                           gl.load(scale0_ptr + soffs, mask=smask, other=1.0), True)
+        s0 = _ws._QUANT8.dequantize_blocks(codes0, scales0, True)
     if N_STATE >= 2:
-        s1 = _ws._QUANT8.dequantize_blocks(gl.load(c1_ptr + offs, mask=in_tile, other=0),
-                                           gl.load(scale1_ptr + soffs, mask=smask, other=1.0), False)
+        s1 = _ws._QUANT8.dequantize_blocks(codes1, scales1, False)
     p, s0, s1, finite = GUARDED_UPDATE(p, g, s0, s1, h, grad_scale)
     counters = _ws._LINEAR.element_counters(offs_m, offs_n, M, rand_stride, rand_base, None)
     # rounding_bits' words without its tl.randint4x branch (FORGE_NUM_PHILOX_WIDE=0), which Gluon lacks:
@@ -217,24 +240,28 @@ def update_row_blocks(g, offs_m, offs_n, block, M, N, w_ptr, c0_ptr, scale0_ptr,
     r_p, _, _, r_m24, r_v24 = _ws._RANDOM.random_slices(c0, c1, c2, c3)
     _ws._LINEAR.store_f32(w_ptr, offs, in_tile, p, r_p, True)
     if N_STATE >= 1:
-        codes0, scales0 = _ws._QUANT8.quantize_blocks_sr(s0.to(gl.uint32, bitcast=True), r_m24, True)
-        gl.store(c0_ptr + offs, codes0.to(gl.uint8), mask=in_tile)
-        gl.store(scale0_ptr + soffs, scales0, mask=smask)
+        new_codes0, new_scales0 = _ws._QUANT8.quantize_blocks_sr(s0.to(gl.uint32, bitcast=True), r_m24, True)
+        gl.store(c0_ptr + offs, new_codes0.to(gl.uint8), mask=in_tile)
+        gl.store(scale0_ptr + soffs, new_scales0, mask=smask)
     if N_STATE >= 2:
-        codes1, scales1 = _ws._QUANT8.quantize_blocks_sr(s1.to(gl.uint32, bitcast=True), r_v24, False)
-        gl.store(c1_ptr + offs, codes1.to(gl.uint8), mask=in_tile)
-        gl.store(scale1_ptr + soffs, scales1, mask=smask)
+        new_codes1, new_scales1 = _ws._QUANT8.quantize_blocks_sr(s1.to(gl.uint32, bitcast=True), r_v24, False)
+        gl.store(c1_ptr + offs, new_codes1.to(gl.uint8), mask=in_tile)
+        gl.store(scale1_ptr + soffs, new_scales1, mask=smask)
     return _ws._LINEAR.telemetry_terms(g, in_tile, finite)
 
 
 @gluon.jit
 def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h, grad_scale,
                 seed, rand_stride, rand_base, norm_sq_ptr, nonfinite_ptr, GUARDED_UPDATE: gl.constexpr,
-                N_STATE: gl.constexpr, ROWS: gl.constexpr, GROUP_M: gl.constexpr, num_warps: gl.constexpr):
-    """Default partition: per tile, its BM / ROWS row sub-tiles of g from g buffer t % 2, each updated
-    by update_rows_q8 (the buffer handed back once the last is in registers); the sub-tiles'
-    telemetry terms added element by element, in order, then reduced into the tile's slot
-    pid_m * tiles_n + pid_n (the Triton 8bit epilogue's order)."""
+                N_STATE: gl.constexpr, ROWS: gl.constexpr, GROUP_M: gl.constexpr, PREFETCH: gl.constexpr,
+                num_warps: gl.constexpr):
+    """Default partition: per tile, its BM / ROWS row sub-tiles of g from g buffer t % 2, each's state
+    loaded (load_row_blocks) and updated (update_loaded_row_blocks; the buffer handed back once the
+    last sub-tile of g is in registers); the sub-tiles' telemetry terms added element by element, in
+    order, then reduced into the tile's slot pid_m * tiles_n + pid_n (the Triton 8bit epilogue's order).
+    PREFETCH: each sub-tile's state loaded one sub-tile ahead (the first before the wait for g), so
+    that its loads' latency passes under the previous sub-tile's update (a candidate: with eight
+    epilogue warps an SM, two a scheduler, little else hides it). The same values either way."""
     BM: gl.constexpr = g_bufs.type.shape[1]
     BN: gl.constexpr = g_bufs.type.shape[2]
     SUBTILES: gl.constexpr = BM // ROWS
@@ -243,24 +270,38 @@ def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_pt
     # a warp a row (of one 128-column block), 4 consecutive columns a thread (16-byte shared-memory
     # reads of g, 8-byte loads of W, 4-byte loads of the codes), warps stacked on the rows
     epi: gl.constexpr = gl.BlockedLayout([ROWS // num_warps, BN // 32], [1, 32], [num_warps, 1], [1, 0])
+    rows: gl.constexpr = gl.SliceLayout(1, epi)
     tiles_m = gl.cdiv(M, BM)
     tiles_n = gl.cdiv(N, BN)
     t = 0
     for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
         pid_m, pid_n = _ws.tile_coords(tile, tiles_m, tiles_n, GROUP_M)
         b = t % 2
-        mbarrier.wait(g_ready.index(b), (t // 2) & 1)
         offs_n = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, epi))
+        if PREFETCH:
+            loaded = load_row_blocks(pid_m * BM + gl.arange(0, ROWS, layout=rows), offs_n, pid_n, M, N, w_ptr,
+                                     c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, N_STATE)
+        mbarrier.wait(g_ready.index(b), (t // 2) & 1)
         sq = gl.zeros((ROWS, BN), dtype=gl.float64, layout=epi)
         bad = gl.zeros((ROWS, BN), dtype=gl.int32, layout=epi)
         for j in gl.static_range(SUBTILES):
             g = g_bufs.index(b).slice(j * ROWS, ROWS, dim=0).load(epi)
             if j == SUBTILES - 1:
                 mbarrier.arrive(g_empty.index(b), count=1)  # g is in registers: the MMA warps may refill it
-            offs_m = pid_m * BM + j * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, epi))
-            sq_j, bad_j = update_row_blocks(
-                g, offs_m, offs_n, pid_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h, grad_scale,
-                seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
+            offs_m = pid_m * BM + j * ROWS + gl.arange(0, ROWS, layout=rows)
+            if PREFETCH:
+                if j + 1 < SUBTILES:
+                    ahead = load_row_blocks(offs_m + ROWS, offs_n, pid_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr,
+                                            scale1_ptr, n_blocks, N_STATE)
+            else:
+                loaded = load_row_blocks(offs_m, offs_n, pid_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr,
+                                         n_blocks, N_STATE)
+            sq_j, bad_j = update_loaded_row_blocks(
+                g, loaded, offs_m, offs_n, pid_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h,
+                grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
+            if PREFETCH:
+                if j + 1 < SUBTILES:
+                    loaded = ahead
             sq += sq_j
             bad += bad_j
         slot = pid_m * tiles_n + pid_n
@@ -276,7 +317,7 @@ def fused_linear_update_q8_ws_kernel(dy_desc, x_desc, w_ptr, c0_ptr, scale0_ptr,
                                      rand_stride: tl.int64, rand_base: tl.int64, GUARDED_UPDATE: gl.constexpr,
                                      N_STATE: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr,
                                      GROUP_M: gl.constexpr, MMA_REGS: gl.constexpr, SELF_LOAD: gl.constexpr,
-                                     LOAD_CURSOR: gl.constexpr, num_warps: gl.constexpr):
+                                     LOAD_CURSOR: gl.constexpr, PREFETCH: gl.constexpr, num_warps: gl.constexpr):
     """The operand ring, the double-buffered g and their barriers, then the three partitions (module
     docstring). dy_desc [K, M] block [BK, BM], x_desc [K, N] block [BK, BN]; w_ptr the bf16 weight
     [M, N]; c0/c1_ptr the states' uint8 codes [M, N], scale0/scale1_ptr their fp32 block scales
@@ -303,7 +344,7 @@ def fused_linear_update_q8_ws_kernel(dy_desc, x_desc, w_ptr, c0_ptr, scale0_ptr,
         gl.warp_specialize([
             (q8_epilogue, (g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks,
                            h, grad_scale, seed, rand_stride, rand_base, norm_sq_ptr, nonfinite_ptr, GUARDED_UPDATE,
-                           N_STATE, ROWS, GROUP_M, num_warps)),
+                           N_STATE, ROWS, GROUP_M, PREFETCH, num_warps)),
             (mma_self_loaded_tiles, (dy_desc, x_desc, dy_bufs, x_bufs, op_ready, g_bufs, g_ready, g_empty, M, N, K,
                                      GROUP_M, LOAD_CURSOR)),
         ], [4], [MMA_REGS])
@@ -311,7 +352,7 @@ def fused_linear_update_q8_ws_kernel(dy_desc, x_desc, w_ptr, c0_ptr, scale0_ptr,
         gl.warp_specialize([
             (q8_epilogue, (g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks,
                            h, grad_scale, seed, rand_stride, rand_base, norm_sq_ptr, nonfinite_ptr, GUARDED_UPDATE,
-                           N_STATE, ROWS, GROUP_M, num_warps)),
+                           N_STATE, ROWS, GROUP_M, PREFETCH, num_warps)),
             (_ws.operand_loader, (dy_desc, x_desc, dy_bufs, x_bufs, op_ready, op_empty, M, N, K, GROUP_M)),
             (mma_whole_tiles, (dy_bufs, x_bufs, op_ready, op_empty, g_bufs, g_ready, g_empty, M, N, K, GROUP_M)),
         ], [1, 4], [24, MMA_REGS])
@@ -329,10 +370,10 @@ class Q8WSConfig(_ws.ValueConfig):
     tile rows per group; one program an SM (the operand ring and the two g buffers: 136 KB)."""
 
     __slots__ = ("BM", "BN", "BK", "STAGES", "ROWS", "GROUP_M", "num_warps", "mma_registers", "max_registers",
-                 "self_load", "load_cursor")
+                 "self_load", "load_cursor", "prefetch")
 
     def __init__(self, BM=64, BN=128, BK=64, STAGES=3, ROWS=16, GROUP_M=8, num_warps=8, mma_registers=104,
-                 max_registers=128, self_load=False, load_cursor=False):
+                 max_registers=128, self_load=False, load_cursor=False, prefetch=False):
         if BM != 64 or BN != QBLOCK:
             raise ValueError(f"Q8WSConfig: BM must be 64 (one MMA warp group) and BN {QBLOCK} (one block a row), "
                              f"got {BM}x{BN}")
@@ -354,7 +395,7 @@ class Q8WSConfig(_ws.ValueConfig):
         if load_cursor and not self_load:
             raise ValueError("Q8WSConfig: load_cursor keeps the self-loading MMA warps' load coordinates "
                              "(self_load=True)")
-        self.self_load, self.load_cursor = self_load, load_cursor
+        self.self_load, self.load_cursor, self.prefetch = self_load, load_cursor, prefetch
         self.BM, self.BN, self.BK, self.STAGES, self.ROWS, self.GROUP_M = BM, BN, BK, STAGES, ROWS, GROUP_M
         self.num_warps, self.mma_registers, self.max_registers = num_warps, mma_registers, max_registers
         if self.shared_bytes() + 1024 > 227 * 1024:
@@ -366,7 +407,7 @@ class Q8WSConfig(_ws.ValueConfig):
         return (f"ws8 {self.BM}x{self.BN}x{self.BK} st{self.STAGES} w{self.num_warps} rows{self.ROWS}"
                 + (f" g{self.GROUP_M}" if self.GROUP_M != 8 else "")
                 + f" mma{self.mma_registers} r{self.max_registers}" + (" sl" if self.self_load else "")
-                + (" cur" if self.load_cursor else ""))
+                + (" cur" if self.load_cursor else "") + (" pf" if self.prefetch else ""))
 
     def shared_bytes(self) -> int:
         """Shared memory of one program: the operand ring and the two g buffers (barriers aside)."""
@@ -394,7 +435,7 @@ WIDE_EPILOGUE_CONFIG = Q8WSConfig(num_warps=16, self_load=True, max_registers=96
 # four's time); the loader-free design with the default's eight epilogue warps (12 warps at 168 registers,
 # no spill; call 4: 0.98-1.02x the default at 256-1024 tokens, 1.33-1.36x at 4096).
 # The sixteen-warp tile with load_and_advance's cursor (session 23, after the last call; compiled, not
-# run): call 4's 1.38x at 4096 tokens is, by this module's reading of the PTX, the five integer
+# run): call 4's 1.38x at 4096 tokens is, by this module's reading of the PTX, the three integer
 # divisions load_k_block runs a K block between one wgmma's retirement and the next one's issue.
 Q8_WS_CANDIDATE_CONFIGS = (
     Q8WSConfig(STAGES=3),
@@ -402,6 +443,10 @@ Q8_WS_CANDIDATE_CONFIGS = (
     Q8WSConfig(self_load=True, max_registers=168),
     WIDE_EPILOGUE_CONFIG,
     Q8WSConfig(num_warps=16, self_load=True, load_cursor=True, max_registers=96, mma_registers=96),
+    # the default with each sub-tile's state loaded one sub-tile ahead (q8_epilogue's PREFETCH; compiled,
+    # not run): AdamW spills 164 B for it (none without), SGD none; timed to see whether the state
+    # loads' latency, which two epilogue warps a scheduler hide poorly, is worth the spill
+    Q8WSConfig(STAGES=4, prefetch=True),
 )
 
 
@@ -485,7 +530,7 @@ def _launch_constants(rule: Rule, c: Q8WSConfig, n_state: int) -> tuple[dict, di
     number of states."""
     constexprs = dict(GUARDED_UPDATE=_ws.guarded_update_gluon(rule), N_STATE=n_state, STAGES=c.STAGES, ROWS=c.ROWS,
                       GROUP_M=c.GROUP_M, MMA_REGS=c.mma_registers, SELF_LOAD=c.self_load,
-                      LOAD_CURSOR=c.load_cursor, num_warps=c.num_warps)
+                      LOAD_CURSOR=c.load_cursor, PREFETCH=c.prefetch, num_warps=c.num_warps)
     return constexprs, dict(maxnreg=c.max_registers, enable_fp_fusion=False)
 
 
