@@ -36,11 +36,9 @@ import triton
 
 from forge_num import kernels, rules
 try:
-    from forge_num.kernels.gluon_q8 import Q8WSConfig, fused_linear_update_q8_ws
-    from forge_num.kernels.gluon_q8 import launch as q8_ws_launch
+    from forge_num.kernels import gluon_q8
 except ImportError:  # a Triton without Gluon: the Triton tiles only
-    class Q8WSConfig:  # noqa: D101  (never instantiated: no Gluon tile is timed)
-        pass
+    gluon_q8 = None
 from forge_num.kernels import random as krandom
 
 # issue 5: the Llama-8B projections (4096x4096, 14336x4096, 4096x14336) and two of Llama-70B's
@@ -68,13 +66,14 @@ Q8_CANDIDATES = kernels.CANDIDATE_Q8_CONFIGS
 def _gluon_q8_tiles(M: int, N: int) -> tuple:
     """The Gluon 8bit kernel's tiles (kernels/gluon_q8.py) where it runs: an sm_90 GPU, M and N
     multiples of 8; timed beside the Triton 8bit tiles, labelled "ws8 ..."."""
-    try:
-        from forge_num.kernels import gluon_q8
-    except ImportError:
-        return ()
-    if M % 8 or N % 8 or torch.cuda.get_device_capability() != (9, 0):
+    if gluon_q8 is None or M % 8 or N % 8 or torch.cuda.get_device_capability() != (9, 0):
         return ()
     return (gluon_q8.DEFAULT_Q8_WS_CONFIG, *gluon_q8.Q8_WS_CANDIDATE_CONFIGS)
+
+
+def _is_gluon_q8(config) -> bool:
+    return gluon_q8 is not None and isinstance(config, gluon_q8.Q8WSConfig)
+
 
 # Bytes per weight element that the update must read and write at least, by regime: W, m, v read
 # and written once (8bit: codes, plus one fp32 scale per QBLOCK elements for each state).
@@ -170,16 +169,16 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", o
     x, dy, w, states, h, seed = regime_problem(M, N, K, precision)
 
     def forge(config=None):
-        if isinstance(config, Q8WSConfig):
+        if _is_gluon_q8(config):
             # the Gluon 8bit kernel's tiles (kernels/gluon_q8.py), timed as the launcher runs them once
             # routed: its launch, the operands checked once (below) as the launcher's fast path checks them
-            q8_ws_launch(w, x, dy, states, rules.ADAMW, h_checked, 1.0, config, (seed, N, 0))
+            gluon_q8.launch(w, x, dy, states, rules.ADAMW, h_checked, 1.0, config, (seed, N, 0))
         else:
             kernels.fused_linear_update(w, x, dy, states, rules.ADAMW, h, config=config, seed=seed)
 
     h_checked = tuple(float(v) for v in h)
     if precision == "8bit" and _gluon_q8_tiles(M, N):
-        fused_linear_update_q8_ws(w, x, dy, states, rules.ADAMW, h, seed=seed)  # the operands' checks, once
+        gluon_q8.fused_linear_update_q8_ws(w, x, dy, states, rules.ADAMW, h, seed=seed)  # the operands' checks, once
 
     # the unfused baseline keeps its parameter in the regime's weight dtype: fp32 under AMP, or bf16
     p = torch.nn.Parameter(w.clone())
@@ -202,7 +201,7 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", o
         try:
             per_config[str(cfg)] = triton.testing.do_bench(lambda: forge(cfg), warmup=10, rep=100,
                                                            return_mode="median") * 1e-3
-            compiled[str(cfg)] = {} if isinstance(cfg, Q8WSConfig) else RECORDER.resources()
+            compiled[str(cfg)] = {} if _is_gluon_q8(cfg) else RECORDER.resources()
         except Exception as e:  # a tile that does not compile here (shared memory): reported, not fatal
             failed[str(cfg)] = f"{type(e).__name__}: {str(e)[:160]}"
     t_forge = triton.testing.do_bench(forge, warmup=25, rep=200, return_mode="median") * 1e-3

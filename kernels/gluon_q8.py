@@ -17,16 +17,18 @@ different warps of one program, and the accumulator goes between them through sh
                             per tile: row sub-tiles [ROWS, BN] of g read from the buffer in a layout
                             of their own (a warp a row of a block, 4 consecutive columns a thread:
                             a block's absmax is a reduction within a warp), the buffer handed back
-                            after the last one; on each, kernels/linear_update.py's update_rows_q8
-                            itself (bound to Gluon: load W and the codes and scales by pointer, the
-                            guarded rule, Philox, stochastic rounding, store); the tile's
-                            telemetry into its slot
+                            after the last one; on each, the Triton 8bit epilogue's steps
+                            (linear_update.update_rows_q8's: load W and the codes and scales by
+                            pointer, the guarded rule, Philox, stochastic rounding, store); the
+                            tile's telemetry into its slot
 
 The bits are the Triton 8bit kernel's: the mainloop is the same chain of k16 wgmma block FMAs in K
 order as `tl.dot` in that kernel's TMA mode (BK = 64, zeros past the edges: gluon_update's module
-docstring), and the epilogue is the same text (update_rows_q8 and everything it calls, compiled in
-Gluon's language by gluon_update._modules_in_gluon), element-wise given an element's 128-column block,
-and every sub-tile row holds whole blocks (BN = QBLOCK = 128, tiles at multiples of 128). The
+docstring), and the epilogue runs the same functions (the guarded rule, linear_update's loads, stores,
+counters and telemetry terms, quant8's block functions, random's Philox rounds, compiled in Gluon's
+language by gluon_update._modules_in_gluon), only its addressing its own (row_block_addresses: one
+scale a row), element-wise given an element's 128-column block, and every sub-tile row holds whole
+blocks (BN = QBLOCK = 128, tiles at multiples of 128). The
 telemetry's sums are bounded, not bit-exact (proofs/telemetry.md), as between the Triton tiles.
 
 The loader-free design (mma_self_loaded_tiles, Q8WSConfig(self_load=True)) drops the loader
@@ -48,7 +50,7 @@ import triton
 import triton.language as tl  # the Philox arguments' annotations (gluon_update says why)
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from forge_num.rules import Rule
 
@@ -93,17 +95,11 @@ def load_k_block(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, j, nk, tiles_m, til
     """The TMA loads of this program's j-th K block (block j % nk of its (j // nk)-th tile) into operand
     slot j % STAGES, where that tile exists."""
     BK: gl.constexpr = dy_desc.block_type.shape[0]
-    BM: gl.constexpr = dy_desc.block_type.shape[1]
-    BN: gl.constexpr = x_desc.block_type.shape[1]
     STAGES: gl.constexpr = dy_bufs.type.shape[0]
     tile = gl.program_id(0) + (j // nk) * gl.num_programs(0)
     if tile < tiles_m * tiles_n:
         pid_m, pid_n = _ws.tile_coords(tile, tiles_m, tiles_n, GROUP_M)
-        s = j % STAGES
-        k0 = (j % nk) * BK
-        mbarrier.expect(op_ready.index(s), dy_desc.block_type.nbytes + x_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(dy_desc, [k0, pid_m * BM], op_ready.index(s), dy_bufs.index(s))
-        tma.async_copy_global_to_shared(x_desc, [k0, pid_n * BN], op_ready.index(s), x_bufs.index(s))
+        _ws.load_operands(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, j % STAGES, (j % nk) * BK, pid_m, pid_n)
 
 
 @gluon.jit
@@ -115,16 +111,11 @@ def load_and_advance(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, cursor, nk, til
     sm_90, between one wgmma's retirement and the next one's issue; here none in the K loop but at a
     tile's end)."""
     BK: gl.constexpr = dy_desc.block_type.shape[0]
-    BM: gl.constexpr = dy_desc.block_type.shape[1]
-    BN: gl.constexpr = x_desc.block_type.shape[1]
     STAGES: gl.constexpr = dy_bufs.type.shape[0]
     j, tile, kb, pid_m, pid_n = cursor
     tiles = tiles_m * tiles_n
     if tile < tiles:
-        s = j % STAGES
-        mbarrier.expect(op_ready.index(s), dy_desc.block_type.nbytes + x_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(dy_desc, [kb * BK, pid_m * BM], op_ready.index(s), dy_bufs.index(s))
-        tma.async_copy_global_to_shared(x_desc, [kb * BK, pid_n * BN], op_ready.index(s), x_bufs.index(s))
+        _ws.load_operands(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, j % STAGES, kb * BK, pid_m, pid_n)
     j += 1
     kb += 1
     if kb == nk:
@@ -186,15 +177,24 @@ def mma_self_loaded_tiles(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, g_bufs, g_
 
 
 @gluon.jit
+def row_block_addresses(offs_m, offs_n, block, M, N, n_blocks):
+    """(offs, in_tile, soffs, smask) of a row sub-tile of one block a row, rows offs_m x columns offs_n,
+    block column ``block``: its elements' flat offsets and mask, its rows' offsets into the [M,
+    n_blocks] scales and their mask (linear_update.q8_addresses for [R, J] blocks, one scale a row here)."""
+    in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    offs = offs_m[:, None].to(gl.int64) * N + offs_n[None, :]
+    soffs = offs_m.to(gl.int64) * n_blocks + block
+    smask = offs_m < M
+    return offs, in_tile, soffs, smask
+
+
+@gluon.jit
 def load_row_blocks(offs_m, offs_n, block, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks,
                     N_STATE: gl.constexpr):
     """What update_loaded_row_blocks reads of a row sub-tile's rows offs_m x columns offs_n (one block
     a row, block column ``block`` of the [M, n_blocks] scales): W widened exactly from bf16, and each
     state's uint8 codes and its rows' fp32 scales (absent states: placeholders, never read)."""
-    in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    offs = offs_m[:, None].to(gl.int64) * N + offs_n[None, :]
-    soffs = offs_m.to(gl.int64) * n_blocks + block
-    smask = offs_m < M
+    offs, in_tile, soffs, smask = row_block_addresses(offs_m, offs_n, block, M, N, n_blocks)
     p = _ws._LINEAR.load_f32(w_ptr, offs, in_tile, True)
     codes0 = in_tile
     scales0 = smask
@@ -221,10 +221,7 @@ def update_loaded_row_blocks(g, loaded, offs_m, offs_n, block, M, N, w_ptr, c0_p
     (slice r_p); state 0 signed E4M3 codes (slice r_m24), state 1 unsigned E5M3 codes (slice r_v24),
     each under its block's power-of-two scale; Philox counter r rand_stride + c + rand_base of element
     (r, c). Returns its telemetry terms."""
-    in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    offs = offs_m[:, None].to(gl.int64) * N + offs_n[None, :]
-    soffs = offs_m.to(gl.int64) * n_blocks + block
-    smask = offs_m < M
+    offs, in_tile, soffs, smask = row_block_addresses(offs_m, offs_n, block, M, N, n_blocks)
     p, codes0, scales0, codes1, scales1 = loaded
     s0 = p
     s1 = p

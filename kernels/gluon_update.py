@@ -181,10 +181,20 @@ def operand_loader(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, op_empty, M, N, K
         for k0 in range(0, K, BK):
             s = i % STAGES
             mbarrier.wait(op_empty.index(s), ((i // STAGES) & 1) ^ 1)
-            mbarrier.expect(op_ready.index(s), dy_desc.block_type.nbytes + x_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(dy_desc, [k0, pid_m * BM], op_ready.index(s), dy_bufs.index(s))
-            tma.async_copy_global_to_shared(x_desc, [k0, pid_n * BN], op_ready.index(s), x_bufs.index(s))
+            load_operands(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, s, k0, pid_m, pid_n)
             i += 1
+
+
+@gluon.jit
+def load_operands(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, s, k0, pid_m, pid_n):
+    """The TMA loads of the K block at k0 of tile (pid_m, pid_n), dY[k0:k0+BK, rows] and X[k0:k0+BK,
+    cols], into operand slot s, counted against op_ready[s] (operand_loader's, and gluon_q8's MMA
+    warps' where they load their own)."""
+    BM: gl.constexpr = dy_desc.block_type.shape[1]
+    BN: gl.constexpr = x_desc.block_type.shape[1]
+    mbarrier.expect(op_ready.index(s), dy_desc.block_type.nbytes + x_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(dy_desc, [k0, pid_m * BM], op_ready.index(s), dy_bufs.index(s))
+    tma.async_copy_global_to_shared(x_desc, [k0, pid_n * BN], op_ready.index(s), x_bufs.index(s))
 
 
 @gluon.jit

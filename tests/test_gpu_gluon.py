@@ -349,6 +349,15 @@ def _q8_configs():
     return [DEFAULT_Q8_WS_CONFIG, *Q8_WS_CANDIDATE_CONFIGS]
 
 
+def _q8_states(states, seed):
+    """fp32 states (as _case draws them, scaled by 1e-2) quantized into 8bit states on the GPU: state 0
+    signed (m), state 1 unsigned (v)."""
+    from tests.kernel_cases import _q8_state
+
+    return [kernels.Q8State(*(t.to(CUDA) for t in _q8_state(s.cpu() * 1e-2, signed=(i == 0), seed=seed + i)))
+            for i, s in enumerate(states)]
+
+
 def _q8_clone(states):
     return [kernels.Q8State(s.codes.clone(), s.scales.clone()) for s in states]
 
@@ -363,12 +372,10 @@ def _check_q8(rule_name, M, N, K, seed, config, bad_rows=0, counter=None):
     from forge_num.emulator import emulate
     from forge_num.emulator.philox import derive_seed
     from forge_num.kernels.gluon_q8 import fused_linear_update_q8_ws
-    from tests.kernel_cases import _q8_state
 
     rule, h, w32, s32, x, dy = _case(rule_name, M, N, K, seed, bad_rows)
     w0 = w32.bfloat16()
-    s0 = [kernels.Q8State(*(t.to(CUDA) for t in _q8_state(s.cpu() * 1e-2, signed=(i == 0), seed=seed + i)))
-          for i, s in enumerate(s32)]
+    s0 = _q8_states(s32, seed)
     key = derive_seed(seed, 3, 2**40 + M)  # a key above 2^63 for some seeds: the u64 argument
     ww, sw = w0.clone(), _q8_clone(s0)
     stats_ws = fused_linear_update_q8_ws(ww, x, dy, sw, rule, h, config=config, seed=key, counter=counter)
@@ -417,10 +424,9 @@ def test_ws_kernel_8bit_shards_walks_and_nonfinite():
 
 def test_ws_kernel_8bit_refuses_what_it_does_not_cover():
     from forge_num.kernels.gluon_q8 import fused_linear_update_q8_ws
-    from tests.kernel_cases import _q8_state
 
     rule, h, w, s, x, dy = _case("adamw", 64, 128, 64, seed=1)
-    q = [kernels.Q8State(*(t.to(CUDA) for t in _q8_state(t.cpu(), signed=(i == 0), seed=i))) for i, t in enumerate(s)]
+    q = _q8_states(s, 0)
     with pytest.raises(TypeError, match="8bit regime"):
         fused_linear_update_q8_ws(w, x, dy, q, rule, h, seed=1)
     with pytest.raises(TypeError, match="8bit regime"):
@@ -443,13 +449,11 @@ def test_the_launcher_routes_8bit_where_measured_faster(K):
     second launch (kernels/launch_cache.py) the same bits again."""
     from forge_num.emulator.philox import derive_seed
     from forge_num.kernels import gluon_q8
-    from tests.kernel_cases import _q8_state
 
     M, N = 4096, 2048  # 64 x 16 = 1024 tiles
     rule, h, w32, s32, x, dy = _case("adamw", M, N, K, seed=31)
     w0 = w32.bfloat16()
-    s0 = [kernels.Q8State(*(t.to(CUDA) for t in _q8_state(s.cpu() * 1e-2, signed=(i == 0), seed=i)))
-          for i, s in enumerate(s32)]
+    s0 = _q8_states(s32, 0)
     key = derive_seed(7, 3, 11)
     expect = gluon_q8.config_for(M, N, K)
     assert expect is not None
