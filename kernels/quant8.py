@@ -52,8 +52,9 @@ DROP_NORMAL = tl.constexpr(23 - _M)  # dropped significand bits in a normal code
 MAN_MASK = tl.constexpr((1 << _M) - 1)
 TOP_SIGNED = tl.constexpr((1 << 4) - 1)  # 2^E - 1: exponent field of the top code binade
 TOP_UNSIGNED = tl.constexpr((1 << 5) - 1)
-SUB_SIGNED = tl.constexpr(2.0 ** (2 - (1 << 4) - _M))  # smallest code step under scale 1: 2^-17
-SUB_UNSIGNED = tl.constexpr(2.0 ** (2 - (1 << 5) - _M))  # 2^-33
+# 2^(127 - (2^E - 1)): code_unit_value's product from a code's fp32 bit fields to its value q
+UNIT_SIGNED = tl.constexpr(2.0 ** (127 - ((1 << 4) - 1)))  # 2^112
+UNIT_UNSIGNED = tl.constexpr(2.0 ** (127 - ((1 << 5) - 1)))  # 2^96
 
 
 @triton.jit
@@ -146,24 +147,26 @@ def quantize_block_sr(x, rand, signed: tl.constexpr):
 def code_unit_value(codes, signed: tl.constexpr):
     """q(code) as fp32 (exact): the value of a code under scale 1."""
     if signed:
-        TOP: tl.constexpr = TOP_SIGNED
-        SUB: tl.constexpr = SUB_SIGNED
+        UNIT: tl.constexpr = UNIT_SIGNED
     else:
-        TOP: tl.constexpr = TOP_UNSIGNED
-        SUB: tl.constexpr = SUB_UNSIGNED
+        UNIT: tl.constexpr = UNIT_UNSIGNED
     c = codes.to(tl.uint32)
     if signed:
         mag = c & 0x7F
     else:
         mag = c
-    # mag = e 2^M + f: ((e + 127 - TOP) << 23) | (f << DROP_NORMAL) is mag << DROP_NORMAL plus the
-    # exponent bias, one shift and one add (f << DROP_NORMAL stays below bit 23)
-    normal = (mag << DROP_NORMAL) + ((127 - TOP) << 23)
-    sub = mag.to(tl.float32) * SUB  # e = 0: mag = f < 2^M, exact
-    q = tl.where(mag <= MAN_MASK, sub.to(tl.uint32, bitcast=True), normal)
+    # mag = e 2^M + f shifted to the fp32 exponent and mantissa fields, mag << DROP_NORMAL, is the
+    # binary32 encoding of (1 + f/2^M) 2^(e - 127) for e >= 1 and of the subnormal f 2^(DROP_NORMAL - 149)
+    # for e = 0: q(code) 2^(TOP - 127) either way, so one product by the power of two 2^(127 - TOP)
+    # gives q exactly (no rounding: the product is q itself, a normal fp32). mul.rn.f32 keeps subnormal
+    # operands (no .ftz: tests/ptx_check.py forbids it). Three SASS instructions an element and state
+    # fewer than the emulator's integer form and its select (bench/NOTES.md, session 24); the same
+    # bits on all 256 codes (tests/test_interpreter_rounding.py; proofs/check_quant8.py holds the
+    # emulator's to formula (1)).
+    bits = mag << DROP_NORMAL
     if signed:
-        q = q | ((c >> 7) << 31)  # the sign as a bit: Triton's -q is 0 - q, which loses -0
-    return q.to(tl.float32, bitcast=True)
+        bits = bits | ((c >> 7) << 31)  # the sign as a bit: Triton's -q is 0 - q, which loses -0
+    return bits.to(tl.float32, bitcast=True) * UNIT
 
 
 @triton.jit

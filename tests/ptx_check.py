@@ -16,7 +16,7 @@ import sys
 PTX_OP = {"add": "add.rn.f32", "sub": "sub.rn.f32", "mul": "mul.rn.f32", "fma": "fma.rn.f32",
           "div": "div.rn.f32", "sqrt": "sqrt.rn.f32"}
 FORBIDDEN = [r"div\.full\.f32", r"div\.approx", r"sqrt\.approx", r"rcp\.approx", r"rsqrt", r"\bmad(\.\w+)?\.f32",
-             r"fma\.rn\.ftz", r"\bex2\."]
+             r"fma\.rn\.ftz", r"\bex2\.", r"\.ftz\b"]
 
 
 def vocabulary_calls(fn) -> collections.Counter:
@@ -142,7 +142,7 @@ def check_gluon_ws(rule_name: str, config, precision: str = "fp32") -> dict:
 def check_gluon_q8(rule_name: str, config) -> dict:
     """The 8bit Gluon kernel (kernels/gluon_q8.py) for sm_90 with one tile: IEEE op counts (each op of
     the rule once per element an epilogue thread updates, and dequantization's two products a state:
-    a subnormal code's f * 2^-k and q * scale), the wgmma chain, TMA loads, the register caps, ptxas
+    a code's bit fields times 2^(127 - TOP) and q * scale), the wgmma chain, TMA loads, the register caps, ptxas
     resources and shared memory; its Philox rounds' products (as in check_gluon_ws)."""
     from bench.registers import resource_usage
     from forge_num import rules
