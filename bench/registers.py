@@ -6,12 +6,20 @@ ptxas that ships with Triton with ``-v``. Spills (local-memory traffic) in the e
 first cause of the v0 kernel's slowness (bench/NOTES.md).
 
     python bench/registers.py [--rule adamw] [--dtype bf16] [--precision fp32|bf16-sr|8bit] [--candidates] [--sass]
+                              [--by-source] [--gluon-q8]
 
 ``--sass`` adds each tile's main path: the SASS instructions up to the first EXIT, i.e. without the
 out-of-line slow paths of the IEEE division and square root (which their FCHK-guarded branches
 rarely take), per element a thread updates, and its most frequent opcodes. A loop's body counts
 once, so where the mainloop is short the count is close to the dynamic one: the 8bit small-K tile's
 307.6 an element against ncu's 311 on the H200 at K = 256 (session 16).
+
+``--by-source`` splits those instructions by the source file and line they come from (ptxas
+``-lineinfo``; Triton's PTX carries every inlined function's own file and line), per element: which
+part of the update costs what (the 8bit epilogue in session 24: quant8 81, the rule's IEEE ops 69,
+Philox 46, the tile's loads, stores and telemetry 42 of 264 an element). ``--gluon-q8`` reports the
+Gluon 8bit kernel's tiles (kernels/gluon_q8.py) instead: its partitions have no single main path,
+so every instruction of the kernel counts, per element an epilogue thread updates in a tile.
 """
 
 from __future__ import annotations
@@ -93,14 +101,17 @@ def resource_usage(ptx: str) -> dict:
             "wgmma_serialized": "C7515" in text}
 
 
-def sass_of(ptx: str) -> str:
-    """nvdisasm's text of the cubin ptxas makes of ptx (sm_90a, no FMA contraction)."""
+def sass_of(ptx: str, line_info: bool = False) -> str:
+    """nvdisasm's text of the cubin ptxas makes of ptx (sm_90a, no FMA contraction); with
+    ``line_info``, each run of instructions preceded by its source's ``//## File "...", line N``."""
     with tempfile.TemporaryDirectory() as d:
         with open(os.path.join(d, "k.ptx"), "w") as f:
             f.write(ptx)
-        subprocess.run([PTXAS, "--gpu-name=sm_90a", "--fmad=false", os.path.join(d, "k.ptx"), "-o",
-                        os.path.join(d, "k.cubin")], capture_output=True, text=True, check=True)
-        return subprocess.run([os.path.join(os.path.dirname(PTXAS), "nvdisasm"), "-c", os.path.join(d, "k.cubin")],
+        subprocess.run([PTXAS, "--gpu-name=sm_90a", "--fmad=false", *(["-lineinfo"] if line_info else []),
+                        os.path.join(d, "k.ptx"), "-o", os.path.join(d, "k.cubin")],
+                       capture_output=True, text=True, check=True)
+        return subprocess.run([os.path.join(os.path.dirname(PTXAS), "nvdisasm"), "-c",
+                               *(["-g"] if line_info else []), os.path.join(d, "k.cubin")],
                               capture_output=True, text=True, check=True).stdout
 
 
@@ -124,6 +135,53 @@ def main_path(sass: str) -> collections.Counter:
     return ops
 
 
+_SOURCE_LINE = re.compile(r'\s*//## File "(.*?)", line (\d+)')
+
+
+def by_source(sass: str, whole: bool = False) -> collections.Counter:
+    """Instructions of nvdisasm -g's text by (source file name, line): those of the main path
+    (main_path's: up to the first EXIT), or with ``whole`` every instruction of the kernel."""
+    lines = collections.Counter()
+    where = ("?", 0)
+    for line in sass.splitlines():
+        m = _SOURCE_LINE.match(line)
+        if m:
+            where = (os.path.basename(m.group(1)), int(m.group(2)))
+            continue
+        m = _SASS_LINE.match(line)
+        if not m:
+            continue
+        lines[where] += 1
+        if not whole and _PREDICATE.sub("", m.group(1)).split()[0].split(".")[0] == "EXIT":
+            break
+    return lines
+
+
+def print_by_source(lines: collections.Counter, per_thread: int, top: int = 12) -> None:
+    files = collections.Counter()
+    for (name, _), n in lines.items():
+        files[name] += n
+    print("    by file, an element: " + ", ".join(f"{name} {n / per_thread:.1f}" for name, n in files.most_common()))
+    print("    heaviest lines: " + ", ".join(f"{name}:{line} {n / per_thread:.1f}" for (name, line), n in lines.most_common(top)))
+
+
+def gluon_q8_report(rule: rules.Rule, by_lines: bool) -> None:
+    """--gluon-q8: the Gluon 8bit kernel's tiles, registers, spills and (--sass) instructions."""
+    from forge_num.kernels import gluon_q8
+
+    for c in (gluon_q8.DEFAULT_Q8_WS_CONFIG, *gluon_q8.Q8_WS_CANDIDATE_CONFIGS):
+        ptx = gluon_q8.compile_for_sm90(rule, c).asm["ptx"]
+        u = resource_usage(ptx)
+        print(f"{c.label}: {u['registers']} registers at most, spill stores {u['spill_stores']} B, loads {u['spill_loads']} B")
+        if by_lines:
+            lines = by_source(sass_of(ptx, line_info=True), whole=True)
+            # the tile's BM x BN elements over its num_warps epilogue warps (the MMA and loader warps' few
+            # instructions counted with theirs)
+            per_thread = c.BM * c.BN // (32 * c.num_warps)
+            print(f"    kernel {sum(lines.values())} instructions, {sum(lines.values()) / per_thread:.1f} an element")
+            print_by_source(lines, per_thread)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rule", default="adamw")
@@ -131,8 +189,13 @@ def main(argv=None) -> int:
     ap.add_argument("--precision", default="fp32", choices=sorted(STORAGE), help="weight/state storage")
     ap.add_argument("--candidates", action="store_true", help="the benchmark's candidates instead of the launcher's lists")
     ap.add_argument("--sass", action="store_true", help="also the main path's SASS instructions per element")
+    ap.add_argument("--by-source", action="store_true", help="with --sass: the instructions by source file and line")
+    ap.add_argument("--gluon-q8", action="store_true", help="the Gluon 8bit kernel's tiles instead (kernels/gluon_q8.py)")
     args = ap.parse_args(argv)
     rule = rules.get_rule(args.rule)
+    if args.gluon_q8:
+        gluon_q8_report(rule, args.sass)
+        return 0
     torch_dtype = kernels.torch.bfloat16 if args.dtype == "bf16" else kernels.torch.float32
     cfgs = kernels.Q8_CONFIGS[torch_dtype] if args.precision == "8bit" else kernels.configs_for(torch_dtype)
     if args.candidates:
@@ -143,10 +206,13 @@ def main(argv=None) -> int:
         print(f"{cfg}: {u['registers']} registers, spill stores {u['spill_stores']} B, loads {u['spill_loads']} B"
               + (", wgmma serialized (ptxas C7515)" if u["wgmma_serialized"] else ""))
         if args.sass:
-            ops = main_path(sass_of(ptx))
+            sass = sass_of(ptx, line_info=args.by_source)
+            ops = main_path(sass)
             per_thread = cfg.BM * cfg.BN // (32 * cfg.num_warps)
             print(f"    main path {sum(ops.values())} instructions, {sum(ops.values()) / per_thread:.1f} an element; "
                   + ", ".join(f"{op} {n}" for op, n in ops.most_common(8)))
+            if args.by_source:
+                print_by_source(by_source(sass), per_thread)
     return 0
 
 

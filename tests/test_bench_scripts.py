@@ -363,3 +363,22 @@ def test_registers_main_path_stops_at_the_first_exit():
         /*0060*/                   RET.REL.NODEC R2 `(kernel) ;
 """
     assert main_path(sass) == {"LDC": 1, "IMAD": 2, "BRA": 1, "EXIT": 1}
+
+
+def test_registers_by_source_attributes_each_instruction_to_its_line():
+    """bench/registers.py --by-source: each instruction of nvdisasm -g's text counts for the source line
+    named last before it; the main path stops at the first EXIT, the whole kernel does not."""
+    from bench.registers import by_source
+
+    sass = """
+	//## File "/repo/kernels/quant8.py", line 90
+        /*0000*/                   SHF.L.U32 R2, R3, 0x7, RZ ;
+        /*0010*/                   VIMNMX R4, R5, 0x1f, PT ;
+	//## File "/repo/kernels/random.py", line 116
+        /*0020*/                   IMAD.WIDE.U32 R6, R7, R8, RZ ;
+        /*0030*/                   EXIT ;
+	//## File "/repo/kernels/ieee.py", line 41
+        /*0040*/                   FFMA R11, -R7, R8, 1 ;
+"""
+    assert by_source(sass) == {("quant8.py", 90): 2, ("random.py", 116): 2}
+    assert by_source(sass, whole=True) == {("quant8.py", 90): 2, ("random.py", 116): 2, ("ieee.py", 41): 1}
