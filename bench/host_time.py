@@ -6,6 +6,7 @@ took 200-360 us of host time there. This script measures that host time and spli
 function (cProfile), so that a change to the launcher or the optimizer can be judged by it:
 
     python bench/host_time.py [--part launch,step] [--layers 2] [--out bench/results/x.json]
+    python bench/host_time.py --part cpu-step [--cpu-precision 8bit] [--cpu-layers 16]
 
 launch  per-call host time of kernels.fused_linear_update (default tile and a given one),
         kernels.elementwise_update, and of torch ops for scale (one empty/zeros/add), on a
@@ -30,6 +31,20 @@ python  forge's own per-linear Python, on any device (the CPU included): a narro
         on a backend whose functions return at once, against nn.Linear + torch AdamW(foreach);
         each step's time (the minimum over interleaved rounds, the host being noisy), the
         difference per linear, and cProfile's top functions of forge's step.
+cpu-step  the host-bound 1x1024 step's gap to FlashOptim, measured on any CPU: forge's whole host path
+        (fused.py, the optimizer, kernels.fused_linear_update and its launch arguments: everything but
+        the device check and the launch itself, CachedLaunch.launch, which return at once) against
+        FlashOptim's (FlashAdamW with gradient release, its fused path's Python down to the Triton
+        launch, which returns at once: Triton's argument binder, which FlashOptim pays on a GPU and
+        forge's cached launch does not, is left out, so the comparison favours FlashOptim) and against
+        free gradient release (hooks that only drop .grad: the floor of any hook-based method), in one
+        training step of a narrow Llama (hidden 128, --cpu-layers layers, tied head, 1x16 tokens,
+        checkpointing, the chunked loss), with the garbage collector frozen after the build as
+        bench/train_step.py does; interleaved rounds, the minimum of each; then forge's functions timed
+        inside the step (perf_counter wrappers). --cpu-precision 8bit (bf16 model) or fp32 (fp32 model,
+        FlashOptim without its 24-bit master). FlashOptim is optional (its wheel); without it only the
+        free release is measured. On the CPU the kernels' launcher takes its Triton path: the Gluon
+        routes' Python (route_config, their own arguments) is not in it.
 launch, step and split need CUDA (split also runs on the CPU with --split-model tiny, for tests).
 """
 
@@ -212,6 +227,123 @@ def part_python(layers: int, rounds: int = 5, steps: int = 10, checkpointing: bo
             "plain_step_ms": best["plain"] * 1e3, "forge_step_ms": best["forge"] * 1e3,
             "forge_extra_us_per_linear": (best["forge"] - best["plain"]) / linears * 1e6,
             "cprofile_tottime": top_functions(forge_step, 30)}
+
+
+@contextlib.contextmanager
+def _launches_stubbed():
+    """forge_num.kernels on CPU tensors, every launch returning at once: the device checks pass, the
+    cached launches (the fused and element-wise kernels') return, and the telemetry buffers are zeros
+    (what no launch writes reads as no update's partials). Everything else runs as on a GPU."""
+    from forge_num import kernels
+    from forge_num.kernels import launch_cache
+
+    telemetry = kernels._telemetry_buffers
+    with mock.patch.object(kernels, "_check_one_device", lambda *t: None), \
+            mock.patch.object(kernels, "_check_device", lambda *t: None), \
+            mock.patch.object(launch_cache.CachedLaunch, "launch", lambda self, *a, **k: None), \
+            mock.patch.object(kernels, "_telemetry_buffers",
+                              lambda tiles, device, launched: telemetry(tiles, device, False)):
+        yield
+
+
+def part_cpu_step(layers: int, precision: str = "8bit", rounds: int = 7, steps: int = 10) -> dict:
+    """The cpu-step part (module docstring): per-step host time of forge, FlashOptim (where importable)
+    and free gradient release, launches stubbed, and forge's functions inside its step."""
+    import gc
+
+    import forge_num
+    from forge_num import kernels
+    from forge_num.hf import causal_lm_loss
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if torch.cuda.is_available():
+        raise SystemExit("--part cpu-step stubs the launches of CPU tensors: run it where torch sees no GPU "
+                         "(CUDA_VISIBLE_DEVICES= python bench/host_time.py --part cpu-step)")
+    if kernels._interpreting():
+        raise SystemExit("--part cpu-step times the compiled kernels' launcher: unset TRITON_INTERPRET (under "
+                         "it every launch runs the kernel in Triton's interpreter)")
+    dtype = torch.bfloat16 if precision == "8bit" else torch.float32
+    cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=layers, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=256, use_cache=False, attn_implementation="sdpa",
+                      tie_word_embeddings=True)
+    ids = torch.randint(0, 256, (1, 16))
+
+    def model():
+        torch.manual_seed(0)
+        m = LlamaForCausalLM(cfg).to(dtype)
+        m.train()
+        m.gradient_checkpointing_enable({"use_reentrant": False})
+        return m
+
+    steps_by_method = {}
+    released = model()
+    for p in released.parameters():
+        p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
+    steps_by_method["free release"] = lambda: causal_lm_loss(released, ids).backward()
+    try:
+        import flashoptim
+        from flashoptim import optimizers as fo_optimizers
+    except ImportError:
+        flashoptim = None
+    fo_patch = contextlib.nullcontext()
+    if flashoptim is not None:
+        fo_model = model()
+        # its constructor refuses without CUDA for the 8-bit states and the 24-bit master, which it
+        # allocates on the parameters' device; its launch (the whole Triton call) returns at once
+        with mock.patch("torch.cuda.is_available", lambda: True):
+            fo_opt = flashoptim.FlashAdamW(fo_model.parameters(), lr=1e-4,
+                                           master_weight_bits=24 if precision == "8bit" else None)
+        handle = flashoptim.enable_gradient_release(fo_model, fo_opt)
+        fo_patch = mock.patch.object(fo_optimizers, "_fused_adam_step", lambda *a, **k: None)
+        steps_by_method["flashoptim"] = lambda: causal_lm_loss(fo_model, ids).backward()
+    forge_model = model()
+    opt = forge_num.AdamW(forge_model.parameters(), lr=1e-4, precision=precision, backend=kernels)
+    forge_num.prepare(forge_model, opt)
+
+    def forge_step():
+        causal_lm_loss(forge_model, ids).backward()
+        opt.step()
+
+    steps_by_method["forge"] = forge_step
+
+    def seconds(step):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        return (time.perf_counter() - t0) / steps
+
+    best = {name: float("inf") for name in steps_by_method}
+    ratios = []
+    with _launches_stubbed(), fo_patch:
+        for step in steps_by_method.values():
+            for _ in range(3):
+                step()
+        gc.collect()
+        gc.freeze()
+        try:
+            for _ in range(rounds):  # interleaved, so that a slow spell of the host hits every method
+                times = {name: seconds(step) for name, step in steps_by_method.items()}
+                for name, t in times.items():
+                    best[name] = min(best[name], t)
+                if flashoptim is not None:
+                    ratios.append(times["flashoptim"] / times["forge"])
+            timers = _forge_timers(opt)
+            with timers.on():
+                for _ in range(steps):
+                    forge_step()
+        finally:
+            gc.unfreeze()
+    if flashoptim is not None:
+        handle.remove()
+    linears = 7 * layers
+    reference = "flashoptim" if flashoptim is not None else "free release"
+    return {"layers": layers, "linears": linears, "precision": precision, "steps": steps, "rounds": rounds,
+            "step_ms": {name: t * 1e3 for name, t in best.items()}, "reference": reference,
+            "forge_extra_us_per_linear": (best["forge"] - best[reference]) / linears * 1e6,
+            "speed_vs_flashoptim": statistics.median(ratios) if ratios else None,
+            "functions": {label: {"us_per_call": timers.total[label] * 1e6 / timers.calls[label],
+                                  "calls_per_step": timers.calls[label] / steps}
+                          for label in sorted(timers.total, key=lambda k: -timers.total[k])}}
 
 
 class _Timers:
@@ -403,11 +535,13 @@ def main(argv=None) -> int:
                     help="bench/train_step.py's method names, the last the reference (e.g. forge_8bit+cl,flashoptim+cl)")
     ap.add_argument("--split-env", action="append", default=[], metavar="NAME=VALUE",
                     help="also run each forge method with this variable set (repeatable)")
+    ap.add_argument("--cpu-layers", type=int, default=16)
+    ap.add_argument("--cpu-precision", default="8bit", choices=["8bit", "fp32"])
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     parts = args.part.split(",")
     cuda = torch.cuda.is_available()
-    if not cuda and (set(parts) - {"python", "split"} or ("split" in parts and args.split_model != "tiny")):
+    if not cuda and (set(parts) - {"python", "split", "cpu-step"} or ("split" in parts and args.split_model != "tiny")):
         raise SystemExit("bench/host_time.py --part launch/step/split measures CUDA launches: no CUDA device here "
                          "(--part python runs anywhere, --part split --split-model tiny too)")
     res = {"meta": {"gpu": torch.cuda.get_device_name(0) if cuda else None, "torch": torch.__version__,
@@ -420,6 +554,14 @@ def main(argv=None) -> int:
               f"{r['forge_extra_us_per_linear']:.1f} us more per linear", flush=True)
         for row in r["cprofile_tottime"][:15]:
             print(f"  {row['tottime_ms']:7.1f} ms self {row['cumtime_ms']:7.1f} cum {row['calls']:>6}x  {row['function']}")
+    if "cpu-step" in parts:
+        r = res["cpu_step"] = part_cpu_step(args.cpu_layers, args.cpu_precision)
+        times = ", ".join(f"{name} {ms:.2f}" for name, ms in r["step_ms"].items())
+        speed = "" if r["speed_vs_flashoptim"] is None else f"; forge x flashoptim {r['speed_vs_flashoptim']:.3f} (median of rounds)"
+        print(f"cpu-step ({r['precision']}, {r['layers']} layers, launches stubbed): {times} ms a step; forge "
+              f"{r['forge_extra_us_per_linear']:.1f} us more a linear than {r['reference']}{speed}", flush=True)
+        for label, f in r["functions"].items():
+            print(f"  {f['us_per_call']:8.1f} us/call {f['calls_per_step']:6.0f} calls/step  {label}")
     if "split" in parts:
         r = res["split"] = part_split(args.split_model, args.split_tokens, steps=args.split_steps,
                                       methods=tuple(args.split_methods.split(",")), envs=tuple(args.split_env))

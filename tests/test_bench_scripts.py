@@ -154,6 +154,27 @@ def test_host_time_python_part_runs_on_the_cpu(tmp_path):
     assert "us more per linear" in proc.stdout
 
 
+def test_host_time_cpu_step_part_runs_forges_launcher_with_launches_stubbed(tmp_path):
+    """--part cpu-step: forge's whole host path (its kernels' launcher included, the launches returning at
+    once) against free gradient release (and FlashOptim where its wheel is installed), on the CPU."""
+    out = tmp_path / "host.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "host_time.py"), "--part", "cpu-step",
+                           "--cpu-layers", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
+                          env={**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
+                               "CUDA_VISIBLE_DEVICES": ""})  # the compiled launcher's path, not the interpreter's
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(out.read_text())["cpu_step"]
+    assert r["linears"] == 14 and r["precision"] == "8bit"
+    assert r["step_ms"]["forge"] > 0 and r["step_ms"]["free release"] > 0
+    # the launcher's Python ran, once a fused linear (14) and once each for the head's and the norms'
+    # element-wise row updates, and reached the (stubbed) launch
+    functions = r["functions"]
+    assert functions["      kernels.fused_linear_update"]["calls_per_step"] >= 14
+    assert functions["          CachedLaunch.launch (Triton, Gluon)"]["calls_per_step"] >= 14
+    assert "us more a linear" in proc.stdout
+
+
 def _brute(method, limit, vary, upper, seq=32):
     best = 0
     for n in range(1, upper + 1):
