@@ -424,6 +424,25 @@ def _forge_timers(opt) -> _Timers:
         t.wrap(gluon_update, "launch", "        gluon_update.launch")
         t.wrap(gluon_update, "_nvmma_desc", "          gluon_update._nvmma_desc")
         t.wrap(gluon_update.fused_linear_update_ws_kernel, "run", "          JITFunction.run (Gluon)")
+    try:
+        from forge_num.kernels import gluon_q8
+    except ImportError:
+        gluon_q8 = None
+    if gluon_q8 is not None:  # the 8bit regime's routed launches (session 23)
+        t.wrap(kernels, "_ws_q8_route", "        kernels._ws_q8_route")
+        t.wrap(gluon_q8, "launch", "        gluon_q8.launch")
+    # inside CachedLaunch.launch: Triton's per-launch Python (Triton 3.6), where the launch's host time goes
+    # (session 23: 75 us a cached launch on an H100 host): the launch metadata for hooks, the launcher's
+    # Python around its C function, and in it each TMA descriptor's encoding (cuTensorMapEncodeTiled)
+    try:
+        from triton.backends.nvidia import driver as nvidia_driver
+        from triton.compiler.compiler import CompiledKernel
+    except ImportError:
+        nvidia_driver = None
+    if nvidia_driver is not None:
+        t.wrap(CompiledKernel, "launch_metadata", "            CompiledKernel.launch_metadata")
+        t.wrap(nvidia_driver.CudaLauncher, "__call__", "            CudaLauncher.__call__ (Triton's launcher)")
+        t.wrap(nvidia_driver, "make_tensordesc_arg", "              make_tensordesc_arg (a TMA descriptor encoded)")
     return t
 
 
