@@ -1,5 +1,6 @@
-"""Machine check of proofs/quant8.md: Lemmas Q1-Q3, the counting of Theorem Q, and that the exported
-``quant8_error_bound`` / ``quant8_bias_bound`` of emulator/quant8.py are the proved functions.
+"""Machine check of proofs/quant8.md: Lemmas Q1, Q1' (the kernels' dequantization), Q2 and Q3, the
+counting of Theorem Q, and that the exported ``quant8_error_bound`` / ``quant8_bias_bound`` of
+emulator/quant8.py are the proved functions.
 
 Exact arithmetic: the grid of formula (1) and every element value are ``fractions.Fraction``s; the
 lemma's integer formulas are re-implemented here from the text of the proof, not imported.
@@ -56,6 +57,22 @@ def check_q1(fail):
             want = q(mag, E) * (-1 if signed and c >> 7 else 1)
             if F(float(got[c])) != want:
                 fail(f"Q1 code_unit_value({c}, {signed=})")
+
+
+def check_q1_product(fail):
+    """Lemma Q1': the word c << (23 - M) (and the sign bit) read as binary32, times 2^(127 - T), is
+    +-q(c), and the product is a normal binary32 or zero (exact: no rounding)."""
+    for signed, E in FORMATS.items():
+        T = 2**E - 1
+        for c in range(256):
+            mag, neg = (c & 0x7F, c >> 7) if signed else (c, 0)
+            w = (mag << (23 - M)) | (neg << 31)
+            value = val32(w & 0x7FFFFFFF) * (-1 if neg else 1)
+            product = value * F(2) ** (127 - T)
+            if product != q(mag, E) * (-1 if neg else 1):
+                fail(f"Q1' ({E=}) code {c}")
+            if product and not F(2) ** -126 <= abs(product) < F(2) ** 128:
+                fail(f"Q1' ({E=}) code {c}: the product is not a normal binary32")
 
 
 def eb_formula(A: int, E: int) -> int:
@@ -194,6 +211,7 @@ def main() -> int:
         failures.append(msg)
 
     check_q1(fail)
+    check_q1_product(fail)
     check_q2(fail)
     n = check_q3_and_theorem(fail)
     for msg in failures[:20]:
