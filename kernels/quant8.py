@@ -157,12 +157,12 @@ def code_unit_value(codes, signed: tl.constexpr):
         mag = c
     # mag = e 2^M + f shifted to the fp32 exponent and mantissa fields, mag << DROP_NORMAL, is the
     # binary32 encoding of (1 + f/2^M) 2^(e - 127) for e >= 1 and of the subnormal f 2^(DROP_NORMAL - 149)
-    # for e = 0: q(code) 2^(TOP - 127) either way, so one product by the power of two 2^(127 - TOP)
-    # gives q exactly (no rounding: the product is q itself, a normal fp32). mul.rn.f32 keeps subnormal
-    # operands (no .ftz: tests/ptx_check.py forbids it). Three SASS instructions an element and state
-    # fewer than the emulator's integer form and its select (bench/NOTES.md, session 24); the same
-    # bits on all 256 codes (tests/test_interpreter_rounding.py; proofs/check_quant8.py holds the
-    # emulator's to formula (1)).
+    # for e = 0: q(code) 2^(TOP - 127) either way, so one product by the power of two UNIT = 2^(127 - TOP)
+    # gives q exactly (no rounding: the product is q itself, a normal fp32; proofs/quant8.md, Lemma Q1',
+    # checked for every code). mul.rn.f32 keeps subnormal operands (no .ftz: tests/ptx_check.py forbids
+    # it). Three SASS instructions an element and state fewer than the emulator's integer form and its
+    # select (bench/NOTES.md, session 24); the same bits as it on all 256 codes
+    # (tests/test_interpreter_rounding.py).
     bits = mag << DROP_NORMAL
     if signed:
         bits = bits | ((c >> 7) << 31)  # the sign as a bit: Triton's -q is 0 - q, which loses -0
