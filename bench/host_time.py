@@ -33,18 +33,24 @@ python  forge's own per-linear Python, on any device (the CPU included): a narro
         difference per linear, and cProfile's top functions of forge's step.
 cpu-step  the host-bound 1x1024 step's gap to FlashOptim, measured on any CPU: forge's whole host path
         (fused.py, the optimizer, kernels.fused_linear_update and its launch arguments: everything but
-        the device check and the launch itself, CachedLaunch.launch, which return at once) against
-        FlashOptim's (FlashAdamW with gradient release, its fused path's Python down to the Triton
-        launch, which returns at once: Triton's argument binder, which FlashOptim pays on a GPU and
-        forge's cached launch does not, is left out, so the comparison favours FlashOptim) and against
-        free gradient release (hooks that only drop .grad: the floor of any hook-based method), in one
-        training step of a narrow Llama (hidden 128, --cpu-layers layers, tied head, 1x16 tokens,
-        checkpointing, the chunked loss), with the garbage collector frozen after the build as
+        the device check and the launch itself, CachedLaunch.launch, which return at once; the
+        telemetry buffers zero-filled, which a launch would write) against FlashOptim's (FlashAdamW with
+        gradient release, its fused path's Python down to its Triton call, which returns at once) and
+        against free gradient release (hooks that only drop .grad: the floor of any hook-based method),
+        in one training step of a narrow Llama (hidden 128, --cpu-layers layers, tied head, 1x16
+        tokens, checkpointing, the chunked loss), with the garbage collector frozen after the build as
         bench/train_step.py does; interleaved rounds, the minimum of each; then forge's functions timed
         inside the step (perf_counter wrappers). --cpu-precision 8bit (bf16 model) or fp32 (fp32 model,
         FlashOptim without its 24-bit master). FlashOptim is optional (its wheel); without it only the
-        free release is measured. On the CPU the kernels' launcher takes its Triton path: the Gluon
-        routes' Python (route_config, their own arguments) is not in it.
+        free release is measured. What differs from a GPU's host: (1) FlashOptim's and the free
+        release's dW is computed here (autograd's CPU matmul, ~20-25 us a linear on this project's
+        CPU), where on a GPU it is one cuBLAS launch, and forge's is inside its stubbed launch: that
+        counts against them; (2) Triton's argument binder, which FlashOptim's kernel[grid] call pays on
+        a GPU (~12 us a launch on this CPU) and forge's cached launch does not, is left out: that counts
+        for FlashOptim; (3) FlashOptim quantizes CUDA tensors only, so its states stay unquantized here
+        (the same fused-step Python, its accessors returning plain tensors); (4) forge's launcher takes
+        its Triton path with pointer tiles (the narrow model: no TMA descriptors), and the Gluon routes
+        (route_config, their arguments) decline off CUDA.
 launch, step and split need CUDA (split also runs on the CPU with --split-model tiny, for tests).
 """
 
@@ -260,8 +266,8 @@ def part_cpu_step(layers: int, precision: str = "8bit", rounds: int = 7, steps: 
         raise SystemExit("--part cpu-step stubs the launches of CPU tensors: run it where torch sees no GPU "
                          "(CUDA_VISIBLE_DEVICES= python bench/host_time.py --part cpu-step)")
     if kernels._interpreting():
-        raise SystemExit("--part cpu-step times the compiled kernels' launcher: unset TRITON_INTERPRET (under "
-                         "it every launch runs the kernel in Triton's interpreter)")
+        raise SystemExit("--part cpu-step times the compiled kernels' launcher: unset TRITON_INTERPRET "
+                         "(under it every launch runs the kernel in Triton's interpreter)")
     dtype = torch.bfloat16 if precision == "8bit" else torch.float32
     cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=layers, num_attention_heads=4,
                       num_key_value_heads=2, vocab_size=256, use_cache=False, attn_implementation="sdpa",
@@ -280,6 +286,15 @@ def part_cpu_step(layers: int, precision: str = "8bit", rounds: int = 7, steps: 
     for p in released.parameters():
         p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
     steps_by_method["free release"] = lambda: causal_lm_loss(released, ids).backward()
+    # the same without the layers' dW (their weights frozen): the difference is what autograd's CPU
+    # matmuls for dW cost a linear here, which a GPU's host pays as one launch (docstring, item 1)
+    frozen = model()
+    for name, p in frozen.named_parameters():
+        if name.startswith("model.layers.") and name.endswith("proj.weight"):
+            p.requires_grad_(False)
+        else:
+            p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
+    steps_by_method["free release, no layer dW"] = lambda: causal_lm_loss(frozen, ids).backward()
     try:
         import flashoptim
         from flashoptim import optimizers as fo_optimizers
@@ -333,13 +348,15 @@ def part_cpu_step(layers: int, precision: str = "8bit", rounds: int = 7, steps: 
                     forge_step()
         finally:
             gc.unfreeze()
-    if flashoptim is not None:
-        handle.remove()
+            if flashoptim is not None:
+                handle.remove()
     linears = 7 * layers
     reference = "flashoptim" if flashoptim is not None else "free release"
     return {"layers": layers, "linears": linears, "precision": precision, "steps": steps, "rounds": rounds,
             "step_ms": {name: t * 1e3 for name, t in best.items()}, "reference": reference,
             "forge_extra_us_per_linear": (best["forge"] - best[reference]) / linears * 1e6,
+            "cpu_dw_us_per_linear":
+                (best["free release"] - best["free release, no layer dW"]) / linears * 1e6,
             "speed_vs_flashoptim": statistics.median(ratios) if ratios else None,
             "functions": {label: {"us_per_call": timers.total[label] * 1e6 / timers.calls[label],
                                   "calls_per_step": timers.calls[label] / steps}
@@ -431,18 +448,21 @@ def _forge_timers(opt) -> _Timers:
     if gluon_q8 is not None:  # the 8bit regime's routed launches (session 23)
         t.wrap(kernels, "_ws_q8_route", "        kernels._ws_q8_route")
         t.wrap(gluon_q8, "launch", "        gluon_q8.launch")
-    # inside CachedLaunch.launch: Triton's per-launch Python (Triton 3.6), where the launch's host time goes
-    # (session 23: 75 us a cached launch on an H100 host): the launch metadata for hooks, the launcher's
-    # Python around its C function, and in it each TMA descriptor's encoding (cuTensorMapEncodeTiled)
+    # Triton's per-launch Python (Triton 3.6), where a launch's host time goes (session 23: 75 us a cached
+    # launch on an H100 host): the launch metadata for hooks, the launcher's Python around its C function,
+    # and in it each TMA descriptor's encoding (cuTensorMapEncodeTiled). Every Triton launch of the step
+    # counts (the fused and element-wise kernels' through CachedLaunch, and any other): not nested
+    # under the labels above.
     try:
         from triton.backends.nvidia import driver as nvidia_driver
         from triton.compiler.compiler import CompiledKernel
     except ImportError:
         nvidia_driver = None
     if nvidia_driver is not None:
-        t.wrap(CompiledKernel, "launch_metadata", "            CompiledKernel.launch_metadata")
-        t.wrap(nvidia_driver.CudaLauncher, "__call__", "            CudaLauncher.__call__ (Triton's launcher)")
-        t.wrap(nvidia_driver, "make_tensordesc_arg", "              make_tensordesc_arg (a TMA descriptor encoded)")
+        t.wrap(CompiledKernel, "launch_metadata", "[every Triton launch] CompiledKernel.launch_metadata")
+        t.wrap(nvidia_driver.CudaLauncher, "__call__", "[every Triton launch] CudaLauncher.__call__")
+        t.wrap(nvidia_driver, "make_tensordesc_arg",
+               "[every Triton launch] make_tensordesc_arg (a TMA descriptor)")
     return t
 
 
@@ -560,7 +580,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     parts = args.part.split(",")
     cuda = torch.cuda.is_available()
-    if not cuda and (set(parts) - {"python", "split", "cpu-step"} or ("split" in parts and args.split_model != "tiny")):
+    cpu_parts = {"python", "split", "cpu-step"}
+    if not cuda and (set(parts) - cpu_parts or ("split" in parts and args.split_model != "tiny")):
         raise SystemExit("bench/host_time.py --part launch/step/split measures CUDA launches: no CUDA device here "
                          "(--part python runs anywhere, --part split --split-model tiny too)")
     res = {"meta": {"gpu": torch.cuda.get_device_name(0) if cuda else None, "torch": torch.__version__,
@@ -576,9 +597,12 @@ def main(argv=None) -> int:
     if "cpu-step" in parts:
         r = res["cpu_step"] = part_cpu_step(args.cpu_layers, args.cpu_precision)
         times = ", ".join(f"{name} {ms:.2f}" for name, ms in r["step_ms"].items())
-        speed = "" if r["speed_vs_flashoptim"] is None else f"; forge x flashoptim {r['speed_vs_flashoptim']:.3f} (median of rounds)"
-        print(f"cpu-step ({r['precision']}, {r['layers']} layers, launches stubbed): {times} ms a step; forge "
-              f"{r['forge_extra_us_per_linear']:.1f} us more a linear than {r['reference']}{speed}", flush=True)
+        speed = ("" if r["speed_vs_flashoptim"] is None
+                 else f"; forge x flashoptim {r['speed_vs_flashoptim']:.3f} (median of rounds)")
+        print(f"cpu-step ({r['precision']}, {r['layers']} layers, launches stubbed): {times} ms a step; "
+              f"forge {r['forge_extra_us_per_linear']:.1f} us more a linear than {r['reference']}{speed}; "
+              f"autograd's CPU dW {r['cpu_dw_us_per_linear']:.1f} us a linear (in the others' times, "
+              "not forge's)", flush=True)
         for label, f in r["functions"].items():
             print(f"  {f['us_per_call']:8.1f} us/call {f['calls_per_step']:6.0f} calls/step  {label}")
     if "split" in parts:

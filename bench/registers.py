@@ -16,9 +16,10 @@ once, so where the mainloop is short the count is close to the dynamic one: the 
 
 ``--by-source`` splits those instructions by the source file and line they come from (ptxas
 ``-lineinfo``; Triton's PTX carries every inlined function's own file and line), per element: which
-part of the update costs what (the 8bit epilogue in session 24: quant8 81, the rule's IEEE ops 69,
-Philox 46, the tile's loads, stores and telemetry 42 of 264 an element). ``--gluon-q8`` reports the
-Gluon 8bit kernel's tiles (kernels/gluon_q8.py) instead: its partitions have no single main path,
+part of the update costs what (the 8bit TMA tile at the start of session 24: quant8 81, the rule's IEEE
+ops 69, Philox 46, the tile's loads, stores and telemetry 42 of 264 an element; a tile that leaves
+early through a predicated EXIT, as the persistent staged one, counts only that far). ``--gluon-q8``
+reports the Gluon 8bit kernel's tiles (kernels/gluon_q8.py) instead: its partitions have no single main path,
 so every instruction of the kernel counts, per element an epilogue thread updates in a tile.
 """
 
@@ -161,24 +162,29 @@ def print_by_source(lines: collections.Counter, per_thread: int, top: int = 12) 
     files = collections.Counter()
     for (name, _), n in lines.items():
         files[name] += n
-    print("    by file, an element: " + ", ".join(f"{name} {n / per_thread:.1f}" for name, n in files.most_common()))
-    print("    heaviest lines: " + ", ".join(f"{name}:{line} {n / per_thread:.1f}" for (name, line), n in lines.most_common(top)))
+    print("    by file, an element: "
+          + ", ".join(f"{name} {n / per_thread:.1f}" for name, n in files.most_common()))
+    print("    heaviest lines: "
+          + ", ".join(f"{name}:{line} {n / per_thread:.1f}" for (name, line), n in lines.most_common(top)))
 
 
 def gluon_q8_report(rule: rules.Rule, by_lines: bool) -> None:
-    """--gluon-q8: the Gluon 8bit kernel's tiles, registers, spills and (--sass) instructions."""
+    """--gluon-q8: the Gluon 8bit kernel's tiles (the default and the candidates), registers, spills and
+    (--sass or --by-source) its instructions by source file and line."""
     from forge_num.kernels import gluon_q8
 
     for c in (gluon_q8.DEFAULT_Q8_WS_CONFIG, *gluon_q8.Q8_WS_CANDIDATE_CONFIGS):
         ptx = gluon_q8.compile_for_sm90(rule, c).asm["ptx"]
         u = resource_usage(ptx)
-        print(f"{c.label}: {u['registers']} registers at most, spill stores {u['spill_stores']} B, loads {u['spill_loads']} B")
+        print(f"{c.label}: {u['registers']} registers at most, spill stores {u['spill_stores']} B, "
+              f"loads {u['spill_loads']} B")
         if by_lines:
             lines = by_source(sass_of(ptx, line_info=True), whole=True)
             # the tile's BM x BN elements over its num_warps epilogue warps (the MMA and loader warps' few
             # instructions counted with theirs)
             per_thread = c.BM * c.BN // (32 * c.num_warps)
-            print(f"    kernel {sum(lines.values())} instructions, {sum(lines.values()) / per_thread:.1f} an element")
+            total = sum(lines.values())
+            print(f"    kernel {total} instructions, {total / per_thread:.1f} an element")
             print_by_source(lines, per_thread)
 
 
@@ -189,12 +195,14 @@ def main(argv=None) -> int:
     ap.add_argument("--precision", default="fp32", choices=sorted(STORAGE), help="weight/state storage")
     ap.add_argument("--candidates", action="store_true", help="the benchmark's candidates instead of the launcher's lists")
     ap.add_argument("--sass", action="store_true", help="also the main path's SASS instructions per element")
-    ap.add_argument("--by-source", action="store_true", help="with --sass: the instructions by source file and line")
-    ap.add_argument("--gluon-q8", action="store_true", help="the Gluon 8bit kernel's tiles instead (kernels/gluon_q8.py)")
+    ap.add_argument("--by-source", action="store_true",
+                    help="with --sass (implied with --gluon-q8): the instructions by source file and line")
+    ap.add_argument("--gluon-q8", action="store_true",
+                    help="the Gluon 8bit kernel's tiles instead (kernels/gluon_q8.py; --rule only)")
     args = ap.parse_args(argv)
     rule = rules.get_rule(args.rule)
     if args.gluon_q8:
-        gluon_q8_report(rule, args.sass)
+        gluon_q8_report(rule, args.sass or args.by_source)
         return 0
     torch_dtype = kernels.torch.bfloat16 if args.dtype == "bf16" else kernels.torch.float32
     cfgs = kernels.Q8_CONFIGS[torch_dtype] if args.precision == "8bit" else kernels.configs_for(torch_dtype)

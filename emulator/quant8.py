@@ -1,8 +1,9 @@
 """8-bit block-wise optimizer states: float codes under a power-of-two fp32 scale, rounded stochastically.
 
 The Triton twin is kernels/quant8.py (same functions, names, argument order, flag names). Both
-work on binary32 encodings with integer operations only: no table, no division, no float
-rounding anywhere, so the GPU, the interpreter and this emulator agree bit for bit.
+work on binary32 encodings with integer operations, and float products only where they are exact
+(a code's value, q * scale): no table, no division, no float rounding anywhere, so the GPU, the
+interpreter and this emulator agree bit for bit.
 
 Blocks
 ------
@@ -232,10 +233,13 @@ def quantize_block_sr(x, rand, signed: bool):
 def code_unit_value(codes, signed: bool):
     """q(code) as float32 (exact), the value of a code under scale 1 (module docstring).
 
-    In integer operations, as every function here: a float product with a subnormal operand would
-    depend on the host's flush-to-zero mode (torch.set_flush_denormal). The kernel twin computes the
-    same value as (mag << (23 - M)) read as binary32, an fp32 subnormal for e = 0, times the power of two
-    2^(127 - (2^E - 1)): exact, and fewer instructions on the GPU, whose mul.rn.f32 keeps subnormals."""
+    Normal codes by their bits, subnormal codes by an exact product whose operands and result are
+    normal numbers. The kernel twin computes the same value as (mag << (23 - M)) read as binary32, an
+    fp32 subnormal for e = 0, times the power of two 2^(127 - (2^E - 1)) (proofs/quant8.md, Lemma Q1'):
+    exact, and fewer instructions on the GPU, whose mul.rn.f32 keeps subnormal operands; here that
+    product would depend on the host's denormals-are-zero mode (torch.set_flush_denormal), which this
+    form does not. (dequantize's q * scale may give a subnormal result, which a host flushing to zero
+    would change either way.)"""
     E, M = code_format(signed)
     c = np.asarray(codes)
     if c.dtype != np.uint8:

@@ -12,7 +12,8 @@ error bound and unbiasedness. Summary:
     rounding   drop D bits of the fp32 significand (D = 20 in the normal code range), round away
                from zero iff rand24 < (dropped field aligned to 24 bits)
 
-Tile functions only (no pointers, no program ids); integer operations only; every shift amount
+Tile functions only (no pointers, no program ids); integer operations, and exact float products
+only (a code's value, q * scale: proofs/quant8.md, Lemma Q1' and Theorem Q item 4); every shift amount
 is clamped to 0..31 (a shift by 32 or more is undefined in LLVM).
 """
 
@@ -158,8 +159,8 @@ def code_unit_value(codes, signed: tl.constexpr):
     # mag = e 2^M + f shifted to the fp32 exponent and mantissa fields, mag << DROP_NORMAL, is the
     # binary32 encoding of (1 + f/2^M) 2^(e - 127) for e >= 1 and of the subnormal f 2^(DROP_NORMAL - 149)
     # for e = 0: q(code) 2^(TOP - 127) either way, so one product by the power of two UNIT = 2^(127 - TOP)
-    # gives q exactly (no rounding: the product is q itself, a normal fp32; proofs/quant8.md, Lemma Q1',
-    # checked for every code). mul.rn.f32 keeps subnormal operands (no .ftz: tests/ptx_check.py forbids
+    # gives q exactly (no rounding: the product is q itself, +-0 or a normal fp32; proofs/quant8.md,
+    # Lemma Q1', checked for every code). mul.rn.f32 keeps subnormal operands (no .ftz: tests/ptx_check.py forbids
     # it). Three SASS instructions an element and state fewer than the emulator's integer form and its
     # select (bench/NOTES.md, session 24); the same bits as it on all 256 codes
     # (tests/test_interpreter_rounding.py).

@@ -61,18 +61,31 @@ def check_q1(fail):
 
 def check_q1_product(fail):
     """Lemma Q1': the word c << (23 - M) (and the sign bit) read as binary32, times 2^(127 - T), is
-    +-q(c), and the product is a normal binary32 or zero (exact: no rounding)."""
+    +-q(c), and the product is a normal binary32 or zero (exact: no rounding); with the kernel's own
+    shift and factor (kernels/quant8.py's DROP_NORMAL and UNIT_SIGNED / UNIT_UNSIGNED), and -0 for the
+    signed code 0x80 (IEEE 754's sign of a product, in binary32)."""
+    from forge_num.kernels import quant8 as kernel_quant8
+
+    if kernel_quant8.DROP_NORMAL.value != 23 - M:
+        fail("Q1': the kernel's shift is not 23 - M")
     for signed, E in FORMATS.items():
         T = 2**E - 1
+        unit = (kernel_quant8.UNIT_SIGNED if signed else kernel_quant8.UNIT_UNSIGNED).value
+        if F(unit) != F(2) ** (127 - T):
+            fail(f"Q1' ({E=}): the kernel's factor {unit} is not 2^(127 - T)")
         for c in range(256):
             mag, neg = (c & 0x7F, c >> 7) if signed else (c, 0)
             w = (mag << (23 - M)) | (neg << 31)
             value = val32(w & 0x7FFFFFFF) * (-1 if neg else 1)
-            product = value * F(2) ** (127 - T)
+            product = value * F(unit)
             if product != q(mag, E) * (-1 if neg else 1):
                 fail(f"Q1' ({E=}) code {c}")
             if product and not F(2) ** -126 <= abs(product) < F(2) ** 128:
                 fail(f"Q1' ({E=}) code {c}: the product is not a normal binary32")
+        if signed:  # the sign of zero, which rationals do not carry: 0x80 is -0.0
+            zero = np.array([0x80 << 24], dtype=np.uint32).view(np.float32) * np.float32(unit)
+            if zero.view(np.uint32)[0] != 0x80000000:
+                fail("Q1': code 0x80 does not give -0.0")
 
 
 def eb_formula(A: int, E: int) -> int:

@@ -161,8 +161,9 @@ def test_host_time_cpu_step_part_runs_forges_launcher_with_launches_stubbed(tmp_
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "host_time.py"), "--part", "cpu-step",
                            "--cpu-layers", "2", "--out", str(out)],
                           capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
+                          # the compiled launcher's path, not the interpreter's
                           env={**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
-                               "CUDA_VISIBLE_DEVICES": ""})  # the compiled launcher's path, not the interpreter's
+                               "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, proc.stderr[-2000:]
     r = json.loads(out.read_text())["cpu_step"]
     assert r["linears"] == 14 and r["precision"] == "8bit"

@@ -72,6 +72,6 @@ for r in rows:
 print("columns:", " | ".join(rows[0]["per_label_ms"]) if rows else "")
 PY
 fi
-[ -f "$R/host_split.log" ] && grep -E "^split|fused_linear_update|_prepare_state|CachedLaunch|CudaLauncher|make_tensordesc|launch_metadata|gluon_q8|fused linear" "$R/host_split.log" | cut -c1-160
+[ -f "$R/host_split.log" ] && grep -E "^split|fused_linear_update|_prepare_state|CachedLaunch|every Triton launch|gluon_q8|fused linear" "$R/host_split.log" | cut -c1-160
 [ -f "$R/train.log" ] && grep -E "^(forge|flash)" "$R/train.log" | cut -c1-170
 exit 0
