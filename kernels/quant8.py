@@ -50,7 +50,6 @@ _M = 3
 LIMIT_BITS = tl.constexpr((254 << 23) | (((1 << _M) - 1) << (23 - _M)))  # (2 - 2^-M) * 2^127
 ROUND_UP_ADD = tl.constexpr((1 << (23 - _M)) - 1)  # adds to |x| bits: exponent of RU_M(|x|)
 DROP_NORMAL = tl.constexpr(23 - _M)  # dropped significand bits in a normal code binade
-MAN_MASK = tl.constexpr((1 << _M) - 1)
 TOP_SIGNED = tl.constexpr((1 << 4) - 1)  # 2^E - 1: exponent field of the top code binade
 TOP_UNSIGNED = tl.constexpr((1 << 5) - 1)
 # 2^(127 - (2^E - 1)): code_unit_value's product from a code's fp32 bit fields to its value q
@@ -160,10 +159,10 @@ def code_unit_value(codes, signed: tl.constexpr):
     # binary32 encoding of (1 + f/2^M) 2^(e - 127) for e >= 1 and of the subnormal f 2^(DROP_NORMAL - 149)
     # for e = 0: q(code) 2^(TOP - 127) either way, so one product by the power of two UNIT = 2^(127 - TOP)
     # gives q exactly (no rounding: the product is q itself, +-0 or a normal fp32; proofs/quant8.md,
-    # Lemma Q1', checked for every code). mul.rn.f32 keeps subnormal operands (no .ftz: tests/ptx_check.py forbids
-    # it). Three SASS instructions an element and state fewer than the emulator's integer form and its
-    # select (bench/NOTES.md, session 24); the same bits as it on all 256 codes
-    # (tests/test_interpreter_rounding.py).
+    # Lemma Q1', checked for every code). mul.rn.f32 keeps subnormal operands (no .ftz:
+    # tests/ptx_check.py forbids it). Three SASS instructions an element and state fewer than the
+    # emulator's integer form and its select (bench/NOTES.md, session 24); the same bits as it on all
+    # 256 codes (tests/test_interpreter_rounding.py).
     bits = mag << DROP_NORMAL
     if signed:
         bits = bits | ((c >> 7) << 31)  # the sign as a bit: Triton's -q is 0 - q, which loses -0

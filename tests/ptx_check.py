@@ -142,8 +142,8 @@ def check_gluon_ws(rule_name: str, config, precision: str = "fp32") -> dict:
 def check_gluon_q8(rule_name: str, config) -> dict:
     """The 8bit Gluon kernel (kernels/gluon_q8.py) for sm_90 with one tile: IEEE op counts (each op of
     the rule once per element an epilogue thread updates, and dequantization's two products a state:
-    a code's bit fields times 2^(127 - TOP) and q * scale), the wgmma chain, TMA loads, the register caps, ptxas
-    resources and shared memory; its Philox rounds' products (as in check_gluon_ws)."""
+    a code's bit fields times 2^(127 - TOP) and q * scale), the wgmma chain, TMA loads, the register
+    caps, ptxas resources and shared memory; its Philox rounds' products (as in check_gluon_ws)."""
     from bench.registers import resource_usage
     from forge_num import rules
     from forge_num.kernels.gluon_q8 import compile_for_sm90
