@@ -6,6 +6,12 @@ the model and optimizer, runs warm-up steps and timed steps, and reports
 
     peak        torch.cuda.max_memory_allocated() over all steps, reset after the build (n/a on CPU)
     tokens/s    batch*seq / median step time of the timed steps (synchronized)
+    pipelined   tokens/s of as many steps again run back to back, synchronized only before the first and
+                after the last (CUDA): what a training loop that does not wait for the device between
+                steps gets, where a host that keeps ahead issues the next step while the device finishes
+                this one. A method that waits for the device inside its step (forge's step() reads the
+                step's telemetry; its tied embedding's forward reads the batch's distinct tokens in the
+                stochastic regimes) keeps less of that overlap than one that does not
     predicted   the memory model of this file (predict_peak_bytes), stated before the run
     TFLOP/s     model FLOPs (model_flops: 6 x matmul params x tokens + causal attention) / step time
     ratios      peak and tokens/s over torch_adamw's of the same configuration, same run
@@ -443,7 +449,8 @@ def run_spec(spec: dict) -> dict:
     chunked_loss = spec["method"].endswith(CHUNKED_LOSS)
     batch, seq, ckpt = spec["batch"], spec["seq"], spec["checkpointing"]
     row = {"status": "error", "reason": None, "peak_gib": None, "after_build_gib": None,
-           "tokens_per_s": None, "step_s_median": None, "step_s": [], "losses": []}
+           "tokens_per_s": None, "pipelined_tokens_per_s": None, "step_s_median": None, "step_s": [],
+           "losses": []}
     t_start = time.perf_counter()
     limit = spec.get("memory_limit_bytes")
     if spec.get("threads"):
@@ -509,6 +516,13 @@ def run_spec(spec: dict) -> dict:
         # the host's time to issue forward and backward (no synchronization before): close to the
         # step's time, the GPU waited for the host; well below it, the host waited for the GPU
         row["host_issue_s_median"] = statistics.median(issue_s) if issue_s else None
+        if cuda and spec["steps"]:  # the same number of steps back to back (module docstring: pipelined)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(spec["steps"]):
+                losses.append(step())
+            torch.cuda.synchronize()
+            row["pipelined_tokens_per_s"] = batch * seq * spec["steps"] / (time.perf_counter() - t0)
         if cuda and spec.get("memory_phases"):
             row["peak_gib"] = torch.cuda.max_memory_allocated() / GIB  # the timed steps' peak, kept
             row["memory_phases_gib"] = memory_phases(forward, after)
@@ -718,12 +732,17 @@ def add_ratios(rows: list) -> None:
                 r["peak_vs_torch_adamw" + suffix] = r["peak_gib"] / b["peak_gib"]
             if r.get("tokens_per_s") and b.get("tokens_per_s"):
                 r["tokens_per_s_vs_torch_adamw" + suffix] = r["tokens_per_s"] / b["tokens_per_s"]
+            if r.get("pipelined_tokens_per_s") and b.get("pipelined_tokens_per_s"):
+                r["pipelined_tokens_per_s_vs_torch_adamw" + suffix] = (r["pipelined_tokens_per_s"]
+                                                                       / b["pipelined_tokens_per_s"])
 
 
 def print_row(r: dict) -> None:
     ck = "ckpt" if r["checkpointing"] else "    "
     what = (f"peak {_fmt(r.get('peak_gib')):>7} GiB (pred {_fmt(r.get('predicted_peak_gib')):>7})  "
-            f"{_fmt(r.get('tokens_per_s'), '{:.0f}'):>7} tok/s  step {_fmt(r.get('step_s_median'), '{:.3f}')} s, "
+            f"{_fmt(r.get('tokens_per_s'), '{:.0f}'):>7} tok/s "
+            f"(pipelined {_fmt(r.get('pipelined_tokens_per_s'), '{:.0f}')})  "
+            f"step {_fmt(r.get('step_s_median'), '{:.3f}')} s, "
             f"forward+backward issued in {_fmt(r.get('host_issue_s_median'), '{:.3f}')} s") if r["status"] == "ok" else \
         f"{r['status'].upper()}: {r.get('reason')}"
     print(f"{r['method']:<14} {r['model']:<9} {r['batch']}x{r['seq']:<5} {ck}  {what}", flush=True)
