@@ -260,7 +260,6 @@ def part_cpu_step(layers: int, precision: str = "8bit", rounds: int = 7, steps: 
     import forge_num
     from forge_num import kernels
     from forge_num.hf import causal_lm_loss
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     if torch.cuda.is_available():
         raise SystemExit("--part cpu-step stubs the launches of CPU tensors: run it where torch sees no GPU "
@@ -269,17 +268,13 @@ def part_cpu_step(layers: int, precision: str = "8bit", rounds: int = 7, steps: 
         raise SystemExit("--part cpu-step times the compiled kernels' launcher: unset TRITON_INTERPRET "
                          "(under it every launch runs the kernel in Triton's interpreter)")
     dtype = torch.bfloat16 if precision == "8bit" else torch.float32
-    cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=layers, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=256, use_cache=False, attn_implementation="sdpa",
-                      tie_word_embeddings=True)
+    cfg = dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
+               num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
     ids = torch.randint(0, 256, (1, 16))
 
     def model():
         torch.manual_seed(0)
-        m = LlamaForCausalLM(cfg).to(dtype)
-        m.train()
-        m.gradient_checkpointing_enable({"use_reentrant": False})
-        return m
+        return ts._build_model(cfg, dtype, torch.device("cpu"), True)
 
     steps_by_method = {}
     released = model()
