@@ -340,9 +340,13 @@ class ForgeOptimizer(torch.optim.Optimizer):
         self._stat_params: list[torch.Tensor] = []  # the parameter of each telemetry record
         self._max_events = 0
         self._global_step = 0
-        self._prev_norm: float | None = None
-        self.stats: dict | None = None
-        self.stats_history: list[dict] = []
+        self._prev_norm_value: float | None = None
+        self._stats_history: list[dict] = []
+        # the last step's telemetry while its totals are still on their way from the device: (the
+        # stats dict to complete, the totals [sum of squares, non-finite count] as fp64, the event
+        # after their copy to the host or None); completed at first use (_resolve_stats)
+        self._stats_pending: tuple[dict, torch.Tensor, object] | None = None
+        self._totals_host: dict[torch.device, torch.Tensor] = {}  # a pinned [2] fp64 buffer per device
 
     # ---------------------------------------------------------------------------------------
     # Groups, hyper-parameters, state
@@ -801,40 +805,97 @@ class ForgeOptimizer(torch.optim.Optimizer):
         self._finish_step()
         return loss
 
-    def _finish_step(self):
-        grad_norm = nonfinite = None
-        if self._parts and any(_is_sharded(p) for p in self._stat_params):
+    # ---------------------------------------------------------------------------------------
+    # Telemetry: the step's totals, read from the device only when asked for
+    # ---------------------------------------------------------------------------------------
+
+    @property
+    def stats(self) -> dict | None:
+        """The last step's telemetry (reading it waits for that step's totals, not for later work)."""
+        self._resolve_stats()
+        return self._stats_history[-1] if self._stats_history else None
+
+    @property
+    def stats_history(self) -> list[dict]:
+        self._resolve_stats()
+        return self._stats_history
+
+    @property
+    def _prev_norm(self) -> float | None:
+        """The last finite global gradient norm (clipping="previous"; saved in the state dict)."""
+        self._resolve_stats()
+        return self._prev_norm_value
+
+    @_prev_norm.setter
+    def _prev_norm(self, value: float | None) -> None:
+        self._resolve_stats()
+        self._prev_norm_value = value
+
+    def _resolve_stats(self) -> None:
+        """Completes the pending step's telemetry from its totals (waiting for their copy if needed)."""
+        if self._stats_pending is None:
+            return
+        stats, totals, copied = self._stats_pending
+        self._stats_pending = None
+        if copied is not None:
+            copied.synchronize()  # the event after the totals' copy: that step's work only
+        sum_sq, nonfinite = totals.tolist()
+        stats["grad_norm"] = math.sqrt(sum_sq)
+        stats["nonfinite"] = int(nonfinite)
+        if math.isfinite(stats["grad_norm"]):
+            self._prev_norm_value = stats["grad_norm"]
+
+    def _step_totals(self) -> tuple[torch.Tensor, object]:
+        """[sum of squares, non-finite count] of the step's partials as fp64, summed on their device at
+        once, and the event after their copy to a pinned host buffer (None where they are on the host):
+        no wait for the device here, so a training loop's host can issue the next step meanwhile."""
+        if any(_is_sharded(p) for p in self._stat_params):
             # sharded parameters: their shards' sums added across ranks, replicated ones counted once
             from forge_num.distributed import global_step_totals
 
             totals = global_step_totals(self._stat_params, [n.sum() for n, _ in self._parts],
                                         [b.sum(dtype=torch.int64) for _, b in self._parts])
-            grad_norm = math.sqrt(float(totals[0]))
-            nonfinite = int(totals[1])
-        elif self._parts:  # all of the step's partials summed at once, one transfer
-            dev = self._parts[0][0].device
-            totals = torch.stack(
-                [
-                    torch.cat([n.to(dev, torch.float64) for n, _ in self._parts]).sum(),
-                    torch.cat([b.to(dev) for _, b in self._parts]).sum(dtype=torch.int64).to(torch.float64),
-                ]
-            ).cpu()
-            grad_norm = math.sqrt(float(totals[0]))
-            nonfinite = int(totals[1])
-        bad_counts = [int(b.sum()) for _, b in self._parts] if nonfinite else []
-        nonfinite = nonfinite or 0
+            return torch.as_tensor([float(totals[0]), float(totals[1])], dtype=torch.float64), None
+        dev = self._parts[0][0].device
+        totals = torch.stack(
+            [
+                torch.cat([n.to(dev, torch.float64) for n, _ in self._parts]).sum(),
+                torch.cat([b.to(dev) for _, b in self._parts]).sum(dtype=torch.int64).to(torch.float64),
+            ]
+        )
+        if dev.type != "cuda":
+            return totals.cpu(), None
+        host = self._totals_host.get(dev)
+        if host is None:  # reused every step: the previous step's totals were read before this copy
+            host = self._totals_host[dev] = torch.empty(2, dtype=torch.float64, pin_memory=True)
+        host.copy_(totals, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record(torch.cuda.current_stream(dev))
+        return host, copied
+
+    def _finish_step(self):
+        self._resolve_stats()  # the previous step's (its pinned buffer is reused below)
         self._global_step += 1
-        self.stats = {
+        clip_coef = self._coef_float  # a Python float once the updates read it (an fp32 value)
+        if clip_coef is None and self._coef is not None:
+            clip_coef = float(self._coef)
+        stats = {
             "step": self._global_step,
-            "grad_norm": grad_norm,
-            "nonfinite": nonfinite,
-            "clip_coef": None if self._coef is None else float(self._coef),
+            "grad_norm": None,
+            "nonfinite": 0,
+            "clip_coef": clip_coef,
             "skipped": self._skip_step,
         }
-        self.stats_history.append(self.stats)
-        if grad_norm is not None and math.isfinite(grad_norm):
-            self._prev_norm = grad_norm
-        bad_names = [n for n, c in zip(self._bad_names, bad_counts) if c]
+        self._stats_history.append(stats)
+        bad_names = []
+        if self._parts:
+            self._stats_pending = (stats, *self._step_totals())
+            if self.nonfinite == "raise":  # the counts are needed now
+                self._resolve_stats()
+                if stats["nonfinite"]:
+                    bad_counts = [int(b.sum()) for _, b in self._parts]
+                    bad_names = [n for n, c in zip(self._bad_names, bad_counts) if c]
+        nonfinite = stats["nonfinite"]
         skipped = self._skip_step
         for rec in self._recs.values():
             rec.events = 0

@@ -19,6 +19,7 @@ Run on the H200: ``pytest -m gpu tests/test_gpu_training.py``.
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -325,3 +326,36 @@ def test_tied_split_backward_does_not_wait_for_the_device(precision, monkeypatch
         torch.cuda.set_sync_debug_mode(0)
     opt.step()
     assert opt.stats["nonfinite"] == 0 and len(splits) == 2  # both steps split the head's update
+
+
+@pytest.mark.parametrize("precision", ["fp32", "8bit"])
+def test_training_step_does_not_wait_for_the_device(precision):
+    """A Llama step whose backward and opt.step() never wait for the device (CUDA's sync debug
+    mode raises at any synchronizing call): step() leaves its telemetry totals in flight (one copy to a
+    pinned buffer and an event) and opt.stats reads them when asked. The stats equal those of an
+    optimizer with nonfinite="raise", which reads its totals in step() (it must, to raise), and the
+    two trainings stay bitwise equal. The untied model: a tied embedding in a stochastic regime sorts
+    the batch's tokens in its forward (v30), a wait of its own."""
+    data = _cuda_batches(3)
+    models, opts = [], []
+    for nonfinite in ("skip", "raise"):
+        m = tiny_llama(tie=False).to(CUDA)
+        if precision != "fp32":
+            m = m.to(torch.bfloat16)
+        opt = OPTS["adamw"](m.parameters(), precision=precision, seed=11, nonfinite=nonfinite)
+        prepare(m, opt)
+        models.append(m), opts.append(opt)
+    for step, micro in enumerate(data):
+        for m, opt in zip(models, opts):
+            loss = lm_loss(m, micro[0])  # transformers' forward is not forge_num's to vouch for
+            torch.cuda.synchronize()
+            if opt.nonfinite == "skip" and step > 0:  # the first step creates the state (allocations)
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                loss.backward()
+                opt.step()
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        assert opts[0].stats == opts[1].stats and math.isfinite(opts[0].stats["grad_norm"])
+    assert [s["grad_norm"] for s in opts[0].stats_history] == [s["grad_norm"] for s in opts[1].stats_history]
+    _assert_same(models[0], opts[0], models[1], opts[1])
