@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Session 24's next_call.sh, run in session 25 with one test added to its bits part (the step without a wait
-# for the device, session 25's lazy telemetry). Carry .whl.
+# Session 24's next_call.sh as run in session 25: one test added to its bits part (the step without a wait
+# for the device, session 25's lazy telemetry), and the parts run in the order PART names them (the device
+# was scarce: PART=bits,train first, then PART=kernels,host). Carry .whl. Session 24's notes on the parts:
 #   PART=bits,kernels  (the first call)
 #     bits     session 24 changed every 8bit kernel's dequantization (quant8.code_unit_value: a code's bit
 #              fields times 2^(127 - TOP), one exact product): the 256 codes on the GPU, the Triton 8bit
@@ -17,7 +18,6 @@ set -uo pipefail
 PART=${PART:-bits,kernels}
 DEADLINE=$((SECONDS + ${CALL_BUDGET_S:-570}))
 budget() { local left=$((DEADLINE - SECONDS)); echo $(( $1 < left ? $1 : (left > 5 ? left : 5) )); }
-has() { [[ ",$PART," == *",$1,"* ]]; }
 OUT=${OUT:-out}; R=/tmp/next_call; rm -rf "$R"; mkdir -p "$R" "$OUT"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$R/install.log" 2>&1 || { cat "$R/install.log"; exit 1; }
@@ -25,7 +25,7 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/flashopti
   || { cat "$R/install.log"; exit 1; }
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; date -u; } | tee "$R/env.txt"
-if has bits; then
+part_bits() {
   echo "== bits $(date -u +%T)"
   timeout "$(budget 60)" python3 -m pytest -q -rA -p no:cacheprovider tests/test_interpreter_rounding.py >"$R/bits_rounding.log" 2>&1
   echo "rounding rc=$?"; grep -E "passed|failed" "$R/bits_rounding.log" | tail -2
@@ -38,28 +38,29 @@ if has bits; then
   timeout "$(budget 90)" python3 -m pytest -q -x -rA -p no:cacheprovider tests/test_gpu_training.py \
     -k "does_not_wait" >"$R/bits_nowait.log" 2>&1
   echo "no-wait rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed|Error" "$R/bits_nowait.log" | tail -6
-fi
-if has kernels; then
+}
+part_kernels() {
   echo "== kernels $(date -u +%T)"
   timeout "$(budget 150)" python3 bench/kernels.py --precision 8bit --shapes 4096x14336,2048x8192 --tokens 1024,4096 \
     --configs "64x128x64_w8_s4_e4_tma_r128,64x128x64_w8_s4_e8_p2_tma_r128_st,ws8_64x128x64_st4_w8_rows16_mma104_r128,ws8_64x128x64_st3_w16_rows16_mma96_r96_sl,ws8_64x128x64_st3_w16_rows16_mma96_r96_sl_cur,ws8_64x128x64_st4_w8_rows16_mma104_r128_pf" \
     --out "$R/kernels.json" >"$R/kernels.log" 2>&1
   echo "kernels rc=$?"
-fi
-if has host; then
+}
+part_host() {
   echo "== host $(date -u +%T)"
   PYTHONPATH=/tmp/site timeout "$(budget 200)" python3 bench/host_time.py --part split --split-model llama-1b \
     --split-tokens 1x1024 --split-steps 4 --split-methods forge_8bit+cl,flashoptim+cl --out "$R/host_split.json" \
     >"$R/host_split.log" 2>&1
   echo "host rc=$?"
-fi
-if has train; then
+}
+part_train() {
   echo "== train $(date -u +%T)"
   PYTHONPATH=/tmp/site timeout "$(budget 250)" python3 bench/train_step.py --methods forge_8bit+cl,flashoptim+cl \
     --models llama-1b --tokens 4x1024,1x1024 --checkpointing on --warmup 2 --steps 4 \
     --out "$R/train.json" >"$R/train.log" 2>&1
   echo "train rc=$?"
-fi
+}
+for part in ${PART//,/ }; do "part_$part"; done  # in the order PART names them
 echo "== done $(date -u +%T)"
 date -u >>"$R/env.txt"
 tar czf "$OUT/results.tgz" -C "$R" . ; cp "$R/env.txt" "$OUT/"
