@@ -116,6 +116,19 @@ def _update_in_widened_row_chunks(grad2: torch.Tensor, update) -> None:
         update(r0, _widen_rows(grad2, r0, min(r0 + step, rows)))
 
 
+_NO_TOKENS: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+
+def _no_tokens(device: torch.device, width: int) -> torch.Tensor:
+    """An fp32 [0, width] tensor on ``device``: the x or dy of an update from an fp32 gradient alone
+    (K = 0 tokens). One per (device, width), shared: it has no elements to write, and a fresh one a
+    call was two allocations a small parameter's update (the 8bit norm weights, each step)."""
+    t = _NO_TOKENS.get((device, width))
+    if t is None:
+        t = _NO_TOKENS[(device, width)] = torch.zeros((0, width), dtype=torch.float32, device=device)
+    return t
+
+
 def _row_chunk_counter(r0: int, cols: int) -> dict:
     """``counter=`` of the rows [r0, ...) of a [rows, cols] parameter numbered by flat index: element
     (r, c) of the chunk is (r0 + r) * cols + c, the map (cols, row stride cols, base r0 * cols);
@@ -215,8 +228,8 @@ class _RowUpdater:
 
     def _update(self, w, states, g32, counter):
         if self.q8:
-            no_x = w.new_zeros((0, self.cols), dtype=torch.float32)  # K = 0: the update from accum = g32
-            no_dy = w.new_zeros((0, w.shape[0]), dtype=torch.float32)
+            no_x = _no_tokens(w.device, self.cols)  # K = 0: the update from accum = g32
+            no_dy = _no_tokens(w.device, w.shape[0])
             stats = self.backend.fused_linear_update(w, no_x, no_dy, states, self.rule, self.h,
                                                      grad_scale=self.opt._scale(), accum=g32, seed=self.seed, **counter)
         else:
@@ -230,6 +243,9 @@ class _RowUpdater:
         return [s[index] for s in self.states]
 
     def rows(self, r0: int, g32: torch.Tensor) -> None:
+        if r0 == 0 and g32.shape[0] == self.n_rows:  # every row at once (a parameter's one chunk): no views
+            self._update(self.w2, self.states, g32, {})
+            return
         self._update(self.w2[r0:r0 + g32.shape[0]], self._states_at(slice(r0, r0 + g32.shape[0])), g32,
                      _row_chunk_counter(r0, self.cols))
 
