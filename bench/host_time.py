@@ -414,7 +414,8 @@ def _forge_timers(opt) -> _Timers:
     t.wrap(fused._FusedLinearFn, "backward", "fused linear backward (all of it)", static=True)
     t.wrap(fused, "fused_linear_backward", "  fused_linear_backward")
     cls = type(opt)
-    for attr in ("_on_linear_grad", "_apply_linear", "_prepare_state", "_record"):
+    # _apply_elementwise: the hook path's update (norm weights; the embedding where not tied)
+    for attr in ("_on_linear_grad", "_apply_linear", "_apply_elementwise", "_prepare_state", "_record"):
         if attr in cls.__dict__ or any(attr in c.__dict__ for c in cls.__mro__):
             owner = next(c for c in cls.__mro__ if attr in c.__dict__)
             t.wrap(owner, attr, f"    opt.{attr}")
