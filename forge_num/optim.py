@@ -59,6 +59,9 @@ Telemetry: ``opt.stats`` (the last step) and ``opt.stats_history``: dicts with `
 ``grad_norm`` (global L2 norm of the unscaled gradient, fp64 accumulation), ``nonfinite`` (count),
 ``clip_coef`` and ``skipped``. With sharded DTensor parameters (FSDP2, tensor parallelism) the norms
 and counts are combined across ranks, replicated parameters counted once (forge_num.distributed).
+``step()`` does not wait for the device for them (with ``nonfinite="raise"`` it must, to raise): the
+step's totals are summed on the device and copied behind an event, and reading ``opt.stats`` waits for
+that step's work only, so a loop that logs every N steps keeps the device fed in between.
 """
 
 from __future__ import annotations
