@@ -59,9 +59,12 @@ Telemetry: ``opt.stats`` (the last step) and ``opt.stats_history``: dicts with `
 ``grad_norm`` (global L2 norm of the unscaled gradient, fp64 accumulation), ``nonfinite`` (count),
 ``clip_coef`` and ``skipped``. With sharded DTensor parameters (FSDP2, tensor parallelism) the norms
 and counts are combined across ranks, replicated parameters counted once (forge_num.distributed).
-``step()`` does not wait for the device for them (with ``nonfinite="raise"`` it must, to raise): the
-step's totals are summed on the device and copied behind an event, and reading ``opt.stats`` waits for
-that step's work only, so a loop that logs every N steps keeps the device fed in between.
+``step()`` does not wait for its own step's work for them: the totals are summed on the device and
+copied behind an event, read when ``opt.stats`` or ``opt.stats_history`` is asked for (a wait for that
+step's work only) or at the next ``step()`` (by then, in a loop, the device has long finished the
+previous step: the host runs up to a step ahead). A history entry is added once its totals are read,
+complete. Two settings read them at once: ``nonfinite="raise"`` in ``step()`` (it must, to raise) and
+``clipping="previous"`` at the next step's first update (its scale is the last step's norm).
 """
 
 from __future__ import annotations
@@ -363,7 +366,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
         self._stats_history: list[dict] = []
         # the last step's telemetry while its totals are still on their way from the device: (the
         # stats dict to complete, the totals [sum of squares, non-finite count] as fp64, the event
-        # after their copy to the host or None); completed at first use (_resolve_stats)
+        # after their copy to the host or None); completed and added to the history at first use
+        # (_resolve_stats)
         self._stats_pending: tuple[dict, torch.Tensor, object] | None = None
         self._totals_host: dict[torch.device, torch.Tensor] = {}  # a pinned [2] fp64 buffer per device
 
@@ -851,7 +855,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
         self._prev_norm_value = value
 
     def _resolve_stats(self) -> None:
-        """Completes the pending step's telemetry from its totals (waiting for their copy if needed)."""
+        """Completes the pending step's telemetry from its totals (waiting for their copy if needed) and
+        adds it to the history."""
         if self._stats_pending is None:
             return
         stats, totals, copied = self._stats_pending
@@ -861,6 +866,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
         sum_sq, nonfinite = totals.tolist()
         stats["grad_norm"] = math.sqrt(sum_sq)
         stats["nonfinite"] = int(nonfinite)
+        self._stats_history.append(stats)
         if math.isfinite(stats["grad_norm"]):
             self._prev_norm_value = stats["grad_norm"]
 
@@ -874,7 +880,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
 
             totals = global_step_totals(self._stat_params, [n.sum() for n, _ in self._parts],
                                         [b.sum(dtype=torch.int64) for _, b in self._parts])
-            return torch.as_tensor([float(totals[0]), float(totals[1])], dtype=torch.float64), None
+            return torch.as_tensor([float(totals[0]), float(totals[1])], dtype=torch.float64), None  # on the host
         dev = self._parts[0][0].device
         totals = torch.stack(
             [
@@ -894,6 +900,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
 
     def _finish_step(self):
         self._resolve_stats()  # the previous step's (its pinned buffer is reused below)
+        # before any state changes: the sharded totals run collectives, which may raise
+        totals = self._step_totals() if self._parts else None
         self._global_step += 1
         clip_coef = self._coef_float  # a Python float once the updates read it (an fp32 value)
         if clip_coef is None and self._coef is not None:
@@ -905,10 +913,11 @@ class ForgeOptimizer(torch.optim.Optimizer):
             "clip_coef": clip_coef,
             "skipped": self._skip_step,
         }
-        self._stats_history.append(stats)
         bad_names = []
-        if self._parts:
-            self._stats_pending = (stats, *self._step_totals())
+        if totals is None:  # nothing was updated: no totals to wait for
+            self._stats_history.append(stats)
+        else:
+            self._stats_pending = (stats, *totals)
             if self.nonfinite == "raise":  # the counts are needed now
                 self._resolve_stats()
                 if stats["nonfinite"]:

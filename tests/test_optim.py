@@ -328,6 +328,29 @@ def test_telemetry_and_nonfinite_policy():
         r.step()
 
 
+def test_telemetry_is_read_when_asked_and_the_history_holds_complete_entries():
+    """step() leaves its totals unread (on a GPU: in flight behind an event); the history a caller
+    holds gains each step's entry once its totals are read, complete, never a placeholder; opt.stats
+    reads the last step's; the values equal those of nonfinite="raise", which reads in step()."""
+    torch.manual_seed(0)
+    nets = [Net(), Net()]
+    nets[1].load_state_dict(nets[0].state_dict())
+    lazy, eager = (fn.AdamW(n.parameters(), lr=1e-2, nonfinite=nf) for n, nf in zip(nets, ("skip", "raise")))
+    held = lazy.stats_history  # the list itself, as a logger may keep it
+    for step, (x, y) in enumerate(_data(3), start=1):
+        for net, opt in zip(nets, (lazy, eager)):
+            opt.zero_grad()
+            _loss(net, x, y).backward()
+            opt.step()
+        assert [e["step"] for e in held] == list(range(1, step))  # the last step's totals not read yet
+        assert all(e["grad_norm"] is not None for e in held)
+        assert [e["step"] for e in eager.stats_history] == list(range(1, step + 1))  # "raise" reads at once
+        assert lazy.stats == eager.stats and lazy.stats["step"] == step and math.isfinite(lazy.stats["grad_norm"])
+        assert held == eager.stats_history
+    sd = lazy.state_dict()["forge_num"]
+    assert sd["prev_norm"] == eager.stats["grad_norm"] == held[-1]["grad_norm"]
+
+
 @needs_fused_aten
 def test_plain_exact_clipping_equals_clip_grad_norm():
     """In plain mode the norm is torch's own (vector_norm per tensor, then of the stack): bitwise."""
