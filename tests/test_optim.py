@@ -204,6 +204,29 @@ def test_state_dict_round_trips_with_torch_adamw(direction):
     assert _same_params(ma, mb)
 
 
+def test_step_counter_advances_as_torch_adamws_at_float32_limits():
+    """The step counter, a float32 tensor as torch's, advanced from 2^24 - 1 (the last step float32
+    counts exactly) in both optimizers: the same stored values (2^24, then 2^24 again: RN(2^24 + 1)),
+    whatever way each advances it."""
+    torch.manual_seed(0)
+    m = Net()
+    ma, mb = copy.deepcopy(m), copy.deepcopy(m)
+    ours, theirs = fn.AdamW(ma.parameters(), lr=1e-3), torch.optim.AdamW(mb.parameters(), lr=1e-3, foreach=False)
+    _train(ma, ours, _data(1))
+    sd = copy.deepcopy(ours.state_dict())
+    for st in sd["state"].values():
+        st["step"].fill_(2.0**24 - 1)
+    mb.load_state_dict(ma.state_dict())
+    ours.load_state_dict(copy.deepcopy(sd))
+    theirs.load_state_dict(copy.deepcopy(sd))
+    for expected in (2.0**24, 2.0**24):
+        _train(ma, ours, _data(1))
+        _train(mb, theirs, _data(1), exact=True)
+        got = [ours.state[p]["step"] for p in ma.parameters()]
+        want = [theirs.state[p]["step"] for p in mb.parameters()]
+        assert all(g.dtype == w.dtype == torch.float32 and g.item() == w.item() == expected for g, w in zip(got, want))
+
+
 def test_sgd_state_dict_keys_and_round_trip():
     torch.manual_seed(0)
     m = Net()
