@@ -79,6 +79,7 @@ import torch
 
 from forge_num import rules as _rules
 from forge_num import torch_backend
+from forge_num.emulator.philox import derive_seed_of_param, step_key
 
 __all__ = ["AdamW", "Adam", "SGD", "Lion", "ForgeOptimizer"]
 
@@ -460,8 +461,6 @@ class ForgeOptimizer(torch.optim.Optimizer):
         None in the fp32 regime. Steps count from 1, so a resumed run replays the same stream."""
         if self.precision == "fp32":
             return None
-        from forge_num.emulator.philox import derive_seed_of_param, step_key
-
         step = self._global_step + 1
         memo = self._step_key_memo
         if memo is None or memo[0] != (self.seed, step):  # the step's shared links, once a step
