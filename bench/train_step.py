@@ -9,9 +9,9 @@ the model and optimizer, runs warm-up steps and timed steps, and reports
     pipelined   tokens/s of as many steps again run back to back, synchronized only before the first and
                 after the last (CUDA): what a training loop that does not wait for the device between
                 steps gets, where a host that keeps ahead issues the next step while the device finishes
-                this one. A method that waits for the device inside its step (forge's step() reads the
-                step's telemetry; its tied embedding's forward reads the batch's distinct tokens in the
-                stochastic regimes) keeps less of that overlap than one that does not
+                this one. A method that waits for the device inside its step (forge's tied embedding's
+                forward reads the batch's distinct tokens in the stochastic regimes; its step() waits
+                for the previous step's telemetry only) keeps less of that overlap than one that does not
     predicted   the memory model of this file (predict_peak_bytes), stated before the run
     TFLOP/s     model FLOPs (model_flops: 6 x matmul params x tokens + causal attention) / step time
     ratios      peak and tokens/s over torch_adamw's of the same configuration, same run
@@ -491,7 +491,7 @@ def run_spec(spec: dict) -> dict:
         def step():
             loss = forward()
             loss.backward()
-            backward_issued.append(time.perf_counter())  # before after(): forge's step() syncs once
+            backward_issued.append(time.perf_counter())  # before after(): the optimizer's step, if any
             after()
             return loss.detach()
 

@@ -877,9 +877,8 @@ class ForgeOptimizer(torch.optim.Optimizer):
             # sharded parameters: their shards' sums added across ranks, replicated ones counted once
             from forge_num.distributed import global_step_totals
 
-            totals = global_step_totals(self._stat_params, [n.sum() for n, _ in self._parts],
-                                        [b.sum(dtype=torch.int64) for _, b in self._parts])
-            return torch.as_tensor([float(totals[0]), float(totals[1])], dtype=torch.float64), None  # on the host
+            return global_step_totals(self._stat_params, [n.sum() for n, _ in self._parts],
+                                      [b.sum(dtype=torch.int64) for _, b in self._parts]), None  # on the host
         dev = self._parts[0][0].device
         totals = torch.stack(
             [
