@@ -58,7 +58,7 @@ def compile_ptx(cfg: kernels.TileConfig, rule: rules.Rule, dtype: str, precision
            "dy_desc": f"tensordesc<{dtype}[{cfg.BK}, {cfg.BM}]>" if cfg.tma else "constexpr",
            "scale0_ptr": "*fp32", "scale1_ptr": "*fp32", "n_blocks": "i32", "M": "i32", "N": "i32", "K": "i32", "stride_xk": "i32", "stride_xn": "i32", "stride_dyk": "i32",
            "stride_dym": "i32", "h": tuple("fp32" for _ in rule.scalar_names), "grad_scale": "fp32", "seed": "u64",
-           "rand_stride": "i32", "rand_base": "i64", "rand_rows": "constexpr",
+           "rand_stride": "i32", "rand_base": "i64", "rand_rows": "constexpr", "step_slot": "constexpr",
            "slots_n": "i32"}
     const = {"stride_xn": 1, "stride_dym": 1, "GUARDED_UPDATE": guarded_update_jit(rule), "N_STATE": len(rule.state), "BF16_STORAGE": precision == "bf16-sr", "STATE_Q8": precision == "8bit",
              "UPDATE": True, "STORE_ACC": False, "HAS_ACCUM": False,
@@ -69,6 +69,7 @@ def compile_ptx(cfg: kernels.TileConfig, rule: rules.Rule, dtype: str, precision
     if not cfg.tma:
         const.update(x_desc=None, dy_desc=None)
     const["rand_rows"] = None  # gathered rows' counters: not in a training step's launches
+    const["step_slot"] = None  # the eager step's launch: the scalars as arguments
     for k in const:
         sig[k] = "constexpr"
     names = list(sig)

@@ -34,6 +34,7 @@ import functools
 import inspect
 import math
 import os
+import struct
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
@@ -63,6 +64,8 @@ __all__ = [
     "weight_grad_norm_sq",
     "accumulate_weight_grad",
     "configs_for",
+    "step_slot_size",
+    "step_slot_words",
 ]
 
 QBLOCK = int(_QBLOCK)  # 8bit regime: elements of a row per quantization block
@@ -508,6 +511,36 @@ def _check_scalars(rule: Rule, h: Sequence[float], grad_scale: float) -> tuple:
     return h, grad_scale
 
 
+def step_slot_size(rule: Rule) -> int:
+    """Words (int32) of a step slot of ``rule``: its scalars h, grad_scale, the key's two halves."""
+    return len(rule.scalar_names) + 3
+
+
+def step_slot_words(h: Sequence[float], grad_scale: float, seed: int | None) -> list[int]:
+    """The int32 words of a step slot (linear_update.step_scalars reads them): each of h and
+    grad_scale as its fp32 bit pattern (the values are fp32 already: Rule.scalars, _scale; a value
+    that is not is rounded to nearest here, as passing it as a kernel argument would), then the Philox
+    key's low and high 32 bits (seed None: 0, the fp32 regime's unused key). Signed, as int32 holds them."""
+    floats = struct.pack(f"<{len(h) + 1}f", *h, grad_scale)
+    key = int(seed or 0)
+    if not 0 <= key < 2**64:
+        raise ValueError(f"seed must be a 64-bit key in [0, 2^64), got {seed!r}")
+    return list(struct.unpack(f"<{len(h) + 3}i", floats + struct.pack("<Q", key)))
+
+
+def _check_step_slot(slot: torch.Tensor | None, rule: Rule, ref: torch.Tensor) -> None:
+    if slot is None:
+        return
+    if not isinstance(slot, torch.Tensor) or slot.dtype != torch.int32:
+        raise TypeError(f"step_slot must be an int32 tensor, got {getattr(slot, 'dtype', type(slot).__name__)}")
+    if slot.dim() != 1 or slot.numel() != step_slot_size(rule) or slot.stride(0) != 1:
+        raise ValueError(f"step_slot of rule {rule.name} must be a contiguous 1-D tensor of {step_slot_size(rule)} "
+                         f"words (h, grad_scale, the key's two halves), got shape {tuple(slot.shape)} and strides "
+                         f"{slot.stride()}")
+    if slot.device != ref.device:
+        raise ValueError(f"step_slot is on {slot.device}, the parameter on {ref.device}")
+
+
 def _check_linear_inputs(x: torch.Tensor, dy: torch.Tensor, M: int, N: int) -> str:
     if x.dim() != 2 or dy.dim() != 2:
         raise ValueError(f"x and dy must be 2-D [tokens, features], got shapes {tuple(x.shape)} and {tuple(dy.shape)}")
@@ -608,6 +641,7 @@ def _tma_descriptor(t: torch.Tensor, shape: list, strides: list, block: list):
 def _launch_linear(
     weight, states, x, dy, accum, acc_out, rule, h, grad_scale, *, update: bool, config: TileConfig | None,
     n_state: int, seed: int = 0, bf16: bool = False, q8: bool = False, rand: tuple | None = None,
+    step_slot: torch.Tensor | None = None,
 ) -> UpdateStats:
     M, N = (weight.shape if weight is not None else (dy.shape[1], x.shape[1]))
     K = x.shape[0]
@@ -627,7 +661,8 @@ def _launch_linear(
     if M and N:
         _launch(_LAUNCH, fused_linear_update_kernel,
                 _linear_launch_arguments(weight, states, x, dy, accum, acc_out, norm_sq, nonfinite, rule, h,
-                                         grad_scale, update, config, n_state, seed, bf16, q8, rand, tma_ok))
+                                         grad_scale, update, config, n_state, seed, bf16, q8, rand, tma_ok,
+                                         step_slot))
     return UpdateStats(norm_sq, nonfinite)
 
 
@@ -651,10 +686,11 @@ _LAUNCH = None if _INTERPRETED else CachedLaunch(fused_linear_update_kernel)
 
 
 def _linear_launch_arguments(weight, states, x, dy, accum, acc_out, norm_sq, nonfinite, rule, h, grad_scale,
-                             update, config, n_state, seed, bf16, q8, rand, tma_ok):
+                             update, config, n_state, seed, bf16, q8, rand, tma_ok, step_slot=None):
     """(key, pins, grid, runtime arguments, constants) of one fused_linear_update_kernel launch, for
     _LAUNCH (kernels/launch_cache.py), for operands the launchers checked: ``states`` plain tensors, or
-    8bit states (codes and block scales); ``rand`` (rand_stride, rand_base, rand_rows) or None."""
+    8bit states (codes and block scales); ``rand`` (rand_stride, rand_base, rand_rows) or None;
+    ``step_slot`` None or a checked slot (_check_step_slot)."""
     M, N = (weight.shape if weight is not None else (dy.shape[1], x.shape[1]))
     K = x.shape[0]
     dummy = norm_sq  # any tensor: pointers of absent operands are never dereferenced
@@ -682,7 +718,7 @@ def _linear_launch_arguments(weight, states, x, dy, accum, acc_out, norm_sq, non
     tensors = (weight if weight is not None else dummy, s[0], s[1], x, dy, accum if accum is not None else dummy,
                acc_out if acc_out is not None else dummy, norm_sq, nonfinite, stage)
     args = (*tensors, x_desc, dy_desc, scales[0], scales[1], _cdiv(N, QBLOCK), M, N, K, stride_xk, stride_xn,
-            stride_dyk, stride_dym, h, grad_scale, int(seed), rand_stride, rand_base, rand_rows, tiles_n)
+            stride_dyk, stride_dym, h, grad_scale, int(seed), rand_stride, rand_base, rand_rows, step_slot, tiles_n)
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     use_tma = x_desc is not None
     # What Triton specializes this launch on, as a key of its own (kernels/launch_cache.py): the
@@ -692,11 +728,12 @@ def _linear_launch_arguments(weight, states, x, dy, accum, acc_out, norm_sq, non
     # dummy fp64) and its 16-byte alignment; the descriptors' types (the config's blocks, x's dtype);
     # the integers themselves (a superset of Triton's classes: 1, a multiple of 16, i32 or i64); h a
     # tuple of floats (_check_scalars; its length the rule's), grad_scale a float, seed and rand_base
-    # typed (tl.uint64, tl.int64) and not specialized.
-    aligned = alignment_bits((*tensors, scales[0], scales[1], rand_rows))
+    # typed (tl.uint64, tl.int64) and not specialized; the step slot None or an int32 tensor (its
+    # alignment with the others').
+    aligned = alignment_bits((*tensors, scales[0], scales[1], rand_rows, step_slot))
     key = (id(guarded), id(config), n_state, bf16, q8, update, accum is not None, acc_out is not None, use_tma,
-           x.dtype, weight.dtype if weight is not None else None, rand_rows is None, aligned, M, N, K, stride_xk,
-           stride_xn, stride_dyk, stride_dym, rand_stride)
+           x.dtype, weight.dtype if weight is not None else None, rand_rows is None, step_slot is None, aligned, M,
+           N, K, stride_xk, stride_xn, stride_dyk, stride_dym, rand_stride)
 
     def constants():
         return (dict(GUARDED_UPDATE=guarded, N_STATE=n_state, BF16_STORAGE=bf16, STATE_Q8=q8, UPDATE=update,
@@ -907,6 +944,7 @@ def fused_linear_update(
     acc_out: torch.Tensor | None = None,
     seed: int | None = None,
     counter: tuple | None = None,
+    step_slot: torch.Tensor | None = None,
 ) -> UpdateStats:
     """Apply ``rule`` to ``weight`` (and ``states``) with the gradient dyᵀx, never stored.
 
@@ -915,7 +953,13 @@ def fused_linear_update(
     ``seed`` (the Philox key of this parameter and step); ``counter`` (cols, row_stride, base) maps
     the weight's elements to their Philox counters (emulator.philox.CounterMap; cols must be N;
     default: flat indices, a shard passes its elements' indices in the whole parameter); a fourth
-    entry, an int64 tensor [M] on the weight's device, names gathered rows' indices in the parameter."""
+    entry, an int64 tensor [M] on the weight's device, names gathered rows' indices in the parameter.
+
+    ``step_slot``: None, or an int32 tensor of step_slot_size(rule) words on the weight's device, from
+    which the kernel reads h, grad_scale and the key when it runs (step_slot_words gives its contents):
+    a launch captured in a CUDA graph, replayed with each step's scalars written there first. The h,
+    grad_scale and seed given are still checked, but the kernel uses the slot's (the Gluon kernels too).
+    A slot is read when the launch runs, so writing it for the next launch must wait for this one."""
     if weight.dim() != 2:
         raise ValueError(f"weight must be 2-D [out, in], got shape {tuple(weight.shape)}")
     bf16 = _check_regime("weight", weight, seed)
@@ -948,6 +992,7 @@ def fused_linear_update(
                 _check_fp32_like(name, t, weight)
         _check_device(weight, x, dy, *(t for t in (accum, acc_out) if t is not None),
                       *(states if not q8 else ()))
+    _check_step_slot(step_slot, rule, weight)
     _, rand_stride, rand_base, rand_rows = _kernel_counter(counter, M * N, weight.device, cols=N)
     plain = accum is None and acc_out is None and not q8 and rand_rows is None
     if config is None and plain and not _interpreting():
@@ -956,17 +1001,18 @@ def fused_linear_update(
             from . import gluon_update
 
             rand = (int(seed), rand_stride, rand_base) if bf16 else None
-            return gluon_update.launch(weight, x, dy, states, rule, h, grad_scale, ws, rand)
+            return gluon_update.launch(weight, x, dy, states, rule, h, grad_scale, ws, rand, step_slot)
     elif config is None and q8 and accum is None and acc_out is None and rand_rows is None and not _interpreting():
         ws = _ws_q8_route(weight, x, dy, states)
         if ws is not None:  # the warp-specialized Gluon 8bit kernel, where measured faster: the same bits
             from . import gluon_q8
 
-            return gluon_q8.launch(weight, x, dy, states, rule, h, grad_scale, ws, (int(seed), rand_stride, rand_base))
+            return gluon_q8.launch(weight, x, dy, states, rule, h, grad_scale, ws, (int(seed), rand_stride, rand_base),
+                                   step_slot)
     return _launch_linear(
         weight, states, x, dy, accum, acc_out, rule, h, grad_scale, update=True, config=config,
         n_state=len(states), seed=seed or 0, bf16=bf16 and not q8, q8=q8,
-        rand=(rand_stride, rand_base, rand_rows),
+        rand=(rand_stride, rand_base, rand_rows), step_slot=step_slot,
     )
 
 
@@ -1075,7 +1121,7 @@ _ELEMENTWISE_LAUNCH = None if _INTERPRETED else CachedLaunch(elementwise_update_
 
 
 def _elementwise_launch_arguments(param, grad, states, norm_sq, nonfinite, numel, n_prog, rule, h, grad_scale,
-                                  seed, bf16, cols, stride, base, rows):
+                                  seed, bf16, cols, stride, base, rows, step_slot=None):
     """(key, pins, grid, runtime arguments, constants) of one elementwise_update_kernel launch, for
     _ELEMENTWISE_LAUNCH (kernels/launch_cache.py), for operands elementwise_update checked: ``states``
     0-2 plain tensors of the param's dtype and shape; (cols, stride, base, rows) the counter map as
@@ -1084,7 +1130,7 @@ def _elementwise_launch_arguments(param, grad, states, norm_sq, nonfinite, numel
     guarded = guarded_update_jit(rule)
     n_state, block, remap = len(states), ELEMENTWISE_BLOCK, stride != cols
     tensors = (param, grad, s[0], s[1], norm_sq, nonfinite)
-    args = (*tensors, numel, h, grad_scale, int(seed or 0), cols, stride, base, rows)
+    args = (*tensors, numel, h, grad_scale, int(seed or 0), cols, stride, base, rows, step_slot)
     # What Triton specializes this launch on, as a key of its own (kernels/launch_cache.py): the
     # constexprs (the guarded rule, pinned; N_STATE, BF16_STORAGE, BLOCK, RAND_REMAP, and rand_rows
     # None or not, which Triton makes a constexpr too); each tensor's dtype (fixed by the checks given
@@ -1094,9 +1140,10 @@ def _elementwise_launch_arguments(param, grad, states, norm_sq, nonfinite, numel
     # flag); the integers themselves (numel, rand_cols, rand_stride: a superset of Triton's classes, 1,
     # a multiple of 16, i32 or i64); h a tuple of floats (_check_scalars; its length the rule's),
     # grad_scale a float, seed and rand_base typed (tl.uint64, tl.int64) and not specialized
-    # (linear_update._UNSPECIALIZED).
-    aligned = alignment_bits((*tensors, rows))
-    key = (id(guarded), n_state, bf16, grad.dtype, rows is None, remap, block, aligned, numel, cols, stride)
+    # (linear_update._UNSPECIALIZED); the step slot None or an int32 tensor, as rand_rows.
+    aligned = alignment_bits((*tensors, rows, step_slot))
+    key = (id(guarded), n_state, bf16, grad.dtype, rows is None, step_slot is None, remap, block, aligned, numel,
+           cols, stride)
 
     def constants():
         constexprs = dict(GUARDED_UPDATE=guarded, N_STATE=n_state, BF16_STORAGE=bf16, BLOCK=block,
@@ -1116,10 +1163,12 @@ def elementwise_update(
     grad_scale: float = 1.0,
     seed: int | None = None,
     counter: tuple | None = None,
+    step_slot: torch.Tensor | None = None,
 ) -> UpdateStats:
     """Apply ``rule`` to ``param`` (any shape, contiguous; fp32, or bf16 with ``seed``: the bf16-sr
     regime) with the materialized ``grad``. ``counter`` (cols, row_stride, base[, rows]): the
-    elements' Philox counters, as in fused_linear_update (param seen as [numel / cols, cols])."""
+    elements' Philox counters, as in fused_linear_update (param seen as [numel / cols, cols]);
+    ``step_slot`` as there."""
     bf16 = _check_regime("param", param, seed)
     _check_fp32_like("param", param, param, param.dtype)
     if grad.shape != param.shape:
@@ -1131,6 +1180,7 @@ def elementwise_update(
     states = _check_states(states, param, rule)
     h, grad_scale = _check_scalars(rule, h, grad_scale)
     _check_one_device(param, grad, *states)
+    _check_step_slot(step_slot, rule, param)
     numel = param.numel()
     cols, stride, base, rows = _kernel_counter(counter, numel, param.device)
     n_prog = max(1, _cdiv(numel, ELEMENTWISE_BLOCK))
@@ -1139,7 +1189,7 @@ def elementwise_update(
     if numel:
         _launch(_ELEMENTWISE_LAUNCH, elementwise_update_kernel,
                 _elementwise_launch_arguments(param, grad, states, norm_sq, nonfinite, numel, n_prog, rule, h,
-                                              grad_scale, seed, bf16, cols, stride, base, rows))
+                                              grad_scale, seed, bf16, cols, stride, base, rows, step_slot))
     return UpdateStats(norm_sq, nonfinite)
 
 

@@ -311,14 +311,16 @@ def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_pt
 @gluon.jit(do_not_specialize=["seed", "rand_stride", "rand_base"])
 def fused_linear_update_q8_ws_kernel(dy_desc, x_desc, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, norm_sq_ptr,
                                      nonfinite_ptr, n_blocks, M, N, K, h, grad_scale, seed: tl.uint64,
-                                     rand_stride: tl.int64, rand_base: tl.int64, GUARDED_UPDATE: gl.constexpr,
+                                     rand_stride: tl.int64, rand_base: tl.int64, step_slot, GUARDED_UPDATE: gl.constexpr,
                                      N_STATE: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr,
                                      GROUP_M: gl.constexpr, MMA_REGS: gl.constexpr, SELF_LOAD: gl.constexpr,
                                      LOAD_CURSOR: gl.constexpr, PREFETCH: gl.constexpr, num_warps: gl.constexpr):
     """The operand ring, the double-buffered g and their barriers, then the three partitions (module
     docstring). dy_desc [K, M] block [BK, BM], x_desc [K, N] block [BK, BN]; w_ptr the bf16 weight
     [M, N]; c0/c1_ptr the states' uint8 codes [M, N], scale0/scale1_ptr their fp32 block scales
-    [M, n_blocks] (N_STATE of them; the others any pointer, never read)."""
+    [M, n_blocks] (N_STATE of them; the others any pointer, never read); step_slot None, or where h,
+    grad_scale and seed are read when the kernel runs (linear_update.step_scalars)."""
+    h, grad_scale, seed = _ws._LINEAR.step_scalars(step_slot, h, grad_scale, seed)
     BM: gl.constexpr = dy_desc.block_type.shape[1]
     BN: gl.constexpr = x_desc.block_type.shape[1]
     dy_bufs = gl.allocate_shared_memory(dy_desc.dtype, [STAGES] + dy_desc.block_type.shape, dy_desc.layout)
@@ -484,8 +486,10 @@ def fused_linear_update_q8_ws(weight: torch.Tensor, x: torch.Tensor, dy: torch.T
     return launch(weight, x, dy, states, rule, h, grad_scale, config, (int(seed), rand_stride, rand_base))
 
 
-def launch(weight, x, dy, states, rule: Rule, h: tuple, grad_scale: float, config: Q8WSConfig, rand: tuple):
-    """The launch itself, for operands already checked; rand = (seed, rand_stride, rand_base)."""
+def launch(weight, x, dy, states, rule: Rule, h: tuple, grad_scale: float, config: Q8WSConfig, rand: tuple,
+           step_slot=None):
+    """The launch itself, for operands already checked; rand = (seed, rand_stride, rand_base);
+    step_slot None or a checked slot (kernels.fused_linear_update)."""
     from forge_num import kernels
 
     M, N = weight.shape
@@ -494,11 +498,13 @@ def launch(weight, x, dy, states, rule: Rule, h: tuple, grad_scale: float, confi
     tiles = triton.cdiv(M, config.BM) * triton.cdiv(N, config.BN)
     norm_sq, nonfinite = kernels._telemetry_buffers(max(tiles, 1), weight.device, launched=bool(M and N))
     if M and N:
-        _LAUNCH.launch(*_launch_arguments(weight, x, dy, states, rule, h, grad_scale, config, norm_sq, nonfinite, rand))
+        _LAUNCH.launch(*_launch_arguments(weight, x, dy, states, rule, h, grad_scale, config, norm_sq, nonfinite, rand,
+                                          step_slot))
     return kernels.UpdateStats(norm_sq, nonfinite)
 
 
-def _launch_arguments(weight, x, dy, states, rule, h, grad_scale, c: Q8WSConfig, norm_sq, nonfinite, rand):
+def _launch_arguments(weight, x, dy, states, rule, h, grad_scale, c: Q8WSConfig, norm_sq, nonfinite, rand,
+                      step_slot=None):
     """(key, pins, grid, runtime arguments, constants) of a launch through _LAUNCH (CachedLaunch)."""
     from forge_num import kernels
 
@@ -511,14 +517,16 @@ def _launch_arguments(weight, x, dy, states, rule, h, grad_scale, c: Q8WSConfig,
     # function of the rule and the config, pinned), the number of states (which pointers are real:
     # absent ones stand in as tensors of other dtypes), and the integers n_blocks, M, N, K (1 or not, a
     # multiple of 16 or not; all below 2^31); every pointer is 16-byte aligned (checked by the callers)
-    # and seed, rand_stride, rand_base are typed and not specialized.
+    # and seed, rand_stride, rand_base are typed and not specialized; the step slot None or an int32
+    # tensor (and its alignment).
     n_blocks = triton.cdiv(N, QBLOCK)
     key = (id(rule), id(c), len(states), weight.device.index, M == 1, N == 1, K == 1, n_blocks == 1,
-           M % 16 == 0, N % 16 == 0, K % 16 == 0, n_blocks % 16 == 0)
+           M % 16 == 0, N % 16 == 0, K % 16 == 0, n_blocks % 16 == 0,
+           None if step_slot is None else step_slot.data_ptr() % 16 == 0)
     seed, rand_stride, rand_base = rand
     args = (_ws._nvmma_desc(dy, (c.BK, c.BM), gl.bfloat16), _ws._nvmma_desc(x, (c.BK, c.BN), gl.bfloat16),
             weight, codes[0], scales[0], codes[1], scales[1], norm_sq, nonfinite, n_blocks, M, N, K, h, grad_scale,
-            seed, rand_stride, rand_base)
+            seed, rand_stride, rand_base, step_slot)
     return key, (rule, c), (programs,), args, lambda: _launch_constants(rule, c, len(states))
 
 
@@ -534,9 +542,11 @@ def _launch_constants(rule: Rule, c: Q8WSConfig, n_state: int) -> tuple[dict, di
 _LAUNCH = CachedLaunch(fused_linear_update_q8_ws_kernel)
 
 
-def compile_for_sm90(rule: Rule, config: Q8WSConfig = DEFAULT_Q8_WS_CONFIG, M: int = 256, N: int = 256, K: int = 128):
+def compile_for_sm90(rule: Rule, config: Q8WSConfig = DEFAULT_Q8_WS_CONFIG, M: int = 256, N: int = 256, K: int = 128,
+                     slot: bool = False):
     """The kernel compiled for sm_90 without a GPU (descriptors built on CPU tensors, for their types
-    only): the CompiledKernel, whose .asm holds "ttgir", "ptx" and (with ptxas) "cubin"."""
+    only): the CompiledKernel, whose .asm holds "ttgir", "ptx" and (with ptxas) "cubin"; slot: the
+    launch that reads its scalars from a step slot."""
     c = config
     n_state = len(rule.state)
     constexprs, launch_options = _launch_constants(rule, c, n_state)
@@ -549,7 +559,7 @@ def compile_for_sm90(rule: Rule, config: Q8WSConfig = DEFAULT_Q8_WS_CONFIG, M: i
                 scale1_ptr=torch.empty(M, n_blocks), norm_sq_ptr=torch.empty(4, dtype=torch.float64),
                 nonfinite_ptr=torch.empty(4, dtype=torch.int32), n_blocks=n_blocks, M=M, N=N, K=K,
                 h=tuple(1.0 for _ in rule.scalar_names), grad_scale=1.0, seed=2**63 + 1, rand_stride=N, rand_base=0,
-                **constexprs)
+                step_slot=_ws._cpu_slot(rule) if slot else None, **constexprs)
     return _ws.compile_gluon_for_sm90(fused_linear_update_q8_ws_kernel, args, c.num_warps, launch_options)
 
 

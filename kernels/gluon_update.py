@@ -135,7 +135,7 @@ _RANDOM, _ROUNDING, _QUANT8, _LINEAR = _modules_in_gluon([
     (_rounding, ("_is_nan", "bf16_sr_bits", "bf16_to_f32")),
     (_quant8, ("magnitude_key", "block_exponent", "sr_threshold", "sr_code", "quantize_blocks_sr", "code_unit_value",
                "dequantize_blocks")),
-    (_linear_update, ("load_f32", "store_f32", "telemetry_terms", "element_counters")),
+    (_linear_update, ("load_f32", "store_f32", "telemetry_terms", "element_counters", "step_scalars")),
 ])
 
 
@@ -562,13 +562,15 @@ def pingpong_consumer(descs, bufs, bars, M, N, K, h, grad_scale, rand, norm_sq_p
 @gluon.jit(do_not_specialize=["seed", "rand_stride", "rand_base"])
 def fused_linear_update_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, norm_sq_ptr, nonfinite_ptr,
                                   M, N, K, h, grad_scale, seed: tl.uint64, rand_stride: tl.int64, rand_base: tl.int64,
-                                  GUARDED_UPDATE: gl.constexpr, BF16_STORAGE: gl.constexpr, STAGES: gl.constexpr, SLOTS: gl.constexpr,
+                                  step_slot, GUARDED_UPDATE: gl.constexpr, BF16_STORAGE: gl.constexpr, STAGES: gl.constexpr, SLOTS: gl.constexpr,
                                   OUT_SLOTS: gl.constexpr, GROUP_M: gl.constexpr, SPLIT_MMA: gl.constexpr,
                                   PINGPONG: gl.constexpr, PINGPONG_REGS: gl.constexpr, num_warps: gl.constexpr):
     """The shared rings and their barriers, then the three partitions (module docstring).
     dy_desc [K, M] block [BK, BM], x_desc [K, N] block [BK, BN], w/s0/s1_desc [M, N] block
     [BM, BN/SPLIT] (SPLIT column sub-tiles, 4 or 8), fp32 or (BF16_STORAGE) bf16 (s0/s1 None for a rule with fewer states); seed,
-    rand_stride, rand_base: the bf16-sr regime's Philox key and counter map (update_subtile)."""
+    rand_stride, rand_base: the bf16-sr regime's Philox key and counter map (update_subtile); step_slot
+    None, or where h, grad_scale and seed are read when the kernel runs (linear_update.step_scalars)."""
+    h, grad_scale, seed = _LINEAR.step_scalars(step_slot, h, grad_scale, seed)
     rand = (seed, rand_stride, rand_base)
     dy_bufs = gl.allocate_shared_memory(dy_desc.dtype, [STAGES] + dy_desc.block_type.shape, dy_desc.layout)
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
@@ -834,10 +836,11 @@ def fused_linear_update_ws(weight: torch.Tensor, x: torch.Tensor, dy: torch.Tens
     return launch(weight, x, dy, states, rule, h, grad_scale, config, rand)
 
 
-def launch(weight, x, dy, states, rule: Rule, h: tuple, grad_scale: float, config: WSConfig, rand=None):
+def launch(weight, x, dy, states, rule: Rule, h: tuple, grad_scale: float, config: WSConfig, rand=None,
+           step_slot=None):
     """The launch itself, for operands already checked (fused_linear_update_ws, or the Triton
     launcher's checks and route_config); rand = (seed, rand_stride, rand_base) in the bf16-sr
-    regime, None in the fp32 regime."""
+    regime, None in the fp32 regime; step_slot None or a checked slot (kernels.fused_linear_update)."""
     from forge_num import kernels
 
     M, N = weight.shape
@@ -845,14 +848,15 @@ def launch(weight, x, dy, states, rule: Rule, h: tuple, grad_scale: float, confi
     norm_sq, nonfinite = kernels._telemetry_buffers(max(tiles, 1), weight.device, launched=bool(M and N))
     if M and N:
         _LAUNCH.launch(*_launch_arguments(weight, x, dy, states, rule, h, grad_scale, config, norm_sq, nonfinite,
-                                          rand))
+                                          rand, step_slot))
     return kernels.UpdateStats(norm_sq, nonfinite)
 
 
 _STORAGE = {torch.float32: gl.float32, torch.bfloat16: gl.bfloat16}
 
 
-def _launch_arguments(weight, x, dy, states, rule, h, grad_scale, c: WSConfig, norm_sq, nonfinite, rand=None):
+def _launch_arguments(weight, x, dy, states, rule, h, grad_scale, c: WSConfig, norm_sq, nonfinite, rand=None,
+                      step_slot=None):
     """(key, pins, grid, runtime arguments, constants) of a launch through _LAUNCH (CachedLaunch)."""
     from forge_num import kernels
 
@@ -869,13 +873,13 @@ def _launch_arguments(weight, x, dy, states, rule, h, grad_scale, c: WSConfig, n
     # typed and not specialized. The descriptors' blocks and layouts follow from the config and the
     # dtype; every tensor is 16-byte aligned (checked by the callers, route_config and
     # _check_ws_operands; the telemetry buffers by construction), and the descriptors' shapes and
-    # strides are M, N, K's (contiguous operands).
+    # strides are M, N, K's (contiguous operands). The step slot: None or an int32 tensor (and its alignment).
     key = (id(rule), id(c), len(states), bf16, weight.device.index, M == 1, N == 1, K == 1,
-           M % 16 == 0, N % 16 == 0, K % 16 == 0)
+           M % 16 == 0, N % 16 == 0, K % 16 == 0, None if step_slot is None else step_slot.data_ptr() % 16 == 0)
     seed, rand_stride, rand_base = rand if bf16 else (0, 0, 0)
     args = (_nvmma_desc(dy, (c.BK, c.BM), gl.bfloat16), _nvmma_desc(x, (c.BK, c.BN), gl.bfloat16),
             _nvmma_desc(weight, (c.BM, c.SW), storage), state_descs[0], state_descs[1],
-            norm_sq, nonfinite, M, N, K, h, grad_scale, seed, rand_stride, rand_base)
+            norm_sq, nonfinite, M, N, K, h, grad_scale, seed, rand_stride, rand_base, step_slot)
     return key, (rule, c, bf16), (programs,), args, lambda: _launch_constants(rule, c, bf16)
 
 
@@ -1014,10 +1018,10 @@ def route_config(weight: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, states
 
 
 def compile_for_sm90(rule: Rule, config: WSConfig = DEFAULT_WS_CONFIG, M: int = 256, N: int = 256, K: int = 128,
-                     bf16: bool = False):
+                     bf16: bool = False, slot: bool = False):
     """The kernel compiled for sm_90 without a GPU (descriptors built on CPU tensors, for their types
     only): the CompiledKernel, whose .asm holds "ttgir", "ptx" and (with ptxas) "cubin". bf16: the
-    bf16-sr regime's kernel."""
+    bf16-sr regime's kernel; slot: the launch that reads its scalars from a step slot."""
     c = config
     n_state = len(rule.state)
     constexprs, launch_options = _launch_constants(rule, c, bf16)
@@ -1030,8 +1034,15 @@ def compile_for_sm90(rule: Rule, config: WSConfig = DEFAULT_WS_CONFIG, M: int = 
                 w_desc=_nvmma_desc(w, (c.BM, c.SW), storage), s0_desc=states[0], s1_desc=states[1],
                 norm_sq_ptr=torch.empty(4, dtype=torch.float64), nonfinite_ptr=torch.empty(4, dtype=torch.int32),
                 M=M, N=N, K=K, h=tuple(1.0 for _ in rule.scalar_names), grad_scale=1.0, seed=2**63 + 1,
-                rand_stride=N, rand_base=0, **constexprs)
+                rand_stride=N, rand_base=0, step_slot=_cpu_slot(rule) if slot else None, **constexprs)
     return compile_gluon_for_sm90(fused_linear_update_ws_kernel, args, c.num_warps, launch_options)
+
+
+def _cpu_slot(rule: Rule) -> torch.Tensor:
+    """A step slot on the CPU, for its type only (compile_for_sm90)."""
+    from forge_num import kernels
+
+    return torch.zeros(kernels.step_slot_size(rule), dtype=torch.int32)
 
 
 def compile_gluon_for_sm90(kernel, args: dict, num_warps: int, launch_options: dict):

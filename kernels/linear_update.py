@@ -122,6 +122,27 @@ def reduce_telemetry(sq, bad):
     return tl.sum(tl.sum(sq, axis=1), axis=0), tl.sum(tl.sum(bad, axis=1), axis=0)
 
 
+@triton.jit
+def step_scalars(step_slot, h, grad_scale, seed):
+    """(h, grad_scale, seed) of this launch: as passed, or, where ``step_slot`` is a pointer, read from
+    that slot when the kernel runs, so that a launch captured in a CUDA graph and replayed applies each
+    step's scalars (its arguments are fixed at capture). The slot is int32 words (kernels.step_slot_words
+    writes them): h_0 .. h_{n-1} and grad_scale as their fp32 bit patterns, then the Philox key's low and
+    high 32 bits. Loads and bit casts only: the values are the words' bits, as passing them would give.
+    ``h`` passed with a slot gives only the count n (its values are not used)."""
+    if step_slot is not None:
+        n: tl.constexpr = len(h)
+        loaded = ()
+        for i in tl.static_range(n):
+            loaded = loaded + (tl.load(step_slot + i).to(tl.float32, bitcast=True),)
+        h = loaded
+        grad_scale = tl.load(step_slot + n).to(tl.float32, bitcast=True)
+        key_lo = tl.load(step_slot + n + 1).to(tl.uint32, bitcast=True).to(tl.uint64)
+        key_hi = tl.load(step_slot + n + 2).to(tl.uint32, bitcast=True).to(tl.uint64)
+        seed = key_lo | (key_hi << 32)
+    return h, grad_scale, seed
+
+
 # Triton specializes every int argument on its value (== 1, % 16 == 0) and its range (i32, i64,
 # u64). The Philox key is a uniform 64-bit value, so, specialized, it would select among five compiled
 # variants of every configuration (u64/i64 x divisible by 16 or not, i32 when < 2^31), each compiled
@@ -149,6 +170,9 @@ def fused_linear_update_kernel(
     # shard, in the unsharded parameter: emulator.philox.CounterMap); rand_rows None, or an int64
     # [M] tensor for gathered rows: row r is row rand_rows[r] of the parameter (counter R(r) * ...)
     h, grad_scale, seed: tl.uint64, rand_stride, rand_base: tl.int64, rand_rows,
+    # None, or an int32 pointer: the slot h, grad_scale and seed are read from when the kernel runs
+    # (step_scalars; a launch captured in a CUDA graph)
+    step_slot,
     # telemetry: tile (pid_m, pid_n) writes slot pid_m * slots_n + pid_n, slots_n = cdiv(N, BN)
     slots_n,
     # compile-time
@@ -165,6 +189,7 @@ def fused_linear_update_kernel(
     share the X tiles in L2), so that the next tile's loads can start during this tile's epilogue.
     Scheduling only: every tile computes the same bits and writes the same telemetry slot."""
     tl.static_assert(not STAGED or (PERSISTENT and STATE_Q8), "STAGED needs PERSISTENT programs and STATE_Q8")
+    h, grad_scale, seed = step_scalars(step_slot, h, grad_scale, seed)
     if PERSISTENT:
         stage = stage_ptr + tl.program_id(0).to(tl.int64) * (BM * BN)  # this program's scratch slot
         tiles_m = tl.cdiv(M, BM)
@@ -609,7 +634,7 @@ def update_in_place_q8(loaded, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_
 @triton.jit(do_not_specialize=_UNSPECIALIZED)
 def elementwise_update_kernel(
     p_ptr, g_ptr, s0_ptr, s1_ptr, norm_sq_ptr, nonfinite_ptr,
-    numel, h, grad_scale, seed: tl.uint64, rand_cols, rand_stride, rand_base: tl.int64, rand_rows,
+    numel, h, grad_scale, seed: tl.uint64, rand_cols, rand_stride, rand_base: tl.int64, rand_rows, step_slot,
     GUARDED_UPDATE: tl.constexpr, N_STATE: tl.constexpr, BF16_STORAGE: tl.constexpr, BLOCK: tl.constexpr,
     RAND_REMAP: tl.constexpr = False,
 ):
@@ -618,7 +643,9 @@ def elementwise_update_kernel(
     counter i + rand_base, or with RAND_REMAP (a column shard of a parameter seen as [rows, cols])
     (i // rand_cols) * rand_stride + i % rand_cols + rand_base, and with rand_rows (gathered rows: an
     int64 pointer, else None) rand_rows[i // rand_cols] in place of i // rand_cols
-    (emulator.philox.CounterMap)."""
+    (emulator.philox.CounterMap). ``step_slot``: None, or where h, grad_scale and seed are read
+    (step_scalars)."""
+    h, grad_scale, seed = step_scalars(step_slot, h, grad_scale, seed)
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     in_range = offs < numel

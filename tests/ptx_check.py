@@ -43,7 +43,9 @@ def forbidden(ptx: str) -> list:
     return [pat for pat in FORBIDDEN if re.search(pat, ptx)]
 
 
-def check_elementwise(rule_name: str) -> dict:
+def check_elementwise(rule_name: str, slot: bool = False) -> dict:
+    """``slot``: the launch reads its scalars from a step slot (linear_update.step_scalars): the same
+    rule ops, from loaded values."""
     from forge_num import rules
     from forge_num.kernels.linear_update import elementwise_update_kernel
     from forge_num.kernels.rules import guarded_update_jit
@@ -53,18 +55,21 @@ def check_elementwise(rule_name: str) -> dict:
     sig = {"p_ptr": "*fp32", "g_ptr": "*fp32", "s0_ptr": "*fp32", "s1_ptr": "*fp32", "norm_sq_ptr": "*fp64",
            "nonfinite_ptr": "*i32", "numel": "i32", "h": tuple("fp32" for _ in rule.scalar_names),
            "grad_scale": "fp32", "seed": "u64", "rand_cols": "i32", "rand_stride": "i32", "rand_base": "i64",
-           "rand_rows": "constexpr", "GUARDED_UPDATE": "constexpr", "N_STATE": "constexpr",
+           "rand_rows": "constexpr", "step_slot": "constexpr", "GUARDED_UPDATE": "constexpr", "N_STATE": "constexpr",
            "BF16_STORAGE": "constexpr", "BLOCK": "constexpr"}
     # BLOCK = 128 threads x 1 element: each op appears once per element in the PTX
-    ptx = compile_ptx(elementwise_update_kernel, sig,
-                      {"GUARDED_UPDATE": guarded_update_jit(rule), "N_STATE": n_state, "BF16_STORAGE": False, "BLOCK": 128,
-                       "rand_rows": None})
+    const = {"GUARDED_UPDATE": guarded_update_jit(rule), "N_STATE": n_state, "BF16_STORAGE": False, "BLOCK": 128,
+             "rand_rows": None, "step_slot": None}
+    if slot:
+        sig["step_slot"] = "*i32"
+        del const["step_slot"]
+    ptx = compile_ptx(elementwise_update_kernel, sig, const)
     calls = vocabulary_calls(rule.update) + vocabulary_calls(rules.guarded_update)
     expected = {op: calls.get(op, 0) for op in PTX_OP}
-    return {"rule": rule_name, "expected": expected, "ptx": count(ptx), "forbidden": forbidden(ptx)}
+    return {"rule": rule_name, "slot": slot, "expected": expected, "ptx": count(ptx), "forbidden": forbidden(ptx)}
 
 
-def check_fused(rule_name: str, dtype: str) -> dict:
+def check_fused(rule_name: str, dtype: str, slot: bool = False) -> dict:
     from forge_num import rules
     from forge_num.kernels.linear_update import fused_linear_update_kernel
     from forge_num.kernels.rules import guarded_update_jit
@@ -75,19 +80,23 @@ def check_fused(rule_name: str, dtype: str) -> dict:
            "x_desc": "constexpr", "dy_desc": "constexpr",
            "scale0_ptr": "*fp32", "scale1_ptr": "*fp32", "n_blocks": "i32", "M": "i32", "N": "i32", "K": "i32", "stride_xk": "i32", "stride_xn": "i32", "stride_dyk": "i32",
            "stride_dym": "i32", "h": tuple("fp32" for _ in rule.scalar_names), "grad_scale": "fp32",
-           "seed": "u64", "rand_stride": "i32", "rand_base": "i64", "rand_rows": "constexpr", "slots_n": "i32"}
+           "seed": "u64", "rand_stride": "i32", "rand_base": "i64", "rand_rows": "constexpr", "step_slot": "constexpr",
+           "slots_n": "i32"}
     const = {"GUARDED_UPDATE": guarded_update_jit(rule), "N_STATE": len(rule.state), "BF16_STORAGE": False, "STATE_Q8": False, "UPDATE": True,
              "STORE_ACC": False, "HAS_ACCUM": False, "INPUT_PRECISION": "ieee" if dtype == "fp32" else "tf32",
              "BM": 64, "BN": 64, "BK": 32 if dtype == "bf16" else 16, "EPILOGUE_SPLIT": 2,
-             "x_desc": None, "dy_desc": None, "USE_TMA": False, "rand_rows": None}
+             "x_desc": None, "dy_desc": None, "USE_TMA": False, "rand_rows": None, "step_slot": None}
     if rule_name == "lion":
         # strides equal to 1 are specialized into Python ints at launch (a layer with one input or
         # output feature): the kernel must compile with them too
         const.update(stride_xk=1, stride_dyk=1)
     for k in const:
         sig[k] = "constexpr"
+    if slot:  # the scalars read from a step slot (check_elementwise)
+        sig["step_slot"] = "*i32"
+        del const["step_slot"]
     ptx = compile_ptx(fused_linear_update_kernel, sig, const, {"num_stages": 2})
-    return {"rule": rule_name, "dtype": dtype, "ptx": count(ptx), "forbidden": forbidden(ptx),
+    return {"rule": rule_name, "dtype": dtype, "slot": slot, "ptx": count(ptx), "forbidden": forbidden(ptx),
             "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "fma_total": len(re.findall(r"fma\.rn\.f32", ptx))}
 
 
@@ -112,7 +121,7 @@ def launch_specializations(kernel, names=("seed", "rand_base")) -> list:
     return sorted(json.loads(s) for s in seen)
 
 
-def check_gluon_ws(rule_name: str, config, precision: str = "fp32") -> dict:
+def check_gluon_ws(rule_name: str, config, precision: str = "fp32", slot: bool = False) -> dict:
     """The warp-specialized Gluon kernel (kernels/gluon_update.py) for sm_90 with one tile, in the
     fp32 or bf16-sr regime: IEEE op counts (each vocabulary op of the rule once per element a
     consumer thread updates), the wgmma chain, TMA copies, the partitions' register caps, ptxas
@@ -124,12 +133,12 @@ def check_gluon_ws(rule_name: str, config, precision: str = "fp32") -> dict:
 
     rule = rules.get_rule(rule_name)
     bf16 = precision == "bf16-sr"
-    compiled = compile_for_sm90(rule, config, bf16=bf16)
+    compiled = compile_for_sm90(rule, config, bf16=bf16, slot=slot)
     ptx = compiled.asm["ptx"]
     calls = vocabulary_calls(rule.update) + vocabulary_calls(rules.guarded_update)
     per_thread = config.BM * config.BN // (32 * config.num_warps)  # elements a consumer thread updates
     consumers = 2 if config.pingpong else 1  # the ping-pong design: the consumer's code twice, one per warp group
-    return {"rule": rule_name, "config": config.label, "precision": precision, "ptx": count(ptx),
+    return {"rule": rule_name, "config": config.label, "precision": precision, "slot": slot, "ptx": count(ptx),
             "forbidden": forbidden(ptx),
             "expected": {op: calls.get(op, 0) * per_thread * consumers for op in PTX_OP},
             "consumers": consumers, "per_thread": per_thread,
@@ -139,7 +148,7 @@ def check_gluon_ws(rule_name: str, config, precision: str = "fp32") -> dict:
             "shared_model": config.shared_bytes(len(rule.state), 2 if bf16 else 4), **resource_usage(ptx)}
 
 
-def check_gluon_q8(rule_name: str, config) -> dict:
+def check_gluon_q8(rule_name: str, config, slot: bool = False) -> dict:
     """The 8bit Gluon kernel (kernels/gluon_q8.py) for sm_90 with one tile: IEEE op counts (each op of
     the rule once per element an epilogue thread updates, and dequantization's two products a state:
     a code's bit fields times 2^(127 - TOP) and q * scale), the wgmma chain, TMA loads, the register
@@ -149,12 +158,12 @@ def check_gluon_q8(rule_name: str, config) -> dict:
     from forge_num.kernels.gluon_q8 import compile_for_sm90
 
     rule = rules.get_rule(rule_name)
-    compiled = compile_for_sm90(rule, config)
+    compiled = compile_for_sm90(rule, config, slot=slot)
     ptx = compiled.asm["ptx"]
     calls = vocabulary_calls(rule.update) + vocabulary_calls(rules.guarded_update)
     calls["mul"] += 2 * len(rule.state)
     per_thread = config.BM * config.BN // (32 * config.num_warps)
-    return {"rule": rule_name, "config": config.label, "ptx": count(ptx), "forbidden": forbidden(ptx),
+    return {"rule": rule_name, "config": config.label, "slot": slot, "ptx": count(ptx), "forbidden": forbidden(ptx),
             "expected": {op: calls.get(op, 0) * per_thread for op in PTX_OP}, "per_thread": per_thread,
             "mul_hi": len(re.findall(r"mul\.hi\.u32", ptx)), "mul_wide": len(re.findall(r"mul\.wide\.u32", ptx)),
             "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "tma": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
@@ -178,6 +187,12 @@ def _gluon_ws_configs():
     from forge_num.kernels.gluon_update import DEFAULT_WS_CONFIG, PINGPONG_CONFIG, ROUTE_CONFIGS, SPLIT_CONFIG
 
     return (DEFAULT_WS_CONFIG, *ROUTE_CONFIGS, SPLIT_CONFIG, PINGPONG_CONFIG)
+
+
+def _gluon_route_configs():
+    from forge_num.kernels.gluon_update import ROUTE_CONFIGS
+
+    return ROUTE_CONFIGS
 
 
 def _gluon_ws_bf16_sr_configs():
@@ -213,13 +228,14 @@ def main() -> int:
     from bench.registers import compile_ptx as compile_tuned, resource_usage
     from forge_num import kernels
 
-    out = {"elementwise": [check_elementwise(r) for r in sorted(rules.RULES)],
+    out = {"elementwise": [check_elementwise(r, slot) for r in sorted(rules.RULES) for slot in (False, True)],
            "specializations": {name: launch_specializations(getattr(kernels, name))
                                for name in ("fused_linear_update_kernel", "elementwise_update_kernel")},
            # the Gluon kernel's launches skip the binder on a cache hit (kernels/launch_cache.py), with a
            # key that does not name these three: they must reach one specialization
            "gluon_specializations": launch_specializations(_gluon_kernel(), ("seed", "rand_stride", "rand_base")),
-           "fused": [check_fused(r, d) for r in ("adamw", "lion") for d in ("fp32", "bf16")],
+           "fused": [check_fused(r, d) for r in ("adamw", "lion") for d in ("fp32", "bf16")]
+                    + [check_fused("adamw", "bf16", slot=True)],
            # AdamW holds the most state: registers and spills of every configuration the launcher may use
            "resources": [dict(config=str(c), dtype=d, precision=prec, **resource_usage(compile_tuned(c, rules.ADAMW, d, prec)))
                          for prec, d, cfgs in (("fp32", "bf16", kernels.BF16_CONFIGS), ("fp32", "fp32", kernels.IEEE_CONFIGS),
@@ -232,6 +248,9 @@ def main() -> int:
            "gluon_ws": [check_gluon_ws(r, c) for r in ("adamw", "lion", "sgd") for c in _gluon_ws_configs()]
                        + [check_gluon_ws(r, c, "bf16-sr") for r in ("adamw", "sgd") for c in _gluon_ws_bf16_sr_configs()],
            "gluon_q8": [check_gluon_q8(r, c) for r in ("adamw", "lion", "sgd") for c in _gluon_q8_configs()],
+           # the routed Gluon tiles reading their scalars from a step slot (a captured step's launches)
+           "gluon_slot": [check_gluon_ws("adamw", c, slot=True) for c in _gluon_route_configs()]
+                         + [check_gluon_q8("adamw", _gluon_q8_configs()[0], slot=True)],
            "labels": {str(c): c.label for c in (*kernels.BF16_CONFIGS, *kernels.IEEE_CONFIGS,
                                                 *kernels.Q8_CONFIGS[kernels.torch.bfloat16],
                                                 *kernels.Q8_CONFIGS[kernels.torch.float32])}}

@@ -109,20 +109,23 @@ def test_the_launch_key_determines_its_specialization(monkeypatch):
     """_launch_arguments' key (CPU tensors, the SM count mocked) against Triton's binder: launches
     under one key are launches the binder specializes alike, over shapes of every class the key tells
     apart (M, N, K, n_blocks a multiple of 16 or not, K = 1, one block a row), one and two states,
-    counter maps and Philox keys of every size; and launches do share keys."""
+    counter maps and Philox keys of every size, with and without a step slot (16-byte aligned or not);
+    and launches do share keys."""
     monkeypatch.setattr(kernels, "_sm_count", lambda device: 132)
     lion = rules.LION.scalars({"lr": 1e-4, "betas": (0.9, 0.99), "weight_decay": 0.0}, 1)
     by_key, shared = {}, 0
-    for (M, N, K), (rule, h, n_state), rand in itertools.product(
+    for (M, N, K), (rule, h, n_state), rand, slot in itertools.product(
             ((64, 128, 64), (72, 136, 17), (128, 2048, 1), (200, 264, 150), (64, 16 * 128, 32), (8, 8, 16)),
             ((rules.ADAMW, H, 2), (rules.LION, lion, 1)),
-            ((1, 128, 0), (2**63 + 5, 2**31 + 16, 2**40), (2**64 - 1, 3, 17))):
+            ((1, 128, 0), (2**63 + 5, 2**31 + 16, 2**40), (2**64 - 1, 3, 17)), (None, 0, 1)):
         w, x, dy, q = _problem(M, N, K, n_state)
         norm_sq, nonfinite = torch.zeros(4, dtype=torch.float64), torch.zeros(4, dtype=torch.int32)
+        if slot is not None:  # a slot at word `slot` of a 16-byte aligned buffer
+            slot = torch.zeros(kernels.step_slot_size(rule) + 4, dtype=torch.int32)[slot:][:kernels.step_slot_size(rule)]
         key, pins, grid, args, constants = gluon_q8._launch_arguments(
-            w, x, dy, q, rule, h, 1.0, gluon_q8.DEFAULT_Q8_WS_CONFIG, norm_sq, nonfinite, rand)
+            w, x, dy, q, rule, h, 1.0, gluon_q8.DEFAULT_Q8_WS_CONFIG, norm_sq, nonfinite, rand, slot)
         constexprs, options = constants()
-        assert args[-3:] == rand and grid[0] <= 132
+        assert args[-4:-1] == rand and args[-1] is slot and grid[0] <= 132
         spec = _binder_specialization(args, constexprs, {k: v for k, v in options.items() if v is not None})
         if key in by_key:
             shared += 1

@@ -171,11 +171,38 @@ def test_launch_arguments_carry_the_regime_and_the_philox_key(monkeypatch):
                                                                           norm_sq, nonfinite, rand)
         constexprs, options = constants()
         names = [p.name for p in gluon_update.fused_linear_update_ws_kernel.params]
-        assert names[len(args) - 3:len(args)] == ["seed", "rand_stride", "rand_base"]
-        assert args[-3:] == (rand if rand is not None else (0, 0, 0))
+        assert names[len(args) - 4:len(args)] == ["seed", "rand_stride", "rand_base", "step_slot"]
+        assert args[-4:] == (*(rand if rand is not None else (0, 0, 0)), None)
         storage = gl.bfloat16 if dtype == torch.bfloat16 else gl.float32
         assert all(d.layout.element_bitwidth == storage.primitive_bitwidth for d in args[2:5])
         assert constexprs["BF16_STORAGE"] == (rand is not None) and options["enable_fp_fusion"] is False
         assert grid == (min(c.programs * 132, 2 * 2),)  # two programs an SM, no more than the 2 x 2 tiles
         keys[dtype] = (key, pins)
     assert keys[torch.bfloat16][0] != keys[torch.float32][0] and keys[torch.bfloat16][1] != keys[torch.float32][1]
+
+
+def test_a_step_slot_is_in_the_launch_key(monkeypatch):
+    """gluon_update._launch_arguments' key tells apart launches without a step slot, with an aligned
+    one and with a misaligned one, which Triton's binder specializes differently; launches alike in
+    those share a key and a specialization."""
+    from tests.test_launch_cache import _binder_specialization
+
+    monkeypatch.setattr(kernels, "_sm_count", lambda device: 132)
+    c = gluon_update.ROUTE_SMALL_K_CONFIG
+    h = rules.ADAMW.scalars({"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}, 1)
+    x, dy = torch.zeros(64, 256, dtype=torch.bfloat16), torch.zeros(64, 128, dtype=torch.bfloat16)
+    w = torch.zeros(128, 256)
+    states = [torch.zeros_like(w), torch.zeros_like(w)]
+    size = kernels.step_slot_size(rules.ADAMW)
+    by_key, specs = {}, set()
+    for offset in (None, 0, 1, None, 0, 1):
+        slot = None if offset is None else torch.zeros(size + 4, dtype=torch.int32)[offset:][:size]
+        key, _, _, args, constants = gluon_update._launch_arguments(
+            w, x, dy, states, rules.ADAMW, h, 1.0, c, torch.zeros(4, dtype=torch.float64),
+            torch.zeros(4, dtype=torch.int32), None, slot)
+        constexprs, options = constants()
+        spec = _binder_specialization(gluon_update.fused_linear_update_ws_kernel, args, constexprs,
+                                      {k: v for k, v in options.items() if v is not None})
+        assert by_key.setdefault(key, spec) == spec, offset
+        specs.add(spec)
+    assert len(by_key) == len(specs) == 3

@@ -470,3 +470,53 @@ def test_the_launcher_routes_8bit_where_measured_faster(K):
         outs.append((w, s))
     for w, s in outs[1:]:
         assert same_bits(w, outs[0][0]) and all(_same_q8(a, b) for a, b in zip(s, outs[0][1]))
+
+
+@pytest.mark.parametrize("regime,M,N,K", [("fp32", 4096, 8192, 256), ("fp32", 4096, 4096, 1024),
+                                          ("fp32", 4096, 4096, 4096), ("8bit", 4096, 2048, 1024),
+                                          ("8bit", 4096, 2048, 4096), ("bf16-sr", 2048, 2048, 512)])
+def test_a_launch_reads_its_scalars_from_the_step_slot(regime, M, N, K):
+    """kernels.fused_linear_update's default path (the Gluon routes where they take the shape, the Triton
+    tiles elsewhere) given a step slot (a captured step's launch): the bits of a launch passed the
+    slot's scalars, while its own arguments hold another step's (another step, scale and key, whose
+    bits differ); then a second, cached launch on the updated tensors after the slot is rewritten with
+    the next step's scalars (what a replay's next step does): the bits of that step passed as arguments.
+    Each launch runs as it is issued; the slot is read when it runs."""
+    from forge_num.emulator.philox import derive_seed
+
+    rule, _, w32, s32, x, dy = _case("adamw", M, N, K, seed=41)
+    hyper = HYPERS["adamw"]
+    if regime == "fp32":
+        w0, s0, clone = w32, s32, (lambda s: [t.clone() for t in s])
+    elif regime == "8bit":
+        w0, s0, clone = w32.bfloat16(), _q8_states(s32, 0), _q8_clone
+    else:
+        w0, s0, clone = w32.bfloat16(), [s.bfloat16() for s in s32], (lambda s: [t.clone() for t in s])
+    stochastic = regime != "fp32"
+
+    def scalars(step, scale, user_seed):
+        return rule.scalars(hyper, step), scale, derive_seed(user_seed, step, 3) if stochastic else None
+
+    def update(w, s, passed, slot=None):
+        h, scale, key = passed
+        kernels.fused_linear_update(w, x, dy, s, rule, h, grad_scale=scale, seed=key, step_slot=slot)
+
+    def flat(w, s):
+        return [w, *(t for st in s for t in ((st.codes, st.scales) if regime == "8bit" else (st,)))]
+
+    steps = (scalars(3, 0.75, 7), scalars(4, 0.5, 7))
+    decoy = scalars(1, 1.0, 8)
+    passed_w, passed_s = w0.clone(), clone(s0)
+    slot_w, slot_s = w0.clone(), clone(s0)
+    slot = torch.empty(kernels.step_slot_size(rule), dtype=torch.int32, device=CUDA)
+    for step in steps:
+        update(passed_w, passed_s, step)
+        slot.copy_(torch.tensor(kernels.step_slot_words(*step), dtype=torch.int32))
+        update(slot_w, slot_s, decoy, slot)
+        torch.cuda.synchronize()
+        assert all(same_bits(a, b) for a, b in zip(flat(slot_w, slot_s), flat(passed_w, passed_s)))
+    decoy_w, decoy_s = w0.clone(), clone(s0)
+    update(decoy_w, decoy_s, decoy)
+    once_w, once_s = w0.clone(), clone(s0)
+    update(once_w, once_s, steps[0])
+    assert not all(same_bits(a, b) for a, b in zip(flat(decoy_w, decoy_s), flat(once_w, once_s)))

@@ -160,7 +160,7 @@ def _offset(t: torch.Tensor, elements: int) -> torch.Tensor:
 
 # The parts of kernels._linear_launch_arguments' key, in its order (a changed key must change this).
 _KEY_PARTS = ("guarded", "config", "n_state", "bf16", "q8", "update", "has_accum", "has_acc_out", "use_tma",
-              "x_dtype", "weight_dtype", "no_rows", "aligned", "M", "N", "K", "stride_xk", "stride_xn",
+              "x_dtype", "weight_dtype", "no_rows", "no_slot", "aligned", "M", "N", "K", "stride_xk", "stride_xn",
               "stride_dyk", "stride_dym", "rand_stride")
 
 
@@ -237,7 +237,7 @@ def _check_keys(records, key_parts, blank_parts):
 def _every_kind_of_launch():
     """Calls of each public launcher over what changes Triton's specialization: x and dy bf16 or fp32;
     M, N and K in each of its integer classes (1, a multiple of 16 or not; each varied alone); each
-    tensor misaligned in turn; 0-2 states; accum, acc_out, gathered rows, counter maps; every regime;
+    tensor misaligned in turn; 0-2 states; accum, acc_out, gathered rows, counter maps, a step slot; every regime;
     pointer, TMA, persistent and IEEE tiles; and values Triton does not specialize (the Philox key and
     base, the rule's scalars as floats or ints, the gradient scale)."""
     rule = rules.get_rule("adamw")
@@ -248,12 +248,13 @@ def _every_kind_of_launch():
     zeros = torch.zeros
     shapes = ((256, 256, 64), (256, 256, 17), (256, 256, 1), (33, 256, 64), (256, 136, 64))
     update = kernels.fused_linear_update
-    misaligned = ("none", "x", "dy", "w", "s1", "accum", "scales", "rows")
+    misaligned = ("none", "x", "dy", "w", "s1", "accum", "scales", "rows", "slot")
     for (M, N, K), x_dtype, odd in itertools.product(shapes, (torch.bfloat16, torch.float32), misaligned):
         x = _offset(zeros(K, N, dtype=x_dtype), odd == "x")
         dy = _offset(zeros(K, M, dtype=x_dtype), odd == "dy")
         accum = _offset(zeros(M, N), odd == "accum")
         rows = _offset(torch.arange(M), odd == "rows")
+        slot = _offset(zeros(kernels.step_slot_size(rule), dtype=torch.int32), odd == "slot")
         for config in linear:
             yield kernels.linear_mainloop, (x, dy), dict(config=config)
             yield kernels.linear_mainloop, (x, dy), dict(accum=accum, config=config)
@@ -267,6 +268,7 @@ def _every_kind_of_launch():
                     yield update, (w, x, dy, st, rule, h), dict(grad_scale=1, **common)
                     yield update, (w, x, dy, st, rule, list(h)), dict(accum=accum, **common)
                     yield update, (w, x, dy, st, rule, h), dict(acc_out=accum.clone(), **common)
+                    yield update, (w, x, dy, st, rule, h), dict(step_slot=slot, **common)
                     if seed is not None:
                         yield update, (w, x, dy, st, rule, h), dict(counter=(N, N + 16, 32, rows), **common)
                         yield update, (w, x, dy, st, rule, h), dict(counter=(N, N, 2**40), **common)
@@ -284,6 +286,7 @@ def _every_kind_of_launch():
                     yield update, (w, x, dy, st, rule, h), common
                     yield update, (w, x, dy, st, rule, h), dict(accum=accum, **common)
                     yield update, (w, x, dy, st, rule, h), dict(counter=(N, N, 0, rows), **common)
+                    yield update, (w, x, dy, st, rule, h), dict(step_slot=slot, **common)
 
 
 def test_the_fused_kernels_key_determines_its_specialization(recorded_launches):
@@ -295,15 +298,15 @@ def test_the_fused_kernels_key_determines_its_specialization(recorded_launches):
     for launcher, args, kwargs in _every_kind_of_launch():
         launcher(*args, **kwargs)
     _check_keys(recorded_launches, _KEY_PARTS,
-                (("aligned",), ("has_accum",), ("has_acc_out",), ("n_state",), ("x_dtype",), ("K",),
+                (("aligned",), ("has_accum",), ("has_acc_out",), ("n_state",), ("x_dtype",), ("K",), ("no_slot",),
                  ("M", "stride_dyk"), ("N", "stride_xk", "rand_stride")))
 
 
 # -- the element-wise kernel's key ------------------------------------------------------------------
 
 # The parts of kernels._elementwise_launch_arguments' key, in its order (a changed key must change this).
-_ELEMENTWISE_KEY_PARTS = ("guarded", "n_state", "bf16", "grad_dtype", "no_rows", "remap", "block", "aligned",
-                          "numel", "rand_cols", "rand_stride")
+_ELEMENTWISE_KEY_PARTS = ("guarded", "n_state", "bf16", "grad_dtype", "no_rows", "no_slot", "remap", "block",
+                          "aligned", "numel", "rand_cols", "rand_stride")
 
 # numel -> counter maps (cols, row_stride) of its own that remap (row_stride != cols): cols = numel
 # (one row), cols neither 1 nor a multiple of 16, two cols under one row stride, a row stride past 2^31
@@ -319,7 +322,8 @@ def _every_kind_of_elementwise_launch():
     the kernel (a multiple of 16 and not); counter maps: none, remapped (cols != row_stride; among them
     (1, 17) on every numel), unremapped with a base, and gathered rows; each tensor misaligned in turn
     (param: also the absent states' stand-ins); and values Triton does not specialize (the Philox key
-    and base, the rule's scalars as a tuple or a list, the gradient scale as an int or a float)."""
+    and base, the rule's scalars as a tuple or a list, the gradient scale as an int or a float); with and
+    without a step slot."""
     rule_cases = (
         (rules.SGD, rules.SGD.scalars({"lr": 0.1}, 1), 0),
         (rules.SGD, rules.SGD.scalars({"lr": 0.1, "momentum": 0.9}, 2), 1),
@@ -334,7 +338,7 @@ def _every_kind_of_elementwise_launch():
                     (c, s, 32, "rows")]
         for (dtype, seed), grad_dtype, odd in itertools.product(
                 ((torch.float32, None), (torch.bfloat16, 5), (torch.bfloat16, 2**64 - 1)),
-                (torch.float32, torch.bfloat16), ("none", "param", "grad", "s0", "s1", "rows")):
+                (torch.float32, torch.bfloat16), ("none", "param", "grad", "s0", "s1", "rows", "slot")):
             param = _offset(zeros(numel, dtype=dtype), odd == "param")
             grad = _offset(zeros(numel, dtype=grad_dtype), odd == "grad")
             rows = _offset(torch.arange(numel // c), odd == "rows")
@@ -346,8 +350,11 @@ def _every_kind_of_elementwise_launch():
                 if counter is not None and len(counter) == 4:
                     counter = (*counter[:3], rows)
                 kwargs = dict(seed=seed, counter=counter)
-                yield (param, grad, states, rule, h), dict(grad_scale=1, **kwargs)
-                yield (param, grad, states, rule, list(h)), dict(grad_scale=0.5, **kwargs)
+                if odd != "slot":
+                    yield (param, grad, states, rule, h), dict(grad_scale=1, **kwargs)
+                yield (param, grad, states, rule, list(h)), dict(
+                    grad_scale=0.5, step_slot=_offset(zeros(kernels.step_slot_size(rule), dtype=torch.int32),
+                                                      odd == "slot"), **kwargs)
 
 
 def test_the_elementwise_kernels_key_determines_its_specialization(recorded_elementwise_launches):
@@ -358,7 +365,7 @@ def test_the_elementwise_kernels_key_determines_its_specialization(recorded_elem
     for args, kwargs in _every_kind_of_elementwise_launch():
         kernels.elementwise_update(*args, **kwargs)
     _check_keys(recorded_elementwise_launches, _ELEMENTWISE_KEY_PARTS,
-                (("aligned",), ("n_state",), ("bf16",), ("grad_dtype",), ("no_rows",),
+                (("aligned",), ("n_state",), ("bf16",), ("grad_dtype",), ("no_rows",), ("no_slot",),
                  ("remap", "rand_stride"), ("numel",), ("rand_cols",), ("rand_stride",)))
 
 

@@ -156,6 +156,29 @@ def test_the_8bit_gluon_kernel_compiles_to_ieee_ops_for_sm_90_without_spills(rep
     assert set(GLUON_Q8_SPILL_EXCEPTIONS) <= seen, "an exception names a tile the report no longer compiles"
 
 
+def test_launches_reading_a_step_slot_compile_to_the_same_ops(report):
+    """A launch given a step slot (kernels.fused_linear_update's step_slot: a captured step's) reads h,
+    grad_scale and the key from memory when it runs; the rule's ops are the same, in the Triton kernels
+    (tests.ptx_check's elementwise and fused rows with slot) and the routed Gluon tiles. Passed as
+    arguments the scalars stay in the constant bank; loaded, they take registers, so the routed tiles
+    at a 128-register cap spill more: STEP_SLOT_SPILLS."""
+    assert any(r["slot"] for r in report["elementwise"]) and any(r["slot"] for r in report["fused"])
+    for r in report["gluon_slot"]:
+        assert r["forbidden"] == [] and r["ptx"] == r["expected"], r
+        assert r["spill_stores"] <= STEP_SLOT_SPILLS[r["config"]], r
+    assert {r["config"] for r in report["gluon_slot"]} == set(STEP_SLOT_SPILLS)
+
+
+# Spill stores a thread (bytes, ptxas of Triton 3.6) of the routed Gluon tiles reading a step slot, AdamW
+# (without a slot: 0, 32 and 8): the nine scalars, the scale and the key's two words held in registers
+# through the epilogue. Only a captured step's launches read a slot; not yet timed.
+STEP_SLOT_SPILLS = {
+    "ws8 64x128x64 st4 w8 rows16 mma104 r128": 28,
+    "ws 64x128x64 st2 sl1 o1 p2 r128": 32,
+    "ws 128x128x64 st3 sl1 o1": 12,
+}
+
+
 # The 8bit Gluon tiles' spills, by (label, rule), bytes of spill stores a thread (ptxas of Triton 3.6):
 # the candidate with sixteen epilogue warps at 96 registers (20 warps an SM: the most the SM's
 # registers allow at a launch cap the wgmma accumulator needs) spills 104 B for AdamW; it is timed
