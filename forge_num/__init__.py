@@ -21,6 +21,8 @@ _LAZY = {
     "prepare": ("forge_num.fused", "prepare"),
     "unprepare": ("forge_num.fused", "unprepare"),
     "linear_cross_entropy": ("forge_num.loss", "linear_cross_entropy"),
+    "capture_step": ("forge_num.graphs", "capture_step"),
+    "CapturedStep": ("forge_num.graphs", "CapturedStep"),
 }
 
 

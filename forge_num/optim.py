@@ -206,6 +206,57 @@ class _Rec:
         self.in_flight = None
 
 
+class _StepSlots:
+    """Each update's per-step scalars in device memory, for launches that read them when they run
+    (kernels.fused_linear_update's ``step_slot``): the launches of a step captured in a CUDA graph
+    (forge_num.graphs), replayed with each step's values. One row of int32 words a parameter
+    (kernels.step_slot_words: h, grad_scale, the Philox key), in the order of the parameters' first
+    updates (``order``); ``host_words`` is the rows' pinned twin, written by the host. A row is copied
+    to the device as it is written (eager steps: the warm-up steps before a capture, or any step issued
+    outside the graph), or, while ``defer`` is set (a capture; the bookkeeping before a replay), with
+    every other row by ``upload()``."""
+
+    def __init__(self, device: torch.device, n_params: int, width: int):
+        from forge_num.kernels import step_slot_words
+
+        self._words = step_slot_words
+        width = -(-width // 4) * 4  # 16-byte rows: every slot 16-byte aligned, as the launches' keys assume
+        self.rows: dict[torch.Tensor, int] = {}
+        self.order: list[torch.Tensor] = []
+        self.device_words = torch.zeros((n_params, width), dtype=torch.int32, device=device)
+        self.host_words = torch.zeros((n_params, width), dtype=torch.int32, pin_memory=device.type == "cuda")
+        self.defer = False
+        self.uploaded = None  # the event after the last upload (its host rows are not rewritten before it)
+
+    def write(self, p, h, grad_scale: float, seed) -> torch.Tensor:
+        """Write p's row (a new parameter takes the next row) and return its slot on the device."""
+        self.wait_for_upload()
+        row = self.rows.get(p)
+        if row is None:
+            row = self.rows[p] = len(self.order)
+            self.order.append(p)
+        words = self._words(h, grad_scale, seed)
+        host = self.host_words[row, : len(words)]
+        host.copy_(torch.tensor(words, dtype=torch.int32))
+        slot = self.device_words[row, : len(words)]
+        if not self.defer:
+            slot.copy_(host)  # from pinned memory, ordered before the launch that reads it
+        return slot
+
+    def wait_for_upload(self) -> None:
+        """Before the host rows are rewritten: the last upload has read them."""
+        if self.uploaded is not None:
+            self.uploaded.synchronize()
+            self.uploaded = None
+
+    def upload(self) -> None:
+        """Every row to the device, ordered before the work issued next on the current stream."""
+        self.device_words.copy_(self.host_words, non_blocking=True)
+        if self.device_words.device.type == "cuda":
+            self.uploaded = torch.cuda.Event()
+            self.uploaded.record()
+
+
 class _RowUpdater:
     """The rule's update of one parameter, seen as [rows, cols] (rows of its last dimension), applied
     to rows at a time from their fp32 gradient, with the step's (rule, h, states) prepared once:
@@ -232,16 +283,19 @@ class _RowUpdater:
         else:
             self.states = [_local(s).view(self.n_rows, self.cols) for s in states]
         self.seed = opt._rounding_seed(p)
+        self.slot = opt._slot_kw(p, h, self.seed)  # every piece's launch reads the one slot
 
     def _update(self, w, states, g32, counter):
         if self.q8:
             no_x = _no_tokens(w.device, self.cols)  # K = 0: the update from accum = g32
             no_dy = _no_tokens(w.device, w.shape[0])
             stats = self.backend.fused_linear_update(w, no_x, no_dy, states, self.rule, self.h,
-                                                     grad_scale=self.opt._scale(), accum=g32, seed=self.seed, **counter)
+                                                     grad_scale=self.opt._scale(), accum=g32, seed=self.seed,
+                                                     **counter, **self.slot)
         else:
             stats = self.backend.elementwise_update(w, g32, states, self.rule, self.h,
-                                                    grad_scale=self.opt._scale(), seed=self.seed, **counter)
+                                                    grad_scale=self.opt._scale(), seed=self.seed, **counter,
+                                                    **self.slot)
         self.opt._record(stats, self.name, self.p)
 
     def _states_at(self, index):
@@ -371,6 +425,9 @@ class ForgeOptimizer(torch.optim.Optimizer):
         # (_resolve_stats)
         self._stats_pending: tuple[dict, torch.Tensor, object] | None = None
         self._totals_host: dict[torch.device, torch.Tensor] = {}  # a pinned [2] fp64 buffer per device
+        # None, or the step slots every update's launch reads its scalars from (_StepSlots; a captured
+        # step's, forge_num.graphs)
+        self._slots: _StepSlots | None = None
 
     # ---------------------------------------------------------------------------------------
     # Groups, hyper-parameters, state
@@ -503,9 +560,10 @@ class ForgeOptimizer(torch.optim.Optimizer):
         counter_kw = self._counter_kw(p)
         if self.precision != "8bit" and (counter_kw or grad.dtype == torch.float32
                                          or grad.numel() <= _WIDEN_CHUNK_ELEMENTS):
+            seed = self._rounding_seed(p)
             stats = backend.elementwise_update(
                 _local(p.detach()), grad.float(), [_local(s) for s in states], rule, h,
-                grad_scale=self._scale(), seed=self._rounding_seed(p), **counter_kw,
+                grad_scale=self._scale(), seed=seed, **counter_kw, **self._slot_kw(p, h, seed),
             )
             self._record(stats, name, p)
             return
@@ -545,11 +603,32 @@ class ForgeOptimizer(torch.optim.Optimizer):
         rule, h, states = self._prepare_state(p, group)
         backend = _backend_for(p, self.backend)
         states = self._q8(states) if self.precision == "8bit" else [_local(s) for s in states]
+        seed = self._rounding_seed(p)
         stats = backend.fused_linear_update(
             _local(p.detach()), x, dy, states, rule, h, grad_scale=self._scale(),
-            accum=accum, seed=self._rounding_seed(p), **self._counter_kw(p),
+            accum=accum, seed=seed, **self._counter_kw(p), **self._slot_kw(p, h, seed),
         )
         self._record(stats, name, p)
+
+    def _slot_kw(self, p, h, seed) -> dict:
+        """``step_slot=`` of p's update where the launches read their scalars from step slots (their
+        row written here: the values passed beside it), nothing otherwise."""
+        if self._slots is None:
+            return {}
+        return {"step_slot": self._slots.write(p, h, self._scale(), seed)}
+
+    def _prepare_replayed_updates(self) -> None:
+        """The host's part of a captured step's updates, before its replay: what each update's launch
+        does to the optimizer in an eager backward (the rule's step counter advanced, _prepare_state),
+        and its scalars written into its slot, in the order the capture's updates ran."""
+        slots = self._slots
+        slots.defer = True  # uploaded at once before the replay
+        try:
+            for p in slots.order:
+                _, h, _ = self._prepare_state(p, self._group_by_param[p])
+                slots.write(p, h, self._scale(), self._rounding_seed(p))
+        finally:
+            slots.defer = False
 
     def _counter_kw(self, p) -> dict:
         """``counter=`` for a sharded parameter in a stochastic regime (its elements' indices in the
@@ -869,23 +948,29 @@ class ForgeOptimizer(torch.optim.Optimizer):
         if math.isfinite(stats["grad_norm"]):
             self._prev_norm_value = stats["grad_norm"]
 
-    def _step_totals(self) -> tuple[torch.Tensor, object]:
-        """[sum of squares, non-finite count] of the step's partials as fp64, summed on their device at
-        once, and the event after their copy to a pinned host buffer (None where they are on the host):
-        no wait for the device here, so a training loop's host can issue the next step meanwhile."""
-        if any(_is_sharded(p) for p in self._stat_params):
-            # sharded parameters: their shards' sums added across ranks, replicated ones counted once
-            from forge_num.distributed import global_step_totals
-
-            return global_step_totals(self._stat_params, [n.sum() for n, _ in self._parts],
-                                      [b.sum(dtype=torch.int64) for _, b in self._parts]), None  # on the host
+    def _summed_partials(self) -> torch.Tensor:
+        """[sum of squares, non-finite count] of the step's partials as fp64, summed on their device."""
         dev = self._parts[0][0].device
-        totals = torch.stack(
+        return torch.stack(
             [
                 torch.cat([n.to(dev, torch.float64) for n, _ in self._parts]).sum(),
                 torch.cat([b.to(dev) for _, b in self._parts]).sum(dtype=torch.int64).to(torch.float64),
             ]
         )
+
+    def _step_totals(self, summed: torch.Tensor | None = None) -> tuple[torch.Tensor, object]:
+        """[sum of squares, non-finite count] of the step's partials as fp64, summed on their device at
+        once (or ``summed``, a captured step's sum, on a CUDA device), and the event after their copy to
+        a pinned host buffer (None where they are on the host): no wait for the device here, so a
+        training loop's host can issue the next step meanwhile."""
+        if summed is None and any(_is_sharded(p) for p in self._stat_params):
+            # sharded parameters: their shards' sums added across ranks, replicated ones counted once
+            from forge_num.distributed import global_step_totals
+
+            return global_step_totals(self._stat_params, [n.sum() for n, _ in self._parts],
+                                      [b.sum(dtype=torch.int64) for _, b in self._parts]), None  # on the host
+        totals = self._summed_partials() if summed is None else summed
+        dev = totals.device
         if dev.type != "cuda":
             return totals.cpu(), None
         host = self._totals_host.get(dev)
@@ -896,10 +981,12 @@ class ForgeOptimizer(torch.optim.Optimizer):
         copied.record(torch.cuda.current_stream(dev))
         return host, copied
 
-    def _finish_step(self):
+    def _finish_step(self, summed: torch.Tensor | None = None):
+        """The step's end: its telemetry, the step count, the per-step fields reset. ``summed``: the
+        step's totals already summed on the device (a captured step's, whose partials are the graph's)."""
         self._resolve_stats()  # the previous step's (its pinned buffer is reused below)
         # before any state changes: the sharded totals run collectives, which may raise
-        totals = self._step_totals() if self._parts else None
+        totals = self._step_totals(summed) if self._parts or summed is not None else None
         self._global_step += 1
         clip_coef = self._coef_float  # a Python float once the updates read it (an fp32 value)
         if clip_coef is None and self._coef is not None:
@@ -923,17 +1010,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
                     bad_names = [n for n, c in zip(self._bad_names, bad_counts) if c]
         nonfinite = stats["nonfinite"]
         skipped = self._skip_step
-        for rec in self._recs.values():
-            rec.events = 0
-            rec.updated = False
-            rec.accum = None
-            rec.in_flight = None
-        self._max_events = 0
-        self._coef = None
-        self._coef_float = None
-        self._skip_step = False
-        self._parts, self._bad_names, self._stat_params = [], [], []
-        self._scalars_memo.clear()
+        self._reset_step_fields()
         if self.nonfinite == "raise" and (nonfinite or skipped):
             if skipped:
                 raise FloatingPointError(
@@ -947,6 +1024,20 @@ class ForgeOptimizer(torch.optim.Optimizer):
                 f"forge_num: step {self._global_step} had {nonfinite} non-finite gradient element(s){where}; "
                 "those elements of the weights and optimizer state were left unchanged"
             )
+
+    def _reset_step_fields(self) -> None:
+        """What a step accumulates, back to a new step's (the end of step(); an abandoned capture)."""
+        for rec in self._recs.values():
+            rec.events = 0
+            rec.updated = False
+            rec.accum = None
+            rec.in_flight = None
+        self._max_events = 0
+        self._coef = None
+        self._coef_float = None
+        self._skip_step = False
+        self._parts, self._bad_names, self._stat_params = [], [], []
+        self._scalars_memo.clear()
 
     # ---------------------------------------------------------------------------------------
     # Checkpoints

@@ -1,0 +1,112 @@
+"""The captured step's host side, on the CPU (forge_num.graphs; the capture itself and its bits against
+eager training are tests/test_gpu_graphs.py's, on a GPU): updates whose launches read their scalars
+from step slots train as the eager step does, bit for bit, in every regime (the kernels under the
+interpreter); the bookkeeping done before a replay writes the slots and advances the counters exactly
+as the next eager step's launches do; what a capture cannot hold is refused with its reason."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import forge_num as fn
+from forge_num.optim import _StepSlots
+from tests.test_training_semantics import tiny_llama
+
+if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+    pytest.skip("the kernels run under the interpreter here (TRITON_INTERPRET=1)", allow_module_level=True)
+
+HYPER = {"lr": 1e-2, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
+CPU = torch.device("cpu")
+
+
+def _prepared(precision: str, slots: bool):
+    """tiny_llama prepared with AdamW on the kernels backend, clipping by the previous step's norm (so
+    that the gradient scale changes from step to step); ``slots``: every launch reads a step slot."""
+    model = tiny_llama(seed=1)
+    if precision != "fp32":
+        model = model.to(torch.bfloat16)
+    opt = fn.AdamW(model.parameters(), precision=precision, seed=9, backend="kernels", max_grad_norm=0.05,
+                   clipping="previous", **HYPER)
+    fn.prepare(model, opt)
+    if slots:
+        n = sum(len(g["params"]) for g in opt.param_groups)
+        opt._slots = _StepSlots(CPU, n, len(fn.rules.ADAMW.scalar_names) + 3)
+    return model, opt
+
+
+def _step(model, opt, k: int) -> float:
+    ids = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(100 + k))
+    loss = model(input_ids=ids, labels=ids).loss
+    opt.backward(loss)
+    opt.step()
+    return float(loss.detach())
+
+
+def _bits(model, opt) -> list[torch.Tensor]:
+    out = [p.detach().clone() for p in model.parameters()]
+    for st in opt.state.values():
+        for v in st.values():
+            out += [v["codes"].clone(), v["scales"].clone()] if isinstance(v, dict) else [v.clone()]
+    return [t.reshape(-1).view(torch.uint8) for t in out]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "8bit"])  # bf16-sr's slot: tests/test_step_slot.py
+def test_updates_reading_step_slots_train_as_the_eager_step(precision):
+    """Two steps with every launch reading its scalars from its slot (the path a captured step's
+    launches take) equal two plain steps bit for bit: losses, weights, states; the clipping
+    coefficient below 1 in the second step (the gradient scale is in the slot too)."""
+    runs = []
+    for slots in (False, True):
+        model, opt = _prepared(precision, slots)
+        losses = [_step(model, opt, k) for k in range(2)]
+        runs.append((losses, _bits(model, opt), [s["clip_coef"] for s in opt.stats_history]))
+    (l0, b0, c0), (l1, b1, c1) = runs
+    assert l0 == l1 and c0 == c1 and all(torch.equal(a, b) for a, b in zip(b0, b1))
+    assert any(c is not None and c < 1.0 for c in c0[1:]), c0
+
+
+@pytest.mark.parametrize("precision", ["fp32", "8bit"])
+def test_the_bookkeeping_before_a_replay_is_the_eager_steps(precision):
+    """After a step, _prepare_replayed_updates (what runs before a replay) writes every slot as the
+    second eager step's launches write it (the clipping coefficient from the first step's norm among
+    them), in the order of the updates, and leaves the step counters where that step leaves them: a
+    replay's kernels then read the second step's scalars."""
+    model_a, opt_a = _prepared(precision, True)
+    for k in range(2):
+        _step(model_a, opt_a, k)
+    model_b, opt_b = _prepared(precision, True)
+    _step(model_b, opt_b, 0)
+    opt_b._prepare_replayed_updates()
+    assert opt_b._slots.order == [dict(model_b.named_parameters())[n] for n in _names(model_a, opt_a)]
+    assert torch.equal(opt_b._slots.host_words, opt_a._slots.host_words)
+    steps_a = [st["step"].item() for st in opt_a.state.values()]
+    steps_b = [st["step"].item() for st in opt_b.state.values()]
+    assert steps_a == steps_b == [2.0] * len(steps_a)
+    assert opt_b._slots.host_words.any()
+
+
+def _names(model, opt) -> list[str]:
+    by_param = {p: n for n, p in model.named_parameters()}
+    return [by_param[p] for p in opt._slots.order]
+
+
+@pytest.mark.parametrize("options,reason", [
+    ({"accumulation_steps": 2}, "gradient accumulation"),
+    ({"max_grad_norm": 1.0, "clipping": "exact"}, "exact clipping"),
+    ({"nonfinite": "raise"}, "nonfinite='raise'"),
+    ({"backend": "torch"}, "backend='torch'"),
+    ({}, "CUDA device"),
+])
+def test_a_step_that_cannot_be_captured_is_refused(options, reason):
+    model = tiny_llama(seed=1)
+    opt = fn.AdamW(model.parameters(), **{**HYPER, **options})
+    fn.prepare(model, opt)
+    with pytest.raises(RuntimeError, match=reason):
+        fn.capture_step(opt, lambda ids: model(input_ids=ids, labels=ids).loss)
+    assert opt._slots is None
+    unprepared = fn.AdamW(tiny_llama().parameters(), **HYPER)
+    with pytest.raises(RuntimeError, match="prepare"):
+        fn.capture_step(unprepared, lambda ids: ids.sum())
