@@ -33,7 +33,10 @@ A method name with the suffix "+cl" (forge+cl, torch_adamw+cl, ...) runs the sam
 loss computed by forge_num.hf.causal_lm_loss (forge_num.linear_cross_entropy: the LM head's logits
 in row chunks, 2 bytes a logit kept for the backward instead of 12: forge_num/loss.py) instead of
 the model's own; the head's update is the method's as before. Every method can take it, so its memory and speed are
-compared method by method.
+compared method by method. A forge method with the suffix "+graph" after it (forge_8bit+graph,
+forge_8bit+cl+graph) runs its steps through forge_num.capture_step: two eager warm-up steps, then the
+step captured in a CUDA graph and replayed (forge_num/graphs.py); a step that cannot be captured is
+reported as an error with the reason.
 
 A method that cannot run is reported with its status (unavailable / oom / error / timeout /
 skipped) and the reason; it is never dropped.
@@ -167,11 +170,19 @@ FLOOR = {
 
 
 CHUNKED_LOSS = "+cl"
+GRAPHED = "+graph"
 
 
 def base_method(method: str) -> str:
-    """The optimizer setup of a method name: "forge+cl" -> "forge" (the suffix picks the loss)."""
+    """The optimizer setup of a method name: "forge+cl" -> "forge", "forge_8bit+cl+graph" ->
+    "forge_8bit" (the suffixes pick the loss and the captured step)."""
+    method = method.removesuffix(GRAPHED)
     return method[: -len(CHUNKED_LOSS)] if method.endswith(CHUNKED_LOSS) else method
+
+
+def chunked_loss(method: str) -> bool:
+    """Whether a method name asks for the chunked loss ("+cl", before any "+graph")."""
+    return method.removesuffix(GRAPHED).endswith(CHUNKED_LOSS)
 
 
 def floor_bytes_per_param(method: str) -> float:
@@ -219,7 +230,7 @@ def predict_peak_bytes(cfg: dict, method: str, batch: int, seq: int, checkpointi
     """
     from forge_num.loss import DEFAULT_CHUNK_BYTES
 
-    chunked = method.endswith(CHUNKED_LOSS)
+    chunked = chunked_loss(method)
     method = base_method(method)
     n = count_params(cfg)
     w, s, g, c, dt = FLOOR[method]
@@ -248,6 +259,8 @@ _NEEDS = {"bnb_adamw8bit": "bitsandbytes", "ao_adamw8bit": "torchao", "flashopti
 
 
 def unavailable_reason(method: str, cuda: bool) -> str | None:
+    if method.endswith(GRAPHED) and base_method(method) not in FORGE_PRECISION:
+        return f"{GRAPHED} captures forge's step only (forge, forge_bf16sr, forge_8bit)"
     method = base_method(method)
     if method not in METHODS:
         return f"unknown method (known: {', '.join(METHODS)})"
@@ -446,7 +459,7 @@ def run_spec(spec: dict) -> dict:
     cuda = torch.cuda.is_available() and not spec.get("cpu", False)
     device = torch.device("cuda" if cuda else "cpu")
     method, cfg = base_method(spec["method"]), spec["config"]
-    chunked_loss = spec["method"].endswith(CHUNKED_LOSS)
+    chunked, graphed = chunked_loss(spec["method"]), spec["method"].endswith(GRAPHED)
     batch, seq, ckpt = spec["batch"], spec["seq"], spec["checkpointing"]
     row = {"status": "error", "reason": None, "peak_gib": None, "after_build_gib": None,
            "tokens_per_s": None, "pipelined_tokens_per_s": None, "step_s_median": None, "step_s": [],
@@ -482,18 +495,31 @@ def run_spec(spec: dict) -> dict:
 
         backward_issued = []
 
-        def forward():
+        def loss_of(input_ids):
             with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                if chunked_loss:  # the model's next-token loss, its logits in row chunks
-                    return causal_lm_loss(model, ids)
-                return model(input_ids=ids, labels=ids).loss
+                if chunked:  # the model's next-token loss, its logits in row chunks
+                    return causal_lm_loss(model, input_ids)
+                return model(input_ids=input_ids, labels=input_ids).loss
 
-        def step():
-            loss = forward()
-            loss.backward()
-            backward_issued.append(time.perf_counter())  # before after(): the optimizer's step, if any
-            after()
-            return loss.detach()
+        def forward():
+            return loss_of(ids)
+
+        if graphed:
+            import forge_num
+
+            captured = forge_num.capture_step(after.__self__, loss_of)  # after is the optimizer's step()
+
+            def step():
+                loss = captured(ids).clone()  # the graph's loss tensor is rewritten by the next replay
+                backward_issued.append(time.perf_counter())
+                return loss
+        else:
+            def step():
+                loss = forward()
+                loss.backward()
+                backward_issued.append(time.perf_counter())  # before after(): the optimizer's step, if any
+                after()
+                return loss.detach()
 
         losses = []
         issue_s = []
@@ -726,7 +752,7 @@ def add_ratios(rows: list) -> None:
         ref = {key(r): r for r in rows if r["method"] == ref_method and r["status"] == "ok"}
         for r in rows:
             b = ref.get(key(r))
-            if r["status"] != "ok" or b is None or (suffix and not r["method"].endswith(CHUNKED_LOSS)):
+            if r["status"] != "ok" or b is None or (suffix and not chunked_loss(r["method"])):
                 continue
             if r.get("peak_gib") and b.get("peak_gib"):
                 r["peak_vs_torch_adamw" + suffix] = r["peak_gib"] / b["peak_gib"]

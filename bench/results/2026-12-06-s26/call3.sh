@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Session 26's third call: the captured step (forge_num.capture_step) on a GPU. Carry .whl.
+#   graphs   tests/test_gpu_graphs.py (captured training equals eager training bit for bit: fp32 and
+#            8bit, the HF and chunked losses, narrow and wide models; the refused capture) and the step
+#            slot of the default launch paths (tests/test_gpu_gluon.py -k step_slot), eight processes
+#   train    1B at 1x1024: forge_8bit+graph (the HF loss: the tied head's chunked loss splits its rows
+#            with torch.unique, which a graph cannot hold) beside forge_8bit+cl and flashoptim+cl
+set -uo pipefail
+PART=${PART:-graphs,train}
+DEADLINE=$((SECONDS + ${CALL_BUDGET_S:-570}))
+budget() { local left=$((DEADLINE - SECONDS)); echo $(( $1 < left ? $1 : (left > 5 ? left : 5) )); }
+OUT=${OUT:-out}; R=/tmp/call3; rm -rf "$R"; mkdir -p "$R" "$OUT"
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$R/install.log" 2>&1 || { cat "$R/install.log"; exit 1; }
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/flashoptim-0.1.4-py3-none-any.whl >>"$R/install.log" 2>&1
+python3 -m pip install -q --no-index --no-deps .whl/execnet-*.whl .whl/pytest_xdist-*.whl >>"$R/install.log" 2>&1
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; date -u; } | tee "$R/env.txt"
+part_graphs() {
+  echo "== graphs $(date -u +%T)"
+  timeout "$(budget 300)" python3 -m pytest -v -rA -p no:cacheprovider -n 8 tests/test_gpu_graphs.py \
+    tests/test_gpu_gluon.py -k "graph or step_slot or host_read" >"$R/graphs.log" 2>&1
+  echo "graphs rc=$?"; grep -cE " PASSED " "$R/graphs.log"
+  grep -E "^(FAILED|ERROR)| FAILED | ERROR |passed|failed" "$R/graphs.log" | cut -c1-300 | tail -14
+}
+part_train() {
+  echo "== train $(date -u +%T)"
+  PYTHONPATH=/tmp/site timeout "$(budget 250)" python3 bench/train_step.py \
+    --methods forge_8bit+graph,forge_8bit+cl,flashoptim+cl --models llama-1b --tokens 1x1024 --checkpointing on \
+    --warmup 3 --steps 4 --out "$R/train.json" >"$R/train.log" 2>&1
+  echo "train rc=$?"
+}
+for part in ${PART//,/ }; do "part_$part"; done
+echo "== done $(date -u +%T)"
+date -u >>"$R/env.txt"
+tar czf "$OUT/results.tgz" -C "$R" . ; cp "$R/env.txt" "$OUT/"
+[ -f "$R/graphs.log" ] && grep -E "^E  .*(Error|assert)" "$R/graphs.log" | sort | uniq -c | sort -rn | head -8 | cut -c1-300
+[ -f "$R/train.log" ] && grep -E "^(forge|flash)|error|Error" "$R/train.log" | cut -c1-220
+exit 0
