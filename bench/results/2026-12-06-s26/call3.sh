@@ -4,7 +4,8 @@
 #            8bit, the HF and chunked losses, narrow and wide models; the refused capture) and the step
 #            slot of the default launch paths (tests/test_gpu_gluon.py -k step_slot), eight processes
 #   train    1B at 1x1024: forge_8bit+graph (the HF loss: the tied head's chunked loss splits its rows
-#            with torch.unique, which a graph cannot hold) beside forge_8bit+cl and flashoptim+cl
+#            with torch.unique, which a graph cannot hold) beside forge_8bit+cl and flashoptim+cl, with
+#            activation checkpointing and without (its RNG-state stash inside a capture)
 set -uo pipefail
 PART=${PART:-graphs,train}
 DEADLINE=$((SECONDS + ${CALL_BUDGET_S:-570}))
@@ -18,7 +19,7 @@ python3 -m pip install -q --no-index --no-deps .whl/execnet-*.whl .whl/pytest_xd
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; date -u; } | tee "$R/env.txt"
 part_graphs() {
   echo "== graphs $(date -u +%T)"
-  timeout "$(budget 300)" python3 -m pytest -v -rA -p no:cacheprovider -n 8 tests/test_gpu_graphs.py \
+  timeout "$(budget 220)" python3 -m pytest -v -rA -p no:cacheprovider -n 8 tests/test_gpu_graphs.py \
     tests/test_gpu_gluon.py -k "graph or step_slot or host_read" >"$R/graphs.log" 2>&1
   echo "graphs rc=$?"; grep -cE " PASSED " "$R/graphs.log"
   grep -E "^(FAILED|ERROR)| FAILED | ERROR |passed|failed" "$R/graphs.log" | cut -c1-300 | tail -14
@@ -26,7 +27,7 @@ part_graphs() {
 part_train() {
   echo "== train $(date -u +%T)"
   PYTHONPATH=/tmp/site timeout "$(budget 250)" python3 bench/train_step.py \
-    --methods forge_8bit+graph,forge_8bit+cl,flashoptim+cl --models llama-1b --tokens 1x1024 --checkpointing on \
+    --methods forge_8bit+graph,forge_8bit+cl,flashoptim+cl --models llama-1b --tokens 1x1024 --checkpointing on,off \
     --warmup 3 --steps 4 --out "$R/train.json" >"$R/train.log" 2>&1
   echo "train rc=$?"
 }
