@@ -145,6 +145,9 @@ class CapturedStep:
             for (p, k), v in saved.items():
                 opt.state[p][k].copy_(v)
             opt._reset_step_fields()
+            for group in opt.param_groups:  # gradients the aborted capture left hold nothing computed
+                for p in group["params"]:
+                    p.grad = None
             slots.defer = False
             if isinstance(e, RuntimeError) and str(e).startswith("forge_num"):
                 raise
