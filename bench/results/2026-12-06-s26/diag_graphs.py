@@ -1,0 +1,48 @@
+"""Session 26, call 4: where captured training first differs from eager training (call 3's failures).
+For fp32 narrow, fp32 wide and 8bit wide: eager against eager (the references' own determinism), eager
+slot-reading steps (capture_step with warmup > steps: never captured) against eager, and captured
+against eager; per run the first step whose loss differs and the parameters whose bits differ."""
+import sys
+
+import torch
+
+import forge_num as fn
+from tests.test_gpu_graphs import _batches, _loss_fn, _model, STEPS
+
+
+def run(width, precision, loss, mode, tokens):
+    model, opt = _model(width, precision)
+    lf = _loss_fn(model, loss)
+    losses = []
+    if mode == "eager":
+        for ids in _batches(tokens):
+            l_ = lf(ids)
+            opt.backward(l_)
+            opt.step()
+            losses.append(l_.detach().clone())
+    else:
+        step = fn.capture_step(opt, lf, warmup=2 if mode == "captured" else STEPS + 1)
+        losses = [step(ids).clone() for ids in _batches(tokens)]
+    torch.cuda.synchronize()
+    names = [n for n, _ in model.named_parameters()]
+    params = [p.detach().clone() for p in model.parameters()]
+    states = {n: {k: (v["codes"].clone() if isinstance(v, dict) else v.clone()) for k, v in opt.state[p].items()}
+              for n, p in model.named_parameters()}
+    return losses, dict(zip(names, params)), states, opt.stats_history
+
+
+for width, precision, loss, tokens in (("narrow", "fp32", "hf", 64), ("wide", "fp32", "hf", 1024),
+                                       ("wide", "8bit", "hf", 1024)):
+    ref = run(width, precision, loss, "eager", tokens)
+    for mode in ("eager", "slots", "captured"):
+        got = run(width, precision, loss, mode, tokens)
+        first = next((k for k, (a, b) in enumerate(zip(ref[0], got[0])) if not torch.equal(a, b)), None)
+        bad = [n for n in ref[1] if not torch.equal(ref[1][n].view(-1).view(torch.uint8), got[1][n].view(-1).view(torch.uint8))]
+        bad_state = [f"{n}.{k}" for n in ref[2] for k in ref[2][n]
+                     if not torch.equal(ref[2][n][k].reshape(-1).view(torch.uint8), got[2][n][k].reshape(-1).view(torch.uint8))]
+        coefs = [(a["clip_coef"], b["clip_coef"]) for a, b in zip(ref[3], got[3]) if a["clip_coef"] != b["clip_coef"]]
+        norms = [(a["grad_norm"], b["grad_norm"]) for a, b in zip(ref[3], got[3]) if a["grad_norm"] != b["grad_norm"]]
+        print(f"{width} {precision} {loss} {mode:>8}: first loss differing at step {first}; params differing "
+              f"{len(bad)}/{len(ref[1])} {bad[:4]}; states {len(bad_state)} {bad_state[:3]}; "
+              f"clip {coefs[:2]} norm {norms[:2]}", flush=True)
+    sys.stdout.flush()
