@@ -50,7 +50,9 @@ cpu-step  the host-bound 1x1024 step's gap to FlashOptim, measured on any CPU: f
         for FlashOptim; (3) FlashOptim quantizes CUDA tensors only, so its states stay unquantized here
         (the same fused-step Python, its accessors returning plain tensors); (4) forge's launcher takes
         its Triton path with pointer tiles (the narrow model: no TMA descriptors), and the Gluon routes
-        (route_config, their arguments) decline off CUDA.
+        (route_config, their arguments) decline off CUDA. Last, the host's time a step of the same
+        model captured by forge_num.capture_step would take besides the graph's launch: the bookkeeping
+        before a replay and step()'s end (replay_bookkeeping_ms).
 launch, step and split need CUDA (split also runs on the CPU with --split-model tiny, for tests).
 """
 
@@ -341,6 +343,7 @@ def part_cpu_step(layers: int, precision: str = "8bit", rounds: int = 7, steps: 
             with timers.on():
                 for _ in range(steps):
                     forge_step()
+            replay_ms = _replay_bookkeeping_ms(opt, forge_step, rounds, steps)
         finally:
             gc.unfreeze()
             if flashoptim is not None:
@@ -353,9 +356,36 @@ def part_cpu_step(layers: int, precision: str = "8bit", rounds: int = 7, steps: 
             "cpu_dw_us_per_linear":
                 (best["free release"] - best["free release, no layer dW"]) / linears * 1e6,
             "speed_vs_flashoptim": statistics.median(ratios) if ratios else None,
+            "replay_bookkeeping_ms": replay_ms,
             "functions": {label: {"us_per_call": timers.total[label] * 1e6 / timers.calls[label],
                                   "calls_per_step": timers.calls[label] / steps}
                           for label in sorted(timers.total, key=lambda k: -timers.total[k])}}
+
+
+def _replay_bookkeeping_ms(opt, forge_step, rounds: int, steps: int) -> float:
+    """The host's time a step of the same model captured by forge_num.capture_step, but for the graph's
+    launch: the bookkeeping before a replay (every update's counters and scalars into its step slot,
+    their upload) and step()'s end after it. The slots' order from one eager step that reads slots
+    (launches stubbed); the minimum over rounds of the mean of ``steps`` steps, in ms."""
+    from forge_num.optim import _StepSlots
+
+    n = sum(len(g["params"]) for g in opt.param_groups)
+    width = max(len(opt._rule(g).scalar_names) for g in opt.param_groups) + 3
+    opt._slots = _StepSlots(torch.device("cpu"), n, width)
+    try:
+        forge_step()
+        summed = torch.zeros(2, dtype=torch.float64)
+        best = float("inf")
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                opt._prepare_replayed_updates()
+                opt._slots.upload()
+                opt._finish_step(summed=summed)
+            best = min(best, (time.perf_counter() - t0) / steps)
+    finally:
+        opt._slots = None
+    return best * 1e3
 
 
 class _Timers:
@@ -598,7 +628,7 @@ def main(argv=None) -> int:
         print(f"cpu-step ({r['precision']}, {r['layers']} layers, launches stubbed): {times} ms a step; "
               f"forge {r['forge_extra_us_per_linear']:.1f} us more a linear than {r['reference']}{speed}; "
               f"autograd's CPU dW {r['cpu_dw_us_per_linear']:.1f} us a linear (in the others' times, "
-              "not forge's)", flush=True)
+              f"not forge's); a captured step's bookkeeping {r['replay_bookkeeping_ms']:.2f} ms a step", flush=True)
         for label, f in r["functions"].items():
             print(f"  {f['us_per_call']:8.1f} us/call {f['calls_per_step']:6.0f} calls/step  {label}")
     if "split" in parts:

@@ -174,6 +174,7 @@ def test_host_time_cpu_step_part_runs_forges_launcher_with_launches_stubbed(tmp_
     assert functions["      kernels.fused_linear_update"]["calls_per_step"] >= 14
     assert functions["          CachedLaunch.launch (Triton, Gluon)"]["calls_per_step"] >= 14
     assert "us more a linear" in proc.stdout
+    assert 0 < r["replay_bookkeeping_ms"] < r["step_ms"]["forge"]  # a captured step's host work: part of the eager step's
 
 
 def _brute(method, limit, vary, upper, seq=32):
