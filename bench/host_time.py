@@ -369,17 +369,16 @@ def _replay_bookkeeping_ms(opt, forge_step, rounds: int, steps: int) -> float:
     (launches stubbed); the minimum over rounds of the mean of ``steps`` steps, in ms."""
     from forge_num.optim import _StepSlots
 
-    n = sum(len(g["params"]) for g in opt.param_groups)
-    width = max(len(opt._rule(g).scalar_names) for g in opt.param_groups) + 3
-    opt._slots = _StepSlots(torch.device("cpu"), n, width)
+    opt._slots = _StepSlots.for_optimizer(opt, torch.device("cpu"))
     try:
         forge_step()
+        updates = list(dict.fromkeys(opt._slots.written))
         summed = torch.zeros(2, dtype=torch.float64)
         best = float("inf")
         for _ in range(rounds):
             t0 = time.perf_counter()
             for _ in range(steps):
-                opt._prepare_replayed_updates()
+                opt._prepare_replayed_updates(updates)
                 opt._slots.upload()
                 opt._finish_step(summed=summed)
             best = min(best, (time.perf_counter() - t0) / steps)

@@ -592,7 +592,14 @@ class _TouchedRowsEmbeddingFn(torch.autograd.Function):
         else:
             if callable(head_grad):  # deferred by the head (forge_num.loss.WeightGrad): computed now
                 head_grad = head_grad()
-            dw = add_touched_rows(head_grad, grad, indices, pad)
+            opt = ctx.rows.opt
+            if opt is not None and opt._capturable:
+                # a captured step's optimizer (forge_num.graphs): add_touched_rows sorts the tokens with
+                # torch.unique (a host read); autograd's sum itself instead, with the dense [V, H]
+                # embedding gradient: the same bits
+                dw = head_grad.add_(torch.ops.aten.embedding_dense_backward(grad, indices, ctx.num_weights, pad, False))
+            else:
+                dw = add_touched_rows(head_grad, grad, indices, pad)
             del head_grad
         return None, dw, None, None
 

@@ -24,9 +24,15 @@ _prepare_replayed_updates), and after it finishes the step as step() would (the 
 summed inside the graph, copied to the host behind an event; the step count). The warm-up steps read
 slots too, so the capture compiles nothing new.
 
-What a captured step cannot hold, refused with an error naming it: a host read of the device inside
-the step (the tied embedding's row split in the stochastic regimes sorts its tokens with
-torch.unique), exact clipping's two passes (clipping='exact'), gradient accumulation
+A tied head with the chunked loss (forge_num.linear_cross_entropy) sorts the batch's tokens with
+torch.unique, a host read, to split the tied weight's update by rows (bf16-sr, 8bit) or to add only
+the touched rows of the embedding's gradient to the head's (fused.add_touched_rows). In a captured
+step's optimizer (``opt._capturable``, set for every step from the warm-up on) the embedding's dense
+gradient is added to the head's instead: autograd's sum, the same bits, with a [vocabulary, hidden]
+gradient more at the step's end.
+
+What a captured step cannot hold, refused with an error naming it: any other host read of the device
+inside the step, exact clipping's two passes (clipping='exact'), gradient accumulation
 (accumulation_steps > 1), nonfinite='raise' (its counts are read at once), data parallelism and
 sharded parameters, the torch backend (its updates take no slot), a parameter the optimizer holds
 that the captured backward does not update in place.
@@ -72,17 +78,26 @@ def _refusal(opt: ForgeOptimizer) -> str | None:
     return None
 
 
-def _counters(opt: ForgeOptimizer) -> dict:
-    """The optimizer state's host scalars (Adam's step counters): what a capture's bookkeeping
-    advances, restored if it fails."""
-    return {(p, k): v.clone() for p, st in opt.state.items() for k, v in st.items()
-            if isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.dim() == 0}
+def _addresses(opt: ForgeOptimizer, params) -> tuple[int, ...]:
+    """The data pointers of ``params`` and of their optimizer state's tensors (an 8bit state's codes and
+    scales): what a graph's kernels address. A replay after any of them was replaced (load_state_dict,
+    .to(), a parameter's .data assigned) would train the old tensors."""
+    out = []
+    for p in params:
+        out.append(p.data_ptr())
+        for v in opt.state[p].values():
+            for t in (v.values() if isinstance(v, dict) else (v,)):
+                if isinstance(t, torch.Tensor) and t.device.type != "cpu":
+                    out.append(t.data_ptr())
+    return tuple(out)
 
 
 class CapturedStep:
     """``step(*inputs) -> loss``: one training step of ``loss_fn`` with ``opt``'s updates in its
     backward, eagerly for the first ``warmup`` calls, then captured in a CUDA graph and replayed (the
-    module docstring). Inputs keep their shapes, dtypes and devices from the capture on."""
+    module docstring). Inputs keep their shapes, dtypes and devices from the capture on. ``close()``
+    gives the optimizer back to eager training (a capture that fails does so itself); a replay after
+    the parameters or the optimizer's state tensors were replaced is refused."""
 
     def __init__(self, opt: ForgeOptimizer, loss_fn: Callable[..., torch.Tensor], *, warmup: int = 2):
         reason = _refusal(opt)
@@ -91,19 +106,32 @@ class CapturedStep:
         if int(warmup) != warmup or warmup < 1:
             raise ValueError(f"warmup must be an integer >= 1 (the eager steps that compile), got {warmup!r}")
         if opt._slots is not None:
-            raise RuntimeError("forge_num.capture_step: this optimizer's steps are captured already")
+            raise RuntimeError("forge_num.capture_step: this optimizer's steps are captured already (close() that "
+                               "CapturedStep first)")
         self.opt, self.loss_fn, self.warmup = opt, loss_fn, int(warmup)
-        device = next(iter(opt._recs)).device
-        n_params = sum(len(g["params"]) for g in opt.param_groups)
-        width = max(len(opt._rule(g).scalar_names) for g in opt.param_groups) + 3
-        opt._slots = _StepSlots(device, n_params, width)
+        opt._slots = _StepSlots.for_optimizer(opt, next(iter(opt._recs)).device)
+        opt._capturable = True  # every step from here on, the warm-up ones too, takes the capturable paths
         self._calls = 0
+        self._closed = False
         self._graph: torch.cuda.CUDAGraph | None = None
         self._static: tuple[torch.Tensor, ...] = ()
         self._loss: torch.Tensor | None = None
         self._summed: torch.Tensor | None = None
+        self._updates: list[torch.Tensor] = []  # the parameters the graph updates, in its order
+        self._addresses: tuple[int, ...] = ()
+
+    def close(self) -> None:
+        """The optimizer back to eager steps (its slots and capturable paths dropped); the graph freed."""
+        if self.opt._slots is not None:
+            self.opt._slots.wait_for_upload()
+        self.opt._slots, self.opt._capturable = None, False
+        self._graph = self._loss = self._summed = None
+        self._static, self._updates = (), []
+        self._closed = True
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        if self._closed:
+            raise RuntimeError("forge_num: this CapturedStep is closed; capture_step(opt, loss_fn) makes another")
         if self._graph is not None:
             return self._replay(inputs)
         if self._calls < self.warmup:
@@ -117,6 +145,7 @@ class CapturedStep:
         return self._capture(inputs)
 
     def _eager(self, inputs) -> torch.Tensor:
+        self.opt._slots.begin_step()
         loss = self.loss_fn(*inputs)
         self.opt.backward(loss)
         self.opt.step()
@@ -126,8 +155,10 @@ class CapturedStep:
         opt, slots = self.opt, self.opt._slots
         opt._resolve_stats()  # nothing of an earlier step read inside the capture
         self._static = tuple(t.detach().clone() for t in inputs)
-        saved = _counters(opt)
+        had_state = set(opt.state)
+        saved = opt._host_counters(list(had_state))
         graph = torch.cuda.CUDAGraph()
+        slots.begin_step()
         slots.defer = True
         try:
             with torch.cuda.graph(graph):
@@ -141,24 +172,34 @@ class CapturedStep:
                 raise RuntimeError(
                     "forge_num.capture_step: the captured backward left updates to step() "
                     f"({', '.join(left[:5]) or 'none made'}): only updates made in backward are captured")
+            new = [opt._recs[p].name if p in opt._recs else "a parameter" for p in opt.state if p not in had_state]
+            if new:  # their state's zero fill would be in the graph: every replay would reset it
+                raise RuntimeError(
+                    f"forge_num.capture_step: {', '.join(new[:5])} had its first update in the captured step, "
+                    "so its optimizer state would be created inside the graph; run more warm-up steps "
+                    "(capture_step(..., warmup=)) so that every parameter is updated before the capture")
         except Exception as e:
-            for (p, k), v in saved.items():
-                opt.state[p][k].copy_(v)
+            for p in [p for p in opt.state if p not in had_state]:
+                del opt.state[p]
+            opt._restore_host_counters(saved)
             opt._reset_step_fields()
             for group in opt.param_groups:  # gradients the aborted capture left hold nothing computed
                 for p in group["params"]:
                     p.grad = None
-            slots.defer = False
+            self.close()
             if isinstance(e, RuntimeError) and str(e).startswith("forge_num"):
                 raise
             raise RuntimeError(
                 "forge_num.capture_step: the step could not be captured in a CUDA graph: an operation in it "
-                "is not allowed while a stream is captured (a host read of the device, such as the tied "
-                "embedding's row split in the stochastic regimes, which sorts its tokens with torch.unique, "
-                f"or an allocation of pinned memory). The optimizer's state is as before the call. Cause: {e}"
+                "is not allowed while a stream is captured (a host read of the device, such as .item() or a "
+                "data-dependent shape, or an allocation of pinned memory). The optimizer is back to eager "
+                f"steps, its state as before the call. Cause: {e}"
             ) from e
-        slots.defer = False
+        finally:
+            slots.defer = False
         self._graph, self._loss, self._summed = graph, loss.detach(), summed
+        self._updates = list(dict.fromkeys(slots.written))
+        self._addresses = _addresses(opt, self._updates)
         slots.upload()
         graph.replay()
         opt._finish_step(summed=summed)
@@ -171,11 +212,17 @@ class CapturedStep:
             if t.shape != static.shape or t.dtype != static.dtype or t.device != static.device:
                 raise ValueError(
                     f"input {i} is {tuple(t.shape)} {t.dtype} on {t.device}; the captured step's is "
-                    f"{tuple(static.shape)} {static.dtype} on {static.device} (capture another step for another shape)")
+                    f"{tuple(static.shape)} {static.dtype} on {static.device} (close() this step and capture "
+                    "another for another shape)")
+        opt = self.opt
+        if _addresses(opt, self._updates) != self._addresses:
+            raise RuntimeError(
+                "forge_num: the parameters or the optimizer's state tensors were replaced since the capture "
+                "(load_state_dict, .to(), an assignment to .data): the graph would train the old ones; close() "
+                "this CapturedStep and capture the step again")
         for static, t in zip(self._static, inputs):
             static.copy_(t, non_blocking=True)
-        opt = self.opt
-        opt._prepare_replayed_updates()
+        opt._prepare_replayed_updates(self._updates)
         opt._slots.upload()
         self._graph.replay()
         opt._finish_step(summed=self._summed)

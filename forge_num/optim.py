@@ -210,37 +210,53 @@ class _StepSlots:
     """Each update's per-step scalars in device memory, for launches that read them when they run
     (kernels.fused_linear_update's ``step_slot``): the launches of a step captured in a CUDA graph
     (forge_num.graphs), replayed with each step's values. One row of int32 words a parameter
-    (kernels.step_slot_words: h, grad_scale, the Philox key), in the order of the parameters' first
-    updates (``order``); ``host_words`` is the rows' pinned twin, written by the host. A row is copied
-    to the device as it is written (eager steps: the warm-up steps before a capture, or any step issued
-    outside the graph), or, while ``defer`` is set (a capture; the bookkeeping before a replay), with
-    every other row by ``upload()``."""
+    (kernels.step_slot_words: h, grad_scale, the Philox key), given at its first update; ``written``
+    lists the parameters whose rows were written since ``begin_step()``, in the order of their updates
+    (a capture's: the updates its graph holds, which its replays' bookkeeping repeats).
+    ``host_words`` is the rows' pinned twin, written by the host. A row is copied to the device as it
+    is written (eager steps: the warm-up steps before a capture, or any step issued outside the graph;
+    a synchronous copy, so each such update waits for the work before it: slow, and correct), or,
+    while ``defer`` is set (a capture; the bookkeeping before a replay), with every other row by
+    ``upload()``."""
 
     def __init__(self, device: torch.device, n_params: int, width: int):
         from forge_num.kernels import step_slot_words
 
         self._words = step_slot_words
-        width = -(-width // 4) * 4  # 16-byte rows: every slot 16-byte aligned, as the launches' keys assume
+        # rows of 16 bytes: every slot 16-byte aligned, so that the warm-up's launches and the capture's
+        # share one compiled variant (the launch keys tell an unaligned slot apart)
+        width = -(-width // 4) * 4
         self.rows: dict[torch.Tensor, int] = {}
-        self.order: list[torch.Tensor] = []
+        self.written: list[torch.Tensor] = []
         self.device_words = torch.zeros((n_params, width), dtype=torch.int32, device=device)
         self.host_words = torch.zeros((n_params, width), dtype=torch.int32, pin_memory=device.type == "cuda")
         self.defer = False
         self.uploaded = None  # the event after the last upload (its host rows are not rewritten before it)
+
+    @classmethod
+    def for_optimizer(cls, opt: "ForgeOptimizer", device: torch.device) -> "_StepSlots":
+        """Slots for every parameter of ``opt``, each row wide enough for its group's rule."""
+        from forge_num.kernels import step_slot_size
+
+        return cls(device, sum(len(g["params"]) for g in opt.param_groups),
+                   max(step_slot_size(opt._rule(g)) for g in opt.param_groups))
+
+    def begin_step(self) -> None:
+        self.written = []
 
     def write(self, p, h, grad_scale: float, seed) -> torch.Tensor:
         """Write p's row (a new parameter takes the next row) and return its slot on the device."""
         self.wait_for_upload()
         row = self.rows.get(p)
         if row is None:
-            row = self.rows[p] = len(self.order)
-            self.order.append(p)
+            row = self.rows[p] = len(self.rows)
+        self.written.append(p)
         words = self._words(h, grad_scale, seed)
         host = self.host_words[row, : len(words)]
         host.copy_(torch.tensor(words, dtype=torch.int32))
         slot = self.device_words[row, : len(words)]
         if not self.defer:
-            slot.copy_(host)  # from pinned memory, ordered before the launch that reads it
+            slot.copy_(host)  # from pinned memory; synchronous (the class docstring)
         return slot
 
     def wait_for_upload(self) -> None:
@@ -428,6 +444,10 @@ class ForgeOptimizer(torch.optim.Optimizer):
         # None, or the step slots every update's launch reads its scalars from (_StepSlots; a captured
         # step's, forge_num.graphs)
         self._slots: _StepSlots | None = None
+        # set by forge_num.capture_step for every step of the optimizer from then on: the paths that read
+        # the device on the host (the tied head's token sort) take their capturable twins, so that the
+        # eager warm-up steps and the replays take the same paths
+        self._capturable = False
 
     # ---------------------------------------------------------------------------------------
     # Groups, hyper-parameters, state
@@ -585,10 +605,12 @@ class ForgeOptimizer(torch.optim.Optimizer):
     def _may_split_rows(self, p) -> bool:
         """What _can_split_rows can say before the backward (an embedding's forward asks it: whether
         to sort its tokens for a split now): a stochastic regime, this micro-batch the step's last with
-        no gradient from earlier ones, no data-parallel reduction, an unsharded parameter."""
+        no gradient from earlier ones, no data-parallel reduction, an unsharded parameter; not in a
+        captured step's optimizer (the split sorts the tokens with torch.unique, a host read)."""
         rec = self._recs.get(p)
         return (rec is not None and self.precision != "fp32" and rec.events + 1 == self.accumulation_steps
-                and rec.accum is None and p.grad is None and self._grad_reducer is None and not _is_dtensor(p))
+                and rec.accum is None and p.grad is None and self._grad_reducer is None and not _is_dtensor(p)
+                and not self._capturable)
 
     def _can_split_rows(self, p) -> bool:
         """Whether this backward's update of ``p`` may be applied in pieces by rows from its gradient's
@@ -617,18 +639,40 @@ class ForgeOptimizer(torch.optim.Optimizer):
             return {}
         return {"step_slot": self._slots.write(p, h, self._scale(), seed)}
 
-    def _prepare_replayed_updates(self) -> None:
-        """The host's part of a captured step's updates, before its replay: what each update's launch
-        does to the optimizer in an eager backward (the rule's step counter advanced, _prepare_state),
-        and its scalars written into its slot, in the order the capture's updates ran."""
+    def _prepare_replayed_updates(self, updates: list) -> None:
+        """The host's part of a captured step's updates (``updates``: the parameters the graph updates,
+        in the order the capture updated them), before its replay: what each update's launch does to the
+        optimizer in an eager backward (the rule's step counter advanced, _prepare_state; the scalars
+        checked as the launcher checks them) and its scalars written into its slot. If anything raises
+        (a hyper-parameter a scheduler made invalid), every counter is put back and the step's fields
+        reset: no parameter is left a step ahead of the others."""
+        from forge_num.kernels import _check_scalars
+
         slots = self._slots
+        saved = self._host_counters(updates)
         slots.defer = True  # uploaded at once before the replay
         try:
-            for p in slots.order:
-                _, h, _ = self._prepare_state(p, self._group_by_param[p])
-                slots.write(p, h, self._scale(), self._rounding_seed(p))
+            for p in updates:
+                rule, h, _ = self._prepare_state(p, self._group_by_param[p])
+                scale = self._scale()
+                _check_scalars(rule, h, scale)
+                slots.write(p, h, scale, self._rounding_seed(p))
+        except BaseException:
+            self._restore_host_counters(saved)
+            self._reset_step_fields()
+            raise
         finally:
             slots.defer = False
+
+    def _host_counters(self, params) -> dict:
+        """The host scalars of ``params``' state (Adam's step counters): what an update's bookkeeping
+        advances, put back by _restore_host_counters when a step is abandoned."""
+        return {(p, k): v.clone() for p in params for k, v in self.state[p].items()
+                if isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.dim() == 0}
+
+    def _restore_host_counters(self, saved: dict) -> None:
+        for (p, k), v in saved.items():
+            self.state[p][k].copy_(v)
 
     def _counter_kw(self, p) -> dict:
         """``counter=`` for a sharded parameter in a stochastic regime (its elements' indices in the

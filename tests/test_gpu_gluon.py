@@ -509,10 +509,16 @@ def test_a_launch_reads_its_scalars_from_the_step_slot(regime, M, N, K):
     passed_w, passed_s = w0.clone(), clone(s0)
     slot_w, slot_s = w0.clone(), clone(s0)
     slot = torch.empty(kernels.step_slot_size(rule), dtype=torch.int32, device=CUDA)
+    from forge_num.kernels import gluon_q8, gluon_update
+
+    routed = {"fp32": gluon_update.config_for(M, N, K) is not None, "8bit": True, "bf16-sr": False}[regime]
+    module = gluon_q8 if regime == "8bit" else gluon_update
     for step in steps:
         update(passed_w, passed_s, step)
         slot.copy_(torch.tensor(kernels.step_slot_words(*step), dtype=torch.int32))
-        update(slot_w, slot_s, decoy, slot)
+        with mock.patch.object(module, "launch", wraps=module.launch) as spy:
+            update(slot_w, slot_s, decoy, slot)
+        assert [c.args[9] is slot for c in spy.call_args_list] == ([True] if routed else [])  # the route ran
         torch.cuda.synchronize()
         assert all(same_bits(a, b) for a, b in zip(flat(slot_w, slot_s), flat(passed_w, passed_s)))
     decoy_w, decoy_s = w0.clone(), clone(s0)

@@ -13,6 +13,8 @@ memory-efficient kernel; bf16 at 1024 tokens) differed, the three where it does 
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 
@@ -47,9 +49,16 @@ def _model(width: str, precision: str, tie: bool = False):
 
 
 def _loss_fn(model, loss: str):
-    if loss == "chunked":
-        return lambda ids: causal_lm_loss(model, ids)
-    return lambda ids: model(input_ids=ids, labels=ids).loss
+    """The loss of ``ids``; an fp32 model's under bf16 autocast (the fp32 regime's training: bf16
+    operands, so that the wide model's linears take the Gluon routes)."""
+    amp = next(model.parameters()).dtype == torch.float32
+
+    def loss_of(ids):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            if loss == "chunked":
+                return causal_lm_loss(model, ids)
+            return model(input_ids=ids, labels=ids).loss
+    return loss_of
 
 
 def _batches(tokens: int):
@@ -59,7 +68,7 @@ def _batches(tokens: int):
 
 def _bits(model, opt) -> list[torch.Tensor]:
     out = [p.detach().clone() for p in model.parameters()]
-    for st in opt.state.values():
+    for st in (opt.state[p] for p in model.parameters()):  # in the model's order, not the first updates'
         for v in st.values():
             out += [v["codes"].clone(), v["scales"].clone()] if isinstance(v, dict) else [v.clone()]
     return [t.reshape(-1).view(torch.uint8).cpu() for t in out]
@@ -72,12 +81,13 @@ def _bits(model, opt) -> list[torch.Tensor]:
 def test_captured_training_equals_eager_training(precision, loss, width, tokens, tie):
     """STEPS steps eagerly, and the same STEPS through capture_step (two eager warm-up steps, the
     capture with its first replay, two replays): every loss, weight, state and telemetry entry the same.
-    A tied head with the model's own loss takes the materialized path (autograd sums the head's and the
-    embedding's gradients); with the chunked loss its rows are sorted on the host: refused (the last test)."""
-    if tie and loss == "chunked":
-        pytest.skip("the tied head's chunked loss sorts its tokens with torch.unique: not capturable")
+    The eager reference takes a captured step's paths (opt._capturable): they differ from the default
+    ones only for a tied head with the chunked loss, which then adds the embedding's dense gradient to
+    the head's instead of sorting the tokens (the same weights; tests/test_graphs.py), and whose
+    telemetry sums in another order."""
     batches = _batches(tokens)
     model, opt = _model(width, precision, tie)
+    opt._capturable = True
     fn_e = _loss_fn(model, loss)
     eager = []
     for ids in batches:
@@ -89,8 +99,12 @@ def test_captured_training_equals_eager_training(precision, loss, width, tokens,
 
     model_c, opt_c = _model(width, precision, tie)
     step = fn.capture_step(opt_c, _loss_fn(model_c, loss), warmup=2)
-    captured = [step(ids).clone() for ids in batches]
+    routes = []  # the Gluon launches the capture records, with their step slots
+    with _spied_gluon_launches(routes):
+        captured = [step(ids).clone() for ids in batches]
     assert step._graph is not None
+    if width == "wide":  # the MLP's dW at 1024 tokens takes a Gluon route, reading its slot
+        assert routes and all(slot is not None for slot in routes[-4:]), routes
     torch.cuda.synchronize()
     assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(eager, captured))
     assert all(torch.equal(a, b) for a, b in zip(eager_bits, _bits(model_c, opt_c)))
@@ -100,25 +114,68 @@ def test_captured_training_equals_eager_training(precision, loss, width, tokens,
         step(batches[0][:, : tokens // 2])
 
 
-def test_a_step_with_a_host_read_is_refused_and_training_goes_on():
-    """The tied embedding's row split (8bit, the chunked loss) sorts its tokens with torch.unique, which
-    reads the device: the capture is refused with that reason, the step counters are as before it, and
-    eager steps go on (equal to a run that never tried)."""
+def _spied_gluon_launches(routes: list):
+    """gluon_update.launch and gluon_q8.launch wrapped: each call's step slot appended to ``routes``."""
+    import contextlib
+
+    from forge_num.kernels import gluon_q8, gluon_update
+
+    stack = contextlib.ExitStack()
+    for module in (gluon_update, gluon_q8):
+        real = module.launch
+
+        def spy(*args, real=real):
+            routes.append(args[9] if len(args) > 9 else None)
+            return real(*args)
+        stack.enter_context(mock.patch.object(module, "launch", spy))
+    return stack
+
+
+def test_replays_refuse_replaced_state_and_close_gives_eager_steps_back():
+    """A replay after the optimizer's state tensors were replaced (load_state_dict) is refused; close()
+    gives the optimizer back to eager steps, which train on."""
     batches = _batches(64)
-    model, opt = _model("narrow", "8bit", tie=True)
-    loss_fn = _loss_fn(model, "chunked")
+    model, opt = _model("narrow", "8bit")
+    step = fn.capture_step(opt, _loss_fn(model, "hf"), warmup=1)
+    step(batches[0])
+    step(batches[1])  # the capture and its replay
+    opt.load_state_dict(opt.state_dict())
+    with pytest.raises(RuntimeError, match="replaced since the capture"):
+        step(batches[2])
+    step.close()
+    assert opt._slots is None and not opt._capturable
+    opt.backward(_loss_fn(model, "hf")(batches[2]))
+    opt.step()
+    assert opt.stats["step"] == 3
+
+
+def test_a_step_with_a_host_read_is_refused_and_training_goes_on():
+    """A loss function that reads the device on the host (.item()) cannot be captured: the capture is
+    refused with that reason, the step counters are as before it, and eager steps go on (equal to a run
+    that never tried)."""
+    batches = _batches(64)
+    model, opt = _model("narrow", "8bit")
+    model_loss = _loss_fn(model, "hf")
+
+    def loss_fn(ids):
+        if ids.max().item() < 0:  # never true: a host read all the same
+            raise AssertionError
+        return model_loss(ids)
+
     step = fn.capture_step(opt, loss_fn, warmup=1)
     step(batches[0])
     counters = [st["step"].item() for st in opt.state.values()]
     with pytest.raises(RuntimeError, match="could not be captured"):
         step(batches[1])
     assert [st["step"].item() for st in opt.state.values()] == counters
-    opt._slots = None  # eager training from here on
+    assert opt._slots is None and not opt._capturable  # back to eager steps
+    with pytest.raises(RuntimeError, match="closed"):
+        step(batches[1])
     for ids in batches[1:3]:
         opt.backward(loss_fn(ids))
         opt.step()
-    ref, ref_opt = _model("narrow", "8bit", tie=True)
-    ref_fn = _loss_fn(ref, "chunked")
+    ref, ref_opt = _model("narrow", "8bit")
+    ref_fn = _loss_fn(ref, "hf")
     for ids in batches[:3]:
         ref_opt.backward(ref_fn(ids))
         ref_opt.step()

@@ -6,7 +6,9 @@ as the next eager step's launches do; what a capture cannot hold is refused with
 
 from __future__ import annotations
 
+import contextlib
 import os
+from unittest import mock
 
 import pytest
 import torch
@@ -32,12 +34,13 @@ def _prepared(precision: str, slots: bool):
                    clipping="previous", **HYPER)
     fn.prepare(model, opt)
     if slots:
-        n = sum(len(g["params"]) for g in opt.param_groups)
-        opt._slots = _StepSlots(CPU, n, len(fn.rules.ADAMW.scalar_names) + 3)
+        opt._slots = _StepSlots.for_optimizer(opt, CPU)
     return model, opt
 
 
 def _step(model, opt, k: int) -> float:
+    if opt._slots is not None:
+        opt._slots.begin_step()
     ids = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(100 + k))
     loss = model(input_ids=ids, labels=ids).loss
     opt.backward(loss)
@@ -47,7 +50,7 @@ def _step(model, opt, k: int) -> float:
 
 def _bits(model, opt) -> list[torch.Tensor]:
     out = [p.detach().clone() for p in model.parameters()]
-    for st in opt.state.values():
+    for st in (opt.state[p] for p in model.parameters()):  # in the model's order, not the first updates'
         for v in st.values():
             out += [v["codes"].clone(), v["scales"].clone()] if isinstance(v, dict) else [v.clone()]
     return [t.reshape(-1).view(torch.uint8) for t in out]
@@ -57,15 +60,45 @@ def _bits(model, opt) -> list[torch.Tensor]:
 def test_updates_reading_step_slots_train_as_the_eager_step(precision):
     """Two steps with every launch reading its scalars from its slot (the path a captured step's
     launches take) equal two plain steps bit for bit: losses, weights, states; the clipping
-    coefficient below 1 in the second step (the gradient scale is in the slot too)."""
+    coefficient below 1 in the second step (the gradient scale is in the slot too). Each launch given a
+    slot is passed another step's scalars beside it (other h, scale and key), so only the slot's can
+    make the bits; every launch of the slotted run has a slot."""
     runs = []
     for slots in (False, True):
         model, opt = _prepared(precision, slots)
-        losses = [_step(model, opt, k) for k in range(2)]
+        with _decoy_arguments() as launches:
+            losses = [_step(model, opt, k) for k in range(2)]
+        assert launches and all(launches) == slots, launches
         runs.append((losses, _bits(model, opt), [s["clip_coef"] for s in opt.stats_history]))
     (l0, b0, c0), (l1, b1, c1) = runs
     assert l0 == l1 and c0 == c1 and all(torch.equal(a, b) for a, b in zip(b0, b1))
     assert any(c is not None and c < 1.0 for c in c0[1:]), c0
+
+
+@contextlib.contextmanager
+def _decoy_arguments():
+    """kernels.fused_linear_update and elementwise_update, where a launch has a step slot, passed other
+    scalars than the optimizer's beside it: every entry of h 0.5, grad_scale 0.25, the key's low bit
+    flipped. Yields the list of launches, True for each that had a slot."""
+    from forge_num import kernels
+
+    launches = []
+
+    def decoyed(real, h_index):
+        def launch(*args, step_slot=None, **kw):
+            launches.append(step_slot is not None)
+            if step_slot is not None:
+                args = list(args)
+                args[h_index] = tuple(0.5 for _ in args[h_index])
+                kw["grad_scale"] = 0.25
+                if kw.get("seed") is not None:
+                    kw["seed"] ^= 1
+            return real(*args, step_slot=step_slot, **kw)
+        return launch
+
+    with mock.patch.object(kernels, "fused_linear_update", decoyed(kernels.fused_linear_update, 5)), \
+            mock.patch.object(kernels, "elementwise_update", decoyed(kernels.elementwise_update, 4)):
+        yield launches
 
 
 @pytest.mark.parametrize("precision", ["fp32", "8bit"])
@@ -79,8 +112,9 @@ def test_the_bookkeeping_before_a_replay_is_the_eager_steps(precision):
         _step(model_a, opt_a, k)
     model_b, opt_b = _prepared(precision, True)
     _step(model_b, opt_b, 0)
-    opt_b._prepare_replayed_updates()
-    assert opt_b._slots.order == [dict(model_b.named_parameters())[n] for n in _names(model_a, opt_a)]
+    updates = list(opt_b._slots.written)  # the first step's updates, in order: what a capture records
+    assert _names(model_b, updates) == _names(model_a, opt_a._slots.written)  # the same in every step
+    opt_b._prepare_replayed_updates(updates)
     assert torch.equal(opt_b._slots.host_words, opt_a._slots.host_words)
     steps_a = [st["step"].item() for st in opt_a.state.values()]
     steps_b = [st["step"].item() for st in opt_b.state.values()]
@@ -88,9 +122,36 @@ def test_the_bookkeeping_before_a_replay_is_the_eager_steps(precision):
     assert opt_b._slots.host_words.any()
 
 
-def _names(model, opt) -> list[str]:
+def _names(model, params) -> list[str]:
     by_param = {p: n for n, p in model.named_parameters()}
-    return [by_param[p] for p in opt._slots.order]
+    return [by_param[p] for p in params]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "8bit"])
+def test_a_tied_heads_capturable_path_trains_as_its_eager_path(precision):
+    """In a captured step's optimizer (opt._capturable) the tied head's chunked loss reads nothing on the host:
+    no token sort for a row split (8bit), and the embedding's backward adds its dense gradient to the
+    head's (autograd's sum itself) instead of only its tokens' rows (add_touched_rows, which sorts them
+    with torch.unique). Two steps taking those paths, torch.unique refused throughout, equal two
+    eager steps bit for bit."""
+    from forge_num.hf import causal_lm_loss
+
+    runs = []
+    for capturing in (False, True):
+        model = tiny_llama(seed=1, tie=True)
+        if precision != "fp32":
+            model = model.to(torch.bfloat16)
+        opt = fn.AdamW(model.parameters(), precision=precision, seed=9, backend="kernels", **HYPER)
+        fn.prepare(model, opt)
+        opt._capturable = capturing
+        refused = mock.patch.object(torch, "unique", side_effect=AssertionError("a host read while capturing"))
+        with refused if capturing else contextlib.nullcontext():
+            for k in range(2):
+                ids = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(100 + k))
+                opt.backward(causal_lm_loss(model, ids))
+                opt.step()
+        runs.append(_bits(model, opt))
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
 
 
 @pytest.mark.parametrize("options,reason", [

@@ -162,7 +162,10 @@ def test_launches_reading_a_step_slot_compile_to_the_same_ops(report):
     (tests.ptx_check's elementwise and fused rows with slot) and the routed Gluon tiles. Passed as
     arguments the scalars stay in the constant bank; loaded, they take registers, so the routed tiles
     at a 128-register cap spill more: STEP_SLOT_SPILLS."""
-    assert any(r["slot"] for r in report["elementwise"]) and any(r["slot"] for r in report["fused"])
+    for kind, keys in (("elementwise", ("rule",)), ("fused", ("rule", "dtype"))):
+        plain = {tuple(r[k] for k in keys): r["ptx"] for r in report[kind] if not r["slot"]}
+        slotted = [r for r in report[kind] if r["slot"]]
+        assert slotted and all(r["ptx"] == plain[tuple(r[k] for k in keys)] and r["forbidden"] == [] for r in slotted)
     for r in report["gluon_slot"]:
         assert r["forbidden"] == [] and r["ptx"] == r["expected"], r
         assert r["spill_stores"] <= STEP_SLOT_SPILLS[r["config"]], r

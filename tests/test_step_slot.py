@@ -129,7 +129,7 @@ def test_elementwise_launch_reads_its_scalars_from_the_slot(precision):
 
 
 @pytest.mark.parametrize("slot,exc,msg", [
-    (torch.zeros(ADAMW_WORDS := len(ADAMW.scalar_names) + 3, dtype=torch.int64), TypeError, "int32 tensor"),
+    (torch.zeros(ADAMW_WORDS := kernels.step_slot_size(ADAMW), dtype=torch.int64), TypeError, "int32 tensor"),
     (torch.zeros(ADAMW_WORDS - 1, dtype=torch.int32), ValueError, f"{ADAMW_WORDS} words"),
     (torch.zeros(ADAMW_WORDS, 2, dtype=torch.int32)[:, 0], ValueError, "contiguous"),
     ([0] * ADAMW_WORDS, TypeError, "int32 tensor"),
