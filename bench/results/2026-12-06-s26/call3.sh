@@ -3,9 +3,10 @@
 #   graphs   tests/test_gpu_graphs.py (captured training equals eager training bit for bit: fp32 and
 #            8bit, the HF and chunked losses, narrow and wide models; the refused capture) and the step
 #            slot of the default launch paths (tests/test_gpu_gluon.py -k step_slot), eight processes
-#   train    1B at 1x1024: forge_8bit+graph (the HF loss: the tied head's chunked loss splits its rows
-#            with torch.unique, which a graph cannot hold) beside forge_8bit+cl and flashoptim+cl, with
-#            activation checkpointing and without (its RNG-state stash inside a capture)
+#   train    1B at 1x1024: forge_8bit+graph and forge_8bit+cl+graph (the tied head's capturable path:
+#            the embedding's dense gradient added to the head's, no token sort; added after call 3)
+#            beside forge_8bit+cl and flashoptim+cl, with activation checkpointing and without (its
+#            RNG-state stash inside a capture)
 set -uo pipefail
 PART=${PART:-graphs,train}
 DEADLINE=$((SECONDS + ${CALL_BUDGET_S:-570}))
@@ -27,7 +28,7 @@ part_graphs() {
 part_train() {
   echo "== train $(date -u +%T)"
   PYTHONPATH=/tmp/site timeout "$(budget 250)" python3 bench/train_step.py \
-    --methods forge_8bit+graph,forge_8bit+cl,flashoptim+cl --models llama-1b --tokens 1x1024 --checkpointing on,off \
+    --methods forge_8bit+graph,forge_8bit+cl+graph,forge_8bit+cl,flashoptim+cl --models llama-1b --tokens 1x1024 --checkpointing on,off \
     --warmup 3 --steps 4 --out "$R/train.json" >"$R/train.log" 2>&1
   echo "train rc=$?"
 }
