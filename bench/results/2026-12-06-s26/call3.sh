@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Session 26's third call: the captured step (forge_num.capture_step) on a GPU. Carry .whl.
+# Session 26's third call: the captured step (forge_num.capture_step) on a GPU. Carry .whl. Call 3 ran
+# PART=graphs with the tests as they were then; for the next session: PART=diag,graphs,train.
+#   diag     bench/results/2026-12-06-s26/diag_graphs.py: eager against eager, slotted against eager and
+#            captured against eager, with SDPA and with eager attention (call 3's seven differing cases)
 #   graphs   tests/test_gpu_graphs.py (captured training equals eager training bit for bit: fp32 and
 #            8bit, the HF and chunked losses, narrow and wide models; the refused capture) and the step
 #            slot of the default launch paths (tests/test_gpu_gluon.py -k step_slot), eight processes
@@ -18,6 +21,11 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/flashopti
 python3 -m pip install -q --no-index --no-deps .whl/execnet-*.whl .whl/pytest_xdist-*.whl >>"$R/install.log" 2>&1
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; date -u; } | tee "$R/env.txt"
+part_diag() {
+  echo "== diag $(date -u +%T)"
+  timeout "$(budget 200)" python3 bench/results/2026-12-06-s26/diag_graphs.py >"$R/diag.log" 2>&1
+  echo "diag rc=$?"; grep -E "first loss" "$R/diag.log" | cut -c1-240
+}
 part_graphs() {
   echo "== graphs $(date -u +%T)"
   timeout "$(budget 220)" python3 -m pytest -v -rA -p no:cacheprovider -n 8 tests/test_gpu_graphs.py \
