@@ -5,12 +5,18 @@ determinism: the hypothesis is that SDPA's backward is not deterministic there),
 steps (capture_step with warmup > steps: never captured) against eager, and captured against eager;
 per run the first step whose loss differs and the parameters whose bits differ."""
 import itertools
+import os
 import sys
 
-import torch
+# run as a script, sys.path[0] is this folder; the repository root (for tests/) goes behind
+# site-packages, as bench/host_time.py does, so that its kernels/ shadows no installed package
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _ROOT] + [_ROOT]
 
-import forge_num as fn
-from tests.test_gpu_graphs import _batches, _loss_fn, _model, STEPS
+import torch  # noqa: E402
+
+import forge_num as fn  # noqa: E402
+from tests.test_gpu_graphs import STEPS, _batches, _loss_fn, _model  # noqa: E402
 
 
 def run(width, precision, loss, mode, tokens, attention):
