@@ -259,11 +259,12 @@ _NEEDS = {"bnb_adamw8bit": "bitsandbytes", "ao_adamw8bit": "torchao", "flashopti
 
 
 def unavailable_reason(method: str, cuda: bool) -> str | None:
-    if method.endswith(GRAPHED) and base_method(method) not in FORGE_PRECISION:
-        return f"{GRAPHED} captures forge's step only (forge, forge_bf16sr, forge_8bit)"
-    method = base_method(method)
-    if method not in METHODS:
+    base = base_method(method)
+    if base not in METHODS:
         return f"unknown method (known: {', '.join(METHODS)})"
+    if method.endswith(GRAPHED) and base not in FORGE_PRECISION:
+        return f"{GRAPHED} captures forge's step only (forge, forge_bf16sr, forge_8bit)"
+    method = base
     mod = _NEEDS.get(method)
     hidden = os.environ.get("BENCH_HIDE_MODULES", "").split(",")  # tests: pretend not installed
     if mod and (mod in hidden or importlib.util.find_spec(mod) is None):

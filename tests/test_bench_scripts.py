@@ -405,3 +405,13 @@ def test_registers_by_source_attributes_each_instruction_to_its_line():
 """
     assert by_source(sass) == {("quant8.py", 90): 2, ("random.py", 116): 2}
     assert by_source(sass, whole=True) == {("quant8.py", 90): 2, ("random.py", 116): 2, ("ieee.py", 41): 1}
+
+
+def test_method_suffixes_pick_the_loss_and_the_captured_step():
+    """bench/train_step.py's method names: "+cl" the chunked loss, "+graph" after it forge's step through
+    forge_num.capture_step (forge's methods only; elsewhere reported as unavailable, with the reason)."""
+    assert train_step.base_method("forge_8bit+cl+graph") == "forge_8bit"
+    assert train_step.chunked_loss("forge_8bit+cl+graph") and not train_step.chunked_loss("forge_8bit+graph")
+    assert train_step.unavailable_reason("forge_8bit+cl+graph", cuda=True) is None
+    assert "captures forge's step only" in train_step.unavailable_reason("torch_adamw+graph", cuda=True)
+    assert "unknown method" in train_step.unavailable_reason("forge_9bit+graph", cuda=True)
