@@ -20,7 +20,7 @@ import torch
 
 import forge_num as fn
 from forge_num.hf import causal_lm_loss
-from tests.test_training_semantics import tiny_llama
+from tests.test_training_semantics import tiny_llama, training_bits
 
 pytestmark = [pytest.mark.gpu, pytest.mark.exactness]
 if not torch.cuda.is_available():
@@ -66,14 +66,6 @@ def _batches(tokens: int):
     return [torch.randint(0, 256, (1, tokens), generator=g).to(CUDA) for _ in range(STEPS)]
 
 
-def _bits(model, opt) -> list[torch.Tensor]:
-    out = [p.detach().clone() for p in model.parameters()]
-    for st in (opt.state[p] for p in model.parameters()):  # in the model's order, not the first updates'
-        for v in st.values():
-            out += [v["codes"].clone(), v["scales"].clone()] if isinstance(v, dict) else [v.clone()]
-    return [t.reshape(-1).view(torch.uint8).cpu() for t in out]
-
-
 @pytest.mark.parametrize("width,tokens,tie", [("narrow", 64, False), ("wide", 1024, False), ("narrow", 64, True)],
                          ids=["narrow", "wide", "narrow-tied"])
 @pytest.mark.parametrize("loss", ["hf", "chunked"])
@@ -95,7 +87,7 @@ def test_captured_training_equals_eager_training(precision, loss, width, tokens,
         opt.backward(loss_t)
         opt.step()
         eager.append(loss_t.detach().clone())
-    eager_bits, eager_stats = _bits(model, opt), opt.stats_history
+    eager_bits, eager_stats = training_bits(model, opt), opt.stats_history
 
     model_c, opt_c = _model(width, precision, tie)
     step = fn.capture_step(opt_c, _loss_fn(model_c, loss), warmup=2)
@@ -107,7 +99,7 @@ def test_captured_training_equals_eager_training(precision, loss, width, tokens,
         assert routes and all(slot is not None for slot in routes[-4:]), routes
     torch.cuda.synchronize()
     assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(eager, captured))
-    assert all(torch.equal(a, b) for a, b in zip(eager_bits, _bits(model_c, opt_c)))
+    assert all(torch.equal(a, b) for a, b in zip(eager_bits, training_bits(model_c, opt_c)))
     assert opt_c.stats_history == eager_stats
     assert any(s["clip_coef"] is not None and s["clip_coef"] < 1.0 for s in eager_stats[2:]), eager_stats
     with pytest.raises(ValueError, match="captured step's is"):
@@ -179,4 +171,4 @@ def test_a_step_with_a_host_read_is_refused_and_training_goes_on():
     for ids in batches[:3]:
         ref_opt.backward(ref_fn(ids))
         ref_opt.step()
-    assert all(torch.equal(a, b) for a, b in zip(_bits(ref, ref_opt), _bits(model, opt)))
+    assert all(torch.equal(a, b) for a, b in zip(training_bits(ref, ref_opt), training_bits(model, opt)))

@@ -15,7 +15,7 @@ import torch
 
 import forge_num as fn
 from forge_num.optim import _StepSlots
-from tests.test_training_semantics import tiny_llama
+from tests.test_training_semantics import tiny_llama, training_bits
 
 if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
     pytest.skip("the kernels run under the interpreter here (TRITON_INTERPRET=1)", allow_module_level=True)
@@ -48,14 +48,6 @@ def _step(model, opt, k: int) -> float:
     return float(loss.detach())
 
 
-def _bits(model, opt) -> list[torch.Tensor]:
-    out = [p.detach().clone() for p in model.parameters()]
-    for st in (opt.state[p] for p in model.parameters()):  # in the model's order, not the first updates'
-        for v in st.values():
-            out += [v["codes"].clone(), v["scales"].clone()] if isinstance(v, dict) else [v.clone()]
-    return [t.reshape(-1).view(torch.uint8) for t in out]
-
-
 @pytest.mark.parametrize("precision", ["fp32", "8bit"])  # bf16-sr's slot: tests/test_step_slot.py
 def test_updates_reading_step_slots_train_as_the_eager_step(precision):
     """Two steps with every launch reading its scalars from its slot (the path a captured step's
@@ -69,7 +61,7 @@ def test_updates_reading_step_slots_train_as_the_eager_step(precision):
         with _decoy_arguments() as launches:
             losses = [_step(model, opt, k) for k in range(2)]
         assert launches and all(launches) == slots, launches
-        runs.append((losses, _bits(model, opt), [s["clip_coef"] for s in opt.stats_history]))
+        runs.append((losses, training_bits(model, opt), [s["clip_coef"] for s in opt.stats_history]))
     (l0, b0, c0), (l1, b1, c1) = runs
     assert l0 == l1 and c0 == c1 and all(torch.equal(a, b) for a, b in zip(b0, b1))
     assert any(c is not None and c < 1.0 for c in c0[1:]), c0
@@ -150,7 +142,7 @@ def test_a_tied_heads_capturable_path_trains_as_its_eager_path(precision):
                 ids = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(100 + k))
                 opt.backward(causal_lm_loss(model, ids))
                 opt.step()
-        runs.append(_bits(model, opt))
+        runs.append(training_bits(model, opt))
     assert all(torch.equal(a, b) for a, b in zip(*runs))
 
 

@@ -26,6 +26,17 @@ transformers.logging.set_verbosity_error()
 
 
 
+def training_bits(model, opt) -> list[torch.Tensor]:
+    """Every parameter and optimizer-state tensor of a trained model as bytes on the CPU (an 8bit
+    state's codes and scales; the step counters), in the model's parameter order (not the order of the
+    states' first updates, which depends on the update path): two runs compared bit for bit."""
+    out = [p.detach().clone() for p in model.parameters()]
+    for st in (opt.state[p] for p in model.parameters()):
+        for v in st.values():
+            out += [v["codes"].clone(), v["scales"].clone()] if isinstance(v, dict) else [v.clone()]
+    return [t.reshape(-1).view(torch.uint8).cpu() for t in out]
+
+
 def tiny_llama(seed=0, tie=False):
     cfg = transformers.LlamaConfig(
         vocab_size=256,
