@@ -20,7 +20,7 @@ python3 -m pip install -q --no-index --no-deps .whl/execnet-*.whl .whl/pytest_xd
 part_diag() {
   echo "== diag $(date -u +%T)"
   timeout "$(budget 200)" python3 bench/results/2026-12-06-s27/diag2.py >"$R/diag2.log" 2>&1
-  echo "diag rc=$?"; grep -E " step |Error" "$R/diag2.log" | cut -c1-330
+  echo "diag rc=$?"; grep -E " step |Error" "$R/diag2.log" | cut -c1-600
 }
 part_graphs() {
   echo "== graphs $(date -u +%T)"

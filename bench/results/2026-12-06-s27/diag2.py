@@ -60,7 +60,15 @@ def run(width, precision, amp, backend, mode, tokens):
         log.append((call[0], name[p], tuple(h) if isinstance(h, (tuple, list)) else h, scale, seed))
         return real_write(self, p, h, scale, seed)
 
-    fo.ForgeOptimizer._slot_kw, fo._StepSlots.write = slot_kw, write
+    parts = {}  # step -> [(param name, its gradient's sum of squares)], where the step's partials are known
+    real_finish = fo.ForgeOptimizer._finish_step
+
+    def finish(self, summed=None):
+        if self._parts:  # eager steps and the capture's own step (its partials: the graph's, replayed once)
+            parts[call[0]] = [(name[q], float(n.double().sum())) for q, (n, _) in zip(self._stat_params, self._parts)]
+        return real_finish(self, summed)
+
+    fo.ForgeOptimizer._slot_kw, fo._StepSlots.write, fo.ForgeOptimizer._finish_step = slot_kw, write, finish
     losses, snaps = [], []
     try:
         step = None if mode == "eager" else fn.capture_step(opt, lf, warmup=2)
@@ -75,8 +83,9 @@ def run(width, precision, amp, backend, mode, tokens):
                 losses.append(step(ids).clone())
             snaps.append(snapshot(model, opt))
     finally:
-        fo.ForgeOptimizer._slot_kw, fo._StepSlots.write = real_slot_kw, real_write
-    return losses, snaps, opt.stats_history, log
+        fo.ForgeOptimizer._slot_kw, fo._StepSlots.write, fo.ForgeOptimizer._finish_step = (
+            real_slot_kw, real_write, real_finish)
+    return losses, snaps, opt.stats_history, log, parts
 
 
 def compare(tag, ref, got):
@@ -90,9 +99,15 @@ def compare(tag, ref, got):
         scal = "same" if scal_r == scal_g else (
             f"DIFFER ({len(scal_r)} vs {len(scal_g)}; first {[a for a in scal_r if a not in scal_g][:2]} vs "
             f"{[a for a in scal_g if a not in scal_r][:2]})")
+        pr, pg = ref[4].get(k), got[4].get(k)
+        if pr is not None and pg is not None:
+            diff = [(a[0], a[1], b[1]) for a, b in zip(pr, pg) if a != b]
+            parts = f"; per-parameter sums of squares: {len(diff)} of {len(pr)} differ {diff[:3]}"
+        else:
+            parts = ""
         print(f"{tag} step {k}: loss {'same' if torch.equal(lr, lg) else f'{lr.item():.9g} vs {lg.item():.9g}'}; "
               f"norm {sr['grad_norm']!r} vs {sg['grad_norm']!r}; clip {sr['clip_coef']!r} vs {sg['clip_coef']!r}; "
-              f"scalars {scal}; differing after it {len(bad)}: {bad[:6]}", flush=True)
+              f"scalars {scal}; differing after it {len(bad)}: {bad[:6]}{parts}", flush=True)
 
 
 CASES = [("narrow", "fp32", True, "default", 64), ("narrow", "fp32", True, "math", 64),
