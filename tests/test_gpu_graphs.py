@@ -5,10 +5,13 @@ narrow model (the Triton tiles) and a wide one (the Gluon routes); and a step th
 (a host read inside it) is refused with the optimizer's state as before, eager training going on.
 The host side is tested on the CPU by tests/test_graphs.py.
 
-The models attend with SDPA's math backend (matmul, softmax, matmul: deterministic). SDPA's fused
-backward kernels need not be (flash attention's dQ and the memory-efficient kernel's split keys may
-accumulate with atomics), and Hugging Face's "eager" attention cannot be captured (its mask is a
-host-to-device copy of a 0-d tensor: session 27's call 1)."""
+The models attend with SDPA's math backend on fp32 copies of q, k and v (_fp32_attention). Session 27
+(bench/NOTES.md) found that a captured step's backward already differs from the eager one in the
+attention's bf16 backward, before anything of forge_num's: with bf16 attention, the gradients of the last
+layer's k_proj and v_proj differ in the capture's own step while lm_head's, the MLP's, o_proj's and
+q_proj's agree; an fp32 model without autocast (fp32 attention) agreed at every step. What these tests
+check is forge_num's part: the updates, their scalars and the telemetry, given the model's gradients.
+Hugging Face's "eager" attention cannot be captured (its mask is a host-to-device copy of a 0-d tensor)."""
 
 from __future__ import annotations
 
@@ -30,6 +33,26 @@ HYPER = {"lr": 1e-2, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
 STEPS = 5
 
 
+def _fp32_attention(module, query, key, value, attention_mask, **kwargs):
+    """Hugging Face's SDPA attention on fp32 copies of q, k, v, outside autocast (its output cast back
+    to q's dtype): an attention whose backward a capture did not change (the module docstring)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    with torch.autocast("cuda", enabled=False):
+        out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(), attention_mask,
+                                              **kwargs)
+    return out.to(query.dtype), weights
+
+
+def _register_fp32_attention() -> str:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register("forge_num_fp32_sdpa", _fp32_attention)
+    AttentionMaskInterface.register("forge_num_fp32_sdpa", sdpa_mask)
+    return "forge_num_fp32_sdpa"
+
+
 def _model(width: str, precision: str, tie: bool = False):
     if width == "narrow":
         model = tiny_llama(seed=1, tie=tie)
@@ -42,7 +65,7 @@ def _model(width: str, precision: str, tie: bool = False):
             num_key_value_heads=8, head_dim=64, max_position_embeddings=2048, tie_word_embeddings=tie,
             bos_token_id=None, eos_token_id=None, pad_token_id=None))
     model = model.to(CUDA, torch.float32 if precision == "fp32" else torch.bfloat16)
-    model.set_attn_implementation("sdpa")  # run by its math backend (_loss_fn; the module docstring)
+    model.set_attn_implementation(_register_fp32_attention())  # the math backend (_loss_fn; the module docstring)
     opt = fn.AdamW(model.parameters(), precision=precision, seed=9, max_grad_norm=0.05, clipping="previous", **HYPER)
     fn.prepare(model, opt)
     return model, opt
