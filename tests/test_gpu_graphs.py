@@ -6,12 +6,13 @@ narrow model (the Triton tiles) and a wide one (the Gluon routes); and a step th
 The host side is tested on the CPU by tests/test_graphs.py.
 
 The models attend with SDPA's math backend on fp32 copies of q, k and v (_fp32_attention). Session 27
-(bench/NOTES.md) found that a captured step's backward already differs from the eager one in the
-attention's bf16 backward, before anything of forge_num's: with bf16 attention, the gradients of the last
-layer's k_proj and v_proj differ in the capture's own step while lm_head's, the MLP's, o_proj's and
-q_proj's agree; an fp32 model without autocast (fp32 attention) agreed at every step. What these tests
-check is forge_num's part: the updates, their scalars and the telemetry, given the model's gradients.
-Hugging Face's "eager" attention cannot be captured (its mask is a host-to-device copy of a 0-d tensor)."""
+(bench/NOTES.md) found that with bf16 attention a captured backward differs from the eager one before
+anything of forge_num's, and that plain PyTorch does the same: a bf16 Llama's autograd gradients under
+SDPA's math backend with grouped key/value heads differ between eager and captured runs with no
+forge_num at all (bench/results/2026-12-06-s27/diag3.py), from the last layer's k_proj and v_proj down,
+while an fp32 model's agree. What these tests check is forge_num's part: the updates, their scalars and
+the telemetry, given the model's gradients. Hugging Face's "eager" attention cannot be captured (its
+mask is a host-to-device copy of a 0-d tensor)."""
 
 from __future__ import annotations
 
