@@ -10,7 +10,7 @@ The models attend with SDPA's math backend on fp32 copies of q, k and v (_fp32_a
 anything of forge_num's, and that plain PyTorch does the same: a bf16 Llama's autograd gradients under
 SDPA's math backend with grouped key/value heads differ between eager and captured runs with no
 forge_num at all (bench/results/2026-12-06-s27/diag3.py), from the last layer's k_proj and v_proj down,
-while an fp32 model's agree. What these tests check is forge_num's part: the updates, their scalars and
+while an fp32 model's without autocast agree. What these tests check is forge_num's part: the updates, their scalars and
 the telemetry, given the model's gradients. Hugging Face's "eager" attention cannot be captured (its
 mask is a host-to-device copy of a 0-d tensor)."""
 
