@@ -29,8 +29,8 @@ the eager step's (tests/test_gpu_graphs.py, on an H100). The model's own backwar
 capture can change its bits: measured with no forge_num at all (bench/NOTES.md, session 27), a bf16
 Llama's gradients under SDPA's math backend with grouped key/value heads differ between an eager and a
 captured backward (from the last layer's k_proj and v_proj down), while the flash backend's and an fp32
-model's without autocast agree. A captured step then trains on PyTorch's captured gradients, which are as valid as the
-eager ones but not the same bits.
+model's without autocast agree. A captured step then trains on PyTorch's captured gradients, which are
+as valid as the eager ones but not the same bits.
 
 A tied head with the chunked loss (forge_num.linear_cross_entropy) sorts the batch's tokens with
 torch.unique, a host read, to split the tied weight's update by rows (bf16-sr, 8bit) or to add only

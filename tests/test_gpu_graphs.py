@@ -10,9 +10,9 @@ The models attend with SDPA's math backend on fp32 copies of q, k and v (_fp32_a
 anything of forge_num's, and that plain PyTorch does the same: a bf16 Llama's autograd gradients under
 SDPA's math backend with grouped key/value heads differ between eager and captured runs with no
 forge_num at all (bench/results/2026-12-06-s27/diag3.py), from the last layer's k_proj and v_proj down,
-while an fp32 model's without autocast agree. What these tests check is forge_num's part: the updates, their scalars and
-the telemetry, given the model's gradients. Hugging Face's "eager" attention cannot be captured (its
-mask is a host-to-device copy of a 0-d tensor)."""
+while an fp32 model's without autocast agree. What these tests check is forge_num's part: the updates,
+their scalars and the telemetry, given the model's gradients. Hugging Face's "eager" attention cannot be
+captured (its mask is a host-to-device copy of a 0-d tensor)."""
 
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ def _fp32_attention(module, query, key, value, attention_mask, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     with torch.autocast("cuda", enabled=False):
-        out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(), attention_mask,
-                                              **kwargs)
+        out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(),
+                                              attention_mask, **kwargs)
     return out.to(query.dtype), weights
 
 
@@ -66,7 +66,7 @@ def _model(width: str, precision: str, tie: bool = False):
             num_key_value_heads=8, head_dim=64, max_position_embeddings=2048, tie_word_embeddings=tie,
             bos_token_id=None, eos_token_id=None, pad_token_id=None))
     model = model.to(CUDA, torch.float32 if precision == "fp32" else torch.bfloat16)
-    model.set_attn_implementation(_register_fp32_attention())  # the math backend (_loss_fn; the module docstring)
+    model.set_attn_implementation(_register_fp32_attention())  # math backend (_loss_fn; module docstring)
     opt = fn.AdamW(model.parameters(), precision=precision, seed=9, max_grad_norm=0.05, clipping="previous", **HYPER)
     fn.prepare(model, opt)
     return model, opt
