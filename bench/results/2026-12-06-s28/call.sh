@@ -5,6 +5,8 @@
 #   train   the captured steps beside flashoptim+cl and torch AdamW AMP at the other sizes: 1B 4x1024 and
 #           1x2048, then 3B 1x1024 and 4x1024, checkpointing on
 #   train8b 8B 1x2048, checkpointing on: forge_8bit+graph beside flashoptim+cl
+#   exactrest  the exactness cases call 1 did not report (call1_passed.txt: the ones it passed), diag4 beside
+#   traincl the captured tied/untied head's chunked loss (forge_8bit+cl+graph): 8B 1x2048, 1B 4x1024 (peaks)
 #   diag    bench/results/2026-12-06-s28/diag4.py: which op of bf16 GQA math attention a capture changes
 set -uo pipefail
 PART=${PART:-exact}
@@ -25,6 +27,22 @@ part_exact() {
   grep -E "^(FAILED|ERROR)|passed|failed" "$R/exact.log" | cut -c1-300 | tail -20
   grep -E "^E  .*(Error|assert)" "$R/exact.log" | sort | uniq -c | sort -rn | head -6 | cut -c1-300
 }
+part_exactrest() {
+  echo "== exactrest $(date -u +%T)"
+  timeout "$(budget 120)" python3 bench/results/2026-12-06-s28/diag4.py >"$R/diag4.log" 2>&1 &
+  python3 -m pytest -m exactness --collect-only -q -p no:cacheprovider tests 2>/dev/null | grep "::" \
+    | LC_ALL=C sort -u >"$R/collected.txt"
+  LC_ALL=C comm -23 "$R/collected.txt" <(LC_ALL=C sort -u bench/results/2026-12-06-s28/call1_passed.txt) >"$R/rest.txt"
+  echo "collected $(wc -l <"$R/collected.txt"), not passed in call 1: $(wc -l <"$R/rest.txt")"; cat "$R/rest.txt"
+  [ -s "$R/rest.txt" ] || { echo "nothing left"; wait; return; }
+  mapfile -t ids <"$R/rest.txt"
+  timeout "$(budget 560)" python3 -m pytest -m exactness -v -rA -p no:cacheprovider -n 14 "${ids[@]}" \
+    >"$R/exactrest.log" 2>&1
+  echo "exactrest rc=$?"
+  grep -E "^(FAILED|ERROR)|passed|failed" "$R/exactrest.log" | cut -c1-300 | tail -20
+  grep -E "^E  .*(Error|assert)" "$R/exactrest.log" | sort | uniq -c | sort -rn | head -6 | cut -c1-300
+  wait; echo "diag:"; grep -E "\| captured|: \[|rror" "$R/diag4.log" | cut -c1-400
+}
 train() {  # $1 tag, $2 seconds, the rest: train_step.py's arguments
   local tag=$1 secs=$2; shift 2
   echo "== $tag $(date -u +%T)"
@@ -38,6 +56,10 @@ part_train() {
   train train3b 300 --methods "$M" --models llama-3b --tokens 1x1024,4x1024
 }
 part_train8b() { train train8b 300 --methods forge_8bit+graph,flashoptim+cl --models llama-8b --tokens 1x2048; }
+part_traincl() {
+  train traincl8b 150 --methods forge_8bit+cl+graph --models llama-8b --tokens 1x2048
+  train traincl1b 90 --methods forge_8bit+cl+graph --models llama-1b --tokens 4x1024
+}
 part_diag() {
   echo "== diag $(date -u +%T)"
   timeout "$(budget 120)" python3 bench/results/2026-12-06-s28/diag4.py >"$R/diag4.log" 2>&1

@@ -18,7 +18,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 
-def grads_of(run, leaves, captured, extra=()):
+def grads_of(run, leaves, captured, extra=lambda: ()):
     """run() does forward and backward; returns the leaves' .grad and the tensors extra() names, cloned."""
     for p in leaves:
         p.grad = None
