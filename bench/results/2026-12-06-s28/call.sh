@@ -36,7 +36,7 @@ part_exactrest() {
   echo "collected $(wc -l <"$R/collected.txt"), not passed in call 1: $(wc -l <"$R/rest.txt")"; cat "$R/rest.txt"
   [ -s "$R/rest.txt" ] || { echo "nothing left"; wait; return; }
   mapfile -t ids <"$R/rest.txt"
-  timeout "$(budget 560)" python3 -m pytest -m exactness -v -rA -p no:cacheprovider -n 14 "${ids[@]}" \
+  timeout "$(budget ${EXACTREST_S:-560})" python3 -m pytest -m exactness -v -rA -p no:cacheprovider -n 14 "${ids[@]}" \
     >"$R/exactrest.log" 2>&1
   echo "exactrest rc=$?"
   grep -E "^(FAILED|ERROR)|passed|failed" "$R/exactrest.log" | cut -c1-300 | tail -20
@@ -57,8 +57,8 @@ part_train() {
 }
 part_train8b() { train train8b 300 --methods forge_8bit+graph,flashoptim+cl --models llama-8b --tokens 1x2048; }
 part_traincl() {
-  train traincl8b 150 --methods forge_8bit+cl+graph --models llama-8b --tokens 1x2048
-  train traincl1b 90 --methods forge_8bit+cl+graph --models llama-1b --tokens 4x1024
+  train traincl8b 60 --methods forge_8bit+cl+graph --models llama-8b --tokens 1x2048
+  train traincl1b 45 --methods forge_8bit+cl+graph --models llama-1b --tokens 4x1024
 }
 part_diag() {
   echo "== diag $(date -u +%T)"

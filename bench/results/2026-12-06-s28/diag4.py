@@ -70,92 +70,98 @@ def math():
     return sdpa_kernel(SDPBackend.MATH)
 
 
-torch.manual_seed(0)
-print(torch.__version__, torch.cuda.get_device_name(), flush=True)
-for dtype in (torch.bfloat16, torch.float32):
-    q = torch.randn(1, 4, 64, 16, device="cuda", dtype=dtype, requires_grad=True)
-    k, v = (torch.randn(1, 2, 64, 16, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
-    qkv, names = [q, k, v], ["q", "k", "v"]
-    d = str(dtype).replace("torch.", "")
 
-    def sdpa_gqa(q, k, v, causal=True):
+def main():
+    torch.manual_seed(0)
+    print(torch.__version__, torch.cuda.get_device_name(), flush=True)
+    for dtype in (torch.bfloat16, torch.float32):
+        q = torch.randn(1, 4, 64, 16, device="cuda", dtype=dtype, requires_grad=True)
+        k, v = (torch.randn(1, 2, 64, 16, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
+        qkv, names = [q, k, v], ["q", "k", "v"]
+        d = str(dtype).replace("torch.", "")
+
+        def sdpa_gqa(q, k, v, causal=True):
+            with math():
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+
+        def sdpa_repeat_kv(q, k, v):
+            k2 = k[:, :, None].expand(1, 2, 2, 64, 16).reshape(1, 4, 64, 16)
+            v2 = v[:, :, None].expand(1, 2, 2, 64, 16).reshape(1, 4, 64, 16)
+            with math():
+                return F.scaled_dot_product_attention(q, k2, v2, is_causal=True)
+
+        def sdpa_repeat_interleave(q, k, v):
+            with math():
+                return F.scaled_dot_product_attention(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1),
+                                                      is_causal=True)
+
+        def sdpa_default_gqa(q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+        variant(f"{d} math enable_gqa causal", sdpa_gqa, qkv, names)
+        variant(f"{d} math enable_gqa not causal", lambda q, k, v: sdpa_gqa(q, k, v, False), qkv, names)
+        variant(f"{d} math repeat_kv (expand+reshape)", sdpa_repeat_kv, qkv, names)
+        variant(f"{d} math repeat_interleave(2)", sdpa_repeat_interleave, qkv, names)
+        variant(f"{d} default backend enable_gqa", sdpa_default_gqa, qkv, names)
+        variant(f"{d} repeat_interleave(2) alone", lambda k: k.repeat_interleave(2, dim=1), [k], ["k"])
+        variant(f"{d} softmax alone", lambda q: torch.softmax(q * 0.25, dim=-1), [q], ["q"])
+        variant(f"{d} q @ k^T (k repeat_interleave)",
+                lambda q, k: q @ k.repeat_interleave(2, dim=1).transpose(-2, -1), [q, k], ["q", "k"])
+        if dtype is torch.float32:
+            variant("fp32 under autocast math enable_gqa causal", sdpa_gqa, qkv, names, amp=True)
+
+    # The tiny Llama (bf16, math backend): the gradient arriving at each module of each layer's attention.
+    from tests.test_training_semantics import tiny_llama  # noqa: E402
+
+    model = tiny_llama(seed=1).cuda().to(torch.bfloat16)
+    model.set_attn_implementation("sdpa")
+    ids = torch.randint(0, 256, (1, 64), generator=torch.Generator().manual_seed(5)).cuda()
+    seen = {}
+    order = []
+
+
+    def hook(name):
+        def fn(module, grad_input, grad_output):
+            if name not in order:
+                order.append(name)
+            seen[name] = [g.clone() for g in grad_output if g is not None] + [g.clone() for g in grad_input
+                                                                             if g is not None]
+        return fn
+
+
+    for name, module in model.named_modules():
+        if name and name.count(".") <= 4:
+            module.register_full_backward_hook(hook(name))
+    params = list(model.parameters())
+
+
+    def run_model():
         with math():
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
-
-    def sdpa_repeat_kv(q, k, v):
-        k2 = k[:, :, None].expand(1, 2, 2, 64, 16).reshape(1, 4, 64, 16)
-        v2 = v[:, :, None].expand(1, 2, 2, 64, 16).reshape(1, 4, 64, 16)
-        with math():
-            return F.scaled_dot_product_attention(q, k2, v2, is_causal=True)
-
-    def sdpa_repeat_interleave(q, k, v):
-        with math():
-            return F.scaled_dot_product_attention(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1),
-                                                  is_causal=True)
-
-    def sdpa_default_gqa(q, k, v):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-
-    variant(f"{d} math enable_gqa causal", sdpa_gqa, qkv, names)
-    variant(f"{d} math enable_gqa not causal", lambda q, k, v: sdpa_gqa(q, k, v, False), qkv, names)
-    variant(f"{d} math repeat_kv (expand+reshape)", sdpa_repeat_kv, qkv, names)
-    variant(f"{d} math repeat_interleave(2)", sdpa_repeat_interleave, qkv, names)
-    variant(f"{d} default backend enable_gqa", sdpa_default_gqa, qkv, names)
-    variant(f"{d} repeat_interleave(2) alone", lambda k: k.repeat_interleave(2, dim=1), [k], ["k"])
-    variant(f"{d} softmax alone", lambda q: torch.softmax(q * 0.25, dim=-1), [q], ["q"])
-    variant(f"{d} q @ k^T (k repeat_interleave)",
-            lambda q, k: q @ k.repeat_interleave(2, dim=1).transpose(-2, -1), [q, k], ["q", "k"])
-    if dtype is torch.float32:
-        variant("fp32 under autocast math enable_gqa causal", sdpa_gqa, qkv, names, amp=True)
-
-# The tiny Llama (bf16, math backend): the gradient arriving at each module of each layer's attention.
-from tests.test_training_semantics import tiny_llama  # noqa: E402
-
-model = tiny_llama(seed=1).cuda().to(torch.bfloat16)
-model.set_attn_implementation("sdpa")
-ids = torch.randint(0, 256, (1, 64), generator=torch.Generator().manual_seed(5)).cuda()
-seen = {}
-order = []
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
 
 
-def hook(name):
-    def fn(module, grad_input, grad_output):
-        if name not in order:
-            order.append(name)
-        seen[name] = [g.clone() for g in grad_output if g is not None] + [g.clone() for g in grad_input
-                                                                         if g is not None]
-    return fn
+    def snapshot(captured):
+        grads_of(run_model, params, captured)
+        return {n: list(v) for n, v in seen.items()}
 
 
-for name, module in model.named_modules():
-    if name and name.count(".") <= 4:
-        module.register_full_backward_hook(hook(name))
-params = list(model.parameters())
+    e1, c = snapshot(False), snapshot(True)
+    print("tiny llama bf16 math: module backward order and whether [grad_output..., grad_input...] agree:", flush=True)
+    for name in order:
+        same = [torch.equal(a, b) for a, b in zip(e1[name], c[name])]
+        print(f"  {name}: {same}", flush=True)
+
+    # What the eager math backward launches (for the report).
+    q = torch.randn(1, 4, 64, 16, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(1, 2, 64, 16, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    out = sdpa_gqa(q, k, v)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA,
+                                            torch.profiler.ProfilerActivity.CPU]) as prof:
+        out.float().sum().backward()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70), flush=True)
 
 
-def run_model():
-    with math():
-        loss = model(input_ids=ids, labels=ids).loss
-    loss.backward()
-
-
-def snapshot(captured):
-    grads_of(run_model, params, captured)
-    return {n: list(v) for n, v in seen.items()}
-
-
-e1, c = snapshot(False), snapshot(True)
-print("tiny llama bf16 math: module backward order and whether [grad_output..., grad_input...] agree:", flush=True)
-for name in order:
-    same = [torch.equal(a, b) for a, b in zip(e1[name], c[name])]
-    print(f"  {name}: {same}", flush=True)
-
-# What the eager math backward launches (for the report).
-q = torch.randn(1, 4, 64, 16, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-k, v = (torch.randn(1, 2, 64, 16, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
-out = sdpa_gqa(q, k, v)
-with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA,
-                                        torch.profiler.ProfilerActivity.CPU]) as prof:
-    out.float().sum().backward()
-    torch.cuda.synchronize()
-print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70), flush=True)
+if __name__ == "__main__":
+    main()
