@@ -14,6 +14,7 @@
 #   T_KERNELS T_EXACT T_TRAIN T_CAPACITY T_FIDELITY T_BIAS T_HOST   seconds for each part
 #                 (T_KERNELS=0 / T_KERNELS_LOWBIT=0: skip that kernels run)
 #   PYTEST_FILES, PYTEST_K   test files and a -k expression for the exactness part
+#   EXACT_PASSED  a passed.txt of an earlier call (carried): the exactness part runs the rest
 #   XDIST         pytest-xdist workers (12)
 #   NCU_POINTS    shape:tokens[:tile,tile] points for bench/ncu_probe.py under Nsight Compute (tile
 #                 labels with "_" for spaces, e.g. 64x128x64_w4_s4_e4_tma)
@@ -37,11 +38,29 @@ fi
     "(find forge_num kernels emulator bench tests proofs examples -name '*.py' | sort | xargs sha1sum | sha1sum)"
   date -u +%Y-%m-%dT%H:%M:%SZ; } | tee "$R/env.txt"
 
+# The whole GPU suite takes more than one call (session 28: 501 exactness cases, 560 s reached 495 with 14
+# workers): each run writes the cases it passed to $R/passed.txt (results.tgz), with those of EXACT_PASSED's
+# file if given; a later call with EXACT_PASSED=<that file, carried> runs only the collected cases not in it.
+EXACT_MARK=${EXACT_MARK:-"exactness or gpu or statistical"}
 run_exactness() {
-  timeout -s INT -k 30 "${T_EXACT:-300}" python3 -m pytest -m "exactness or gpu or statistical" -q -rfE \
+  local select=(${PYTEST_FILES:-tests} ${PYTEST_K:+-k "$PYTEST_K"})
+  if [ -n "${EXACT_PASSED:-}" ]; then
+    python3 -m pytest --collect-only -q -p no:cacheprovider -m "$EXACT_MARK" "${select[@]}" 2>/dev/null \
+      | grep "::" | LC_ALL=C sort -u >"$R/collected.txt"
+    LC_ALL=C comm -23 "$R/collected.txt" <(LC_ALL=C sort -u "$EXACT_PASSED") >"$R/rest.txt"
+    echo "collected $(wc -l <"$R/collected.txt"), not passed before: $(wc -l <"$R/rest.txt")" >"$R/exactness.log"
+    if [ ! -s "$R/rest.txt" ]; then
+      echo "every collected case passed before (EXACT_PASSED=$EXACT_PASSED)" >>"$R/exactness.log"
+      LC_ALL=C sort -u "$EXACT_PASSED" >"$R/passed.txt"; return
+    fi
+    mapfile -t select <"$R/rest.txt"
+  fi
+  timeout -s INT -k 30 "${T_EXACT:-300}" python3 -m pytest -m "$EXACT_MARK" -q -rfEp \
     -p no:cacheprovider -W ignore::DeprecationWarning -n "${XDIST:-12}" --junitxml="$R/junit.xml" \
-    ${PYTEST_FILES:-} ${PYTEST_K:+-k "$PYTEST_K"} >"$R/exactness.log" 2>&1
+    "${select[@]}" >>"$R/exactness.log" 2>&1
   echo "pytest exit: $?" >>"$R/exactness.log"
+  { sed -n 's/^PASSED //p' "$R/exactness.log"; [ -n "${EXACT_PASSED:-}" ] && cat "$EXACT_PASSED"; } \
+    | LC_ALL=C sort -u >"$R/passed.txt"
 }
 run_bias() {
   timeout "${T_BIAS:-280}" forge-num report bias --device gpu --draws "${BIAS_DRAWS:-1000000}" --out "$R/bias" \
