@@ -164,31 +164,106 @@ def _cast_weight_is_free_to_keep() -> bool:
         return False
     if hooks is None:
         return inside_backward
+    return _are_checkpoint_hooks(hooks)
+
+
+def _are_checkpoint_hooks(hooks) -> bool:
+    """Whether saved-tensor hooks are non-reentrant checkpointing's (its first forward's or its recomputation's)."""
     return getattr(hooks[0], "__qualname__", "").startswith(("_checkpoint_hook.", "_recomputation_hook."))
 
 
+def _in_non_reentrant_checkpoint() -> bool:
+    """Whether this forward packs its saved tensors with non-reentrant checkpointing's hooks (False where
+    the private function is gone: the fused layer then takes its one-node form, slower, never different)."""
+    try:
+        hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    except (AttributeError, RuntimeError, TypeError):
+        return False
+    return hooks is not None and _are_checkpoint_hooks(hooks)
+
+
+def _save_operands(ctx, x, weight, layer, use):
+    """(dt, xc, wc): a fused layer's input and weight as it computes with them (_autocast_operands),
+    saved for its backward with the bf16 weight where that costs no memory, and the backward's context."""
+    dt, xc, wc, _ = _autocast_operands(x, weight, None)
+    if dt is not None and _cast_weight_is_free_to_keep():
+        ctx.save_for_backward(xc, weight, wc)
+    else:
+        ctx.save_for_backward(xc, weight)
+    # The Parameter itself (checkpointing hands back a detached recomputed alias as the saved weight).
+    ctx.param = weight
+    ctx.layer, ctx.use, ctx.dt, ctx.x_dtype = layer, use, dt, x.dtype
+    return dt, xc, wc
+
+
+def _bias_operand(bias, dt):
+    return bias.to(dt) if bias is not None and dt is not None else bias
+
+
 class _FusedLinearFn(torch.autograd.Function):
+    """A fused layer as one autograd node: y = x Wᵀ + b forward; dX, db and the fused update backward."""
+
     @staticmethod
     def forward(ctx, x, weight, bias, layer, use):
-        dt, xc, wc, bc = _autocast_operands(x, weight, bias)
+        dt, xc, wc = _save_operands(ctx, x, weight, layer, use)
         # every operand is in dt already, so autocast (still on in here) casts nothing: no need to
         # turn it off around the matmul (a context manager's host time, twice per layer and step)
-        out = _plain_forward(layer.layout, xc, wc, bc)
-        if dt is not None and _cast_weight_is_free_to_keep():
-            ctx.save_for_backward(xc, weight, wc)
-        else:
-            ctx.save_for_backward(xc, weight)
-        # The Parameter itself (checkpointing hands back a detached recomputed alias as the saved weight).
-        ctx.param = weight
-        ctx.layer, ctx.use, ctx.dt, ctx.x_dtype = layer, use, dt, x.dtype
         ctx.has_bias = bias is not None
-        return out
+        return _plain_forward(layer.layout, xc, wc, _bias_operand(bias, dt))
 
     @staticmethod
     def backward(ctx, dy):
         xc, weight, *kept = ctx.saved_tensors
         return (*fused_linear_backward(ctx.layer, ctx.use, ctx.param, xc, weight, kept[0] if kept else None, dy,
                                        ctx.dt, ctx.x_dtype, ctx.has_bias, ctx.needs_input_grad[:3]), None, None)
+
+
+# Inside a non-reentrant checkpointed segment a fused layer is two nodes, so that its saved tensors are packed
+# before its product. Checkpointing's recomputation stops at the pack of the last tensor the backward needs
+# (torch.utils.checkpoint's early stop), and a custom Function packs what it saved only once its forward has
+# returned: as one node, the segment's last fused layer (a Llama decoder layer's down_proj) recomputed its whole
+# product, whose output nothing reads, in every backward. That is one GEMM of [tokens, intermediate] x
+# [intermediate, hidden] a layer: at Llama-1B and 4x1024 tokens 16 of them, 2.2 TFLOP, about the 2.6 ms more
+# that session 26's profile shows in forge's forward-layout GEMMs than in flashoptim's. Native ops save their
+# inputs before they run, so F.linear stops before its product. The two nodes compute, save and update exactly
+# what the one does (tests/test_training_semantics.py). The price is one more node: ~7 us of host time a
+# forward on a CPU, so only checkpointed segments, where it saves a GEMM, take this form.
+
+
+class _FusedLinearOperands(torch.autograd.Function):
+    """First node: casts and saves x and W; returns xc, the input as computed with, and hands the weight as
+    computed with to the product's forward (``product_weight``, dropped there). Its backward casts dX from
+    the compute dtype to the input's; the product's node does the rest, with these saved tensors."""
+
+    @staticmethod
+    def forward(ctx, x, weight, layer, use):
+        _, xc, ctx.product_weight = _save_operands(ctx, x, weight, layer, use)
+        return xc
+
+    @staticmethod
+    def backward(ctx, dxc):
+        return (dxc.to(ctx.x_dtype) if dxc is not None else None), None, None, None
+
+
+class _FusedLinearProduct(torch.autograd.Function):
+    """Second node: y = xc wcᵀ + b. Backward: dX, db and the fused update from the first node's saved
+    tensors (``operands``, that node), and dW to ``weight`` where it is materialized (in W's dtype)."""
+
+    @staticmethod
+    def forward(ctx, xc, weight, bias, operands):
+        wc, operands.product_weight = operands.product_weight, None
+        ctx.operands, ctx.has_bias = operands, bias is not None
+        return _plain_forward(operands.layer.layout, xc, wc, _bias_operand(bias, operands.dt))
+
+    @staticmethod
+    def backward(ctx, dy):
+        first = ctx.operands
+        xc, weight, *kept = first.saved_tensors
+        needs = (first.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2])
+        # dX stays in the compute dtype here; the first node casts it to the input's, as the one node does
+        dx, dw, db = fused_linear_backward(first.layer, first.use, first.param, xc, weight, kept[0] if kept else None,
+                                           dy, first.dt, xc.dtype, ctx.has_bias, needs)
+        return dx, dw, db, None
 
 
 def fused_linear_backward(layer, use, param, xc, weight, kept_cast, dy, dt, x_dtype, has_bias, needs):
@@ -237,6 +312,9 @@ def _fused_forward(self, input):
         from forge_num.distributed import sharded_linear_forward
 
         return sharded_linear_forward(self, input, layer)
+    if _in_non_reentrant_checkpoint():
+        xc = _FusedLinearOperands.apply(input, weight, layer, layer.new_use())
+        return _FusedLinearProduct.apply(xc, weight, bias, xc.grad_fn)
     return _FusedLinearFn.apply(input, weight, bias, layer, layer.new_use())
 
 

@@ -578,6 +578,69 @@ def test_checkpointed_segment_with_its_own_saved_tensor_hooks(reentrant):
         assert torch.equal(a, b)
 
 
+class _ProductCounter(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the matrix products (mm, addmm) whose output has the given shape."""
+
+    def __init__(self, shape):
+        super().__init__()
+        self.shape, self.count = shape, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default) and tuple(out.shape) == self.shape:
+            self.count += 1
+        return out
+
+
+@pytest.mark.parametrize("amp", [False, True])
+def test_checkpoint_recomputation_stops_before_the_last_fused_product(amp):
+    """Non-reentrant checkpointing stops recomputing at the last saved tensor the backward needs. F.linear
+    saves its inputs before its product, so the segment's last layer is never multiplied again; a fused
+    layer must not be either (it was, as one autograd node: session 28). Its product [5, 3] is the only
+    [5, 3] product of this step (dX is [5, 11], dW [3, 11] or row chunks of it)."""
+    counts = {}
+    for fused in (False, True):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(7, 11), torch.nn.Tanh(), torch.nn.Linear(11, 3))
+        if fused:
+            prepare(net, fn.SGD(net.parameters(), lr=0.1))
+        x = torch.randn(5, 7, requires_grad=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            y = torch.utils.checkpoint.checkpoint(net, x, use_reentrant=False)
+        with _ProductCounter((5, 3)) as counter:
+            y.float().sum().backward()
+        counts[fused] = counter.count
+    assert counts == {False: 0, True: 0}
+
+
+@pytest.mark.parametrize("amp", [False, True])
+def test_checkpointed_fused_layers_train_as_uncheckpointed(amp):
+    """Inside a non-reentrant checkpointed segment a fused layer is two autograd nodes; outside, one. The
+    same training either way, bit for bit: a bias, an input that needs no gradient, and a weight used
+    twice in the segment (its gradient materialized and returned to autograd, in the weight's dtype)."""
+    results = []
+    for ckpt in (True, False):
+        torch.manual_seed(0)
+        first, shared = torch.nn.Linear(7, 11), torch.nn.Linear(11, 11, bias=False)
+        net = torch.nn.ModuleList([first, shared])
+        opt = fn.AdamW(net.parameters(), **ADAMW)
+        prepare(net, opt)
+
+        def segment(inp):
+            return shared(torch.tanh(shared(torch.tanh(first(inp)))))
+
+        for step in range(3):
+            x = torch.randn(5, 7, generator=torch.Generator().manual_seed(step))  # needs no gradient
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+                y = torch.utils.checkpoint.checkpoint(segment, x, use_reentrant=False) if ckpt else segment(x)
+            y.float().square().sum().backward()
+            opt.step()
+            opt.zero_grad()
+        results.append([p.detach().clone() for p in net.parameters()])
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
 def test_autocast_bf16_trains_with_fp32_weight_gradient():
     """Under autocast the layer computes in bf16 like F.linear; dW = dyᵀx from the bf16 x, dy in fp32."""
     torch.manual_seed(0)
