@@ -641,6 +641,28 @@ def test_checkpointed_fused_layers_train_as_uncheckpointed(amp):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("amp", [False, True])
+def test_checkpointed_gpt2_trains_as_uncheckpointed(amp):
+    """The two-node form with the Conv1D layout (GPT-2's weight [in, out], its product an addmm): a
+    checkpointed tiny GPT-2 trains bit for bit as the same model without checkpointing."""
+    models = []
+    for ckpt in (True, False):
+        m = tiny_gpt2()
+        if ckpt:
+            m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        m.train()
+        opt = fn.AdamW(m.parameters(), **ADAMW)
+        prepare(m, opt)
+        for (ids,) in batches(3):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+                loss = lm_loss(m, ids)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        models.append(m)
+    assert_same_weights(*models)
+
+
 def test_autocast_bf16_trains_with_fp32_weight_gradient():
     """Under autocast the layer computes in bf16 like F.linear; dW = dyᵀx from the bf16 x, dy in fp32."""
     torch.manual_seed(0)
