@@ -140,6 +140,48 @@ def local_grad(param: torch.Tensor, grad: DTensor) -> torch.Tensor:
     return grad.to_local()
 
 
+def _save_sharded_operands(ctx, x, w_local, param, layer, use):
+    """(dt, xc, wc): x and the local weight shard as the layer computes with them (cast to the autocast dtype
+    as the unsharded fused layer, fused.py: output and dX in it, as F.linear computes them; dW in fp32 from
+    the low-precision x and dy, never rounded), saved for the backward, and the backward's context."""
+    from forge_num.fused import _autocast_operands
+
+    dt, xc, wc, _ = _autocast_operands(x, w_local, None)
+    ctx.save_for_backward(xc, w_local)
+    ctx.param, ctx.layer, ctx.use, ctx.dt, ctx.x_dtype = param, layer, use, dt, x.dtype
+    return dt, xc, wc
+
+
+def _sharded_product(xc, wc, bias, dt):
+    with torch.autocast(xc.device.type, enabled=False):
+        return F.linear(xc, wc, bias.to(dt) if bias is not None and dt is not None else bias)
+
+
+def _sharded_backward(first, dy, needs_x, needs_bias, has_bias, dx_dtype):
+    """(dX, db) of a sharded fused layer's use given dY, and the fused update of the local shard; ``first``
+    the node that saved x and the shard (_save_sharded_operands), ``dx_dtype`` the dtype dX is returned in
+    (None: the saved x's, the compute dtype)."""
+    x, w = first.saved_tensors
+    layer, use, dt = first.layer, first.use, first.dt
+    opt = layer.opt
+    x2 = x.reshape(-1, x.shape[-1])
+    dy2 = dy.reshape(-1, dy.shape[-1])
+    if dt is not None and dy2.dtype != dt:
+        dy2 = dy2.to(dt)
+    dx = None
+    if needs_x:  # with the pre-update weight shard
+        dx = torch.mm(dy2, w.to(dt) if dt is not None else w).view(*x.shape[:-1], -1).to(dx_dtype or x.dtype)
+    db = dy2.sum(0).to(torch.float32) if has_bias and needs_bias else None
+    if layer.materialize(use):
+        raise NotImplementedError(
+            "forge_num: a tensor-parallel fused Linear was used twice in one step; not supported yet"
+        )
+    opt._on_linear_grad(first.param, x2, dy2)  # the local shard's complete dW, consumed block by block
+    if opt._mode != "norm":
+        use.done = True
+    return dx, db
+
+
 class _ShardedFusedLinearFn(torch.autograd.Function):
     """out = x_local · W_localᵀ (+ b_local); backward: dX, then the fused update of the local shard.
 
@@ -149,39 +191,49 @@ class _ShardedFusedLinearFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, anchor, bias, w_local, param, layer, use):
-        # under autocast as the unsharded fused layer (fused.py): output and dX in the autocast dtype,
-        # as F.linear computes them; dW in fp32 from the low-precision x and dy, never rounded
-        from forge_num.fused import _autocast_operands
-
-        dt, xc, wc, bc = _autocast_operands(x, w_local, bias)
-        with torch.autocast(x.device.type, enabled=False):
-            out = F.linear(xc, wc, bc)
-        ctx.save_for_backward(xc, w_local)
-        ctx.param, ctx.layer, ctx.use, ctx.dt, ctx.x_dtype = param, layer, use, dt, x.dtype
+        dt, xc, wc = _save_sharded_operands(ctx, x, w_local, param, layer, use)
         ctx.has_bias = bias is not None
-        return out
+        return _sharded_product(xc, wc, bias, dt)
 
     @staticmethod
     def backward(ctx, dy):
-        x, w = ctx.saved_tensors
-        layer, use, dt = ctx.layer, ctx.use, ctx.dt
-        opt = layer.opt
-        x2 = x.reshape(-1, x.shape[-1])
-        dy2 = dy.reshape(-1, dy.shape[-1])
-        if dt is not None and dy2.dtype != dt:
-            dy2 = dy2.to(dt)
-        dx = None
-        if ctx.needs_input_grad[0]:  # with the pre-update weight shard
-            dx = torch.mm(dy2, w.to(dt) if dt is not None else w).view(*x.shape[:-1], -1).to(ctx.x_dtype)
-        db = dy2.sum(0).to(torch.float32) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        if layer.materialize(use):
-            raise NotImplementedError(
-                "forge_num: a tensor-parallel fused Linear was used twice in one step; not supported yet"
-            )
-        opt._on_linear_grad(ctx.param, x2, dy2)  # the local shard's complete dW, consumed block by block
-        if opt._mode != "norm":
-            use.done = True
+        dx, db = _sharded_backward(ctx, dy, ctx.needs_input_grad[0], ctx.needs_input_grad[2], ctx.has_bias,
+                                   ctx.x_dtype)
         return dx, None, db, None, None, None, None
+
+
+# Inside a non-reentrant checkpointed segment, two nodes, as the unsharded fused layer (fused.py's
+# _FusedLinearOperands says why: checkpointing's recomputation then stops before the product).
+
+
+class _ShardedFusedLinearOperands(torch.autograd.Function):
+    """First node: saves x and the local shard, returns xc (the anchor keeps it in the graph); hands the
+    shard as computed with to the product's forward. Backward: dX cast from the compute dtype to x's."""
+
+    @staticmethod
+    def forward(ctx, x, anchor, w_local, param, layer, use):
+        _, xc, ctx.product_weight = _save_sharded_operands(ctx, x, w_local, param, layer, use)
+        return xc
+
+    @staticmethod
+    def backward(ctx, dxc):
+        return (dxc.to(ctx.x_dtype) if dxc is not None else None), None, None, None, None, None
+
+
+class _ShardedFusedLinearProduct(torch.autograd.Function):
+    """Second node: the product; backward: dX, db and the update from the first node's saved tensors."""
+
+    @staticmethod
+    def forward(ctx, xc, bias, operands):
+        wc, operands.product_weight = operands.product_weight, None
+        ctx.operands, ctx.has_bias = operands, bias is not None
+        return _sharded_product(xc, wc, bias, operands.dt)
+
+    @staticmethod
+    def backward(ctx, dy):
+        first = ctx.operands
+        dx, db = _sharded_backward(first, dy, first.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias, None)
+        return dx, db, None
 
 
 def sharded_linear_forward(module: nn.Module, input, layer):
@@ -209,7 +261,13 @@ def sharded_linear_forward(module: nn.Module, input, layer):
         raise NotImplementedError(f"forge_num: a Linear weight with placement {wp} (Shard(0)/Shard(1) only)")
     anchor = torch.empty(0, requires_grad=True)
     w_local = weight.detach().to_local()
-    out_local = _ShardedFusedLinearFn.apply(x_local, anchor, b_local, w_local, weight, layer, layer.new_use())
+    from forge_num.fused import _in_non_reentrant_checkpoint
+
+    if _in_non_reentrant_checkpoint():
+        xc = _ShardedFusedLinearOperands.apply(x_local, anchor, w_local, weight, layer, layer.new_use())
+        out_local = _ShardedFusedLinearProduct.apply(xc, b_local, xc.grad_fn)
+    else:
+        out_local = _ShardedFusedLinearFn.apply(x_local, anchor, b_local, w_local, weight, layer, layer.new_use())
     out = DTensor.from_local(out_local, mesh, [out_place], run_check=False)
     if b_after is not None:  # autocast: added in the autocast dtype, as F.linear adds its bias
         out = out + (b_after.to(out.dtype) if torch.is_autocast_enabled(input.device.type) else b_after)

@@ -22,6 +22,9 @@ What each test shows (fp32, bitwise, every parameter compared after the steps na
   averages the two ranks' gradients as DDP does (``g0*0.5 + g1*0.5``), bit for bit: with two ranks
   the all-reduce is one commutative IEEE addition (proofs/distributed.md §3). Also: one all-reduce
   per parameter per step, and when a gradient is reduced no other parameter holds one.
+* ``test_tensor_parallel_under_checkpointing[...]``: TP + SP with every block under non-reentrant
+  activation checkpointing (each sharded fused layer two autograd nodes there, so that the recomputation
+  stops before its product) trains as without checkpointing, bit for bit, in fp32 and under autocast.
 * ``test_checkpoint_resume_tensor_parallel``: 2 steps, ``torch.distributed.checkpoint`` save
   (sharded DTensor weights and optimizer states, forge_num's step counter), 2 more steps; a fresh
   model and optimizer (other seed) load the checkpoint and run the same 2 steps: bitwise equal.
@@ -50,6 +53,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import functools
 import math
 import os
 import pickle
@@ -1074,6 +1078,45 @@ def _tp_autocast_worker(rank, world, outdir):
         "w1_equal": torch.equal(net[1].weight.to_local(), w0[1] - dw1),
         "fp32_weights": all(p.dtype == torch.float32 for p in net.parameters()),
     }
+
+
+def _tp_checkpoint_worker(rank, world, amp, outdir):
+    """Tensor and sequence parallel, every block under non-reentrant activation checkpointing, where each
+    sharded fused layer is two autograd nodes (forge_num/distributed.py): the same training as without
+    checkpointing (one node), bit for bit, and the two-node form was taken."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from forge_num import distributed as fd
+
+    mesh = init_device_mesh("cpu", (world,))
+    products = []
+    real_apply = fd._ShardedFusedLinearProduct.apply
+    fd._ShardedFusedLinearProduct.apply = lambda *a: products.append(1) or real_apply(*a)
+    res = {}
+    for ckpt in (True, False):
+        model = parallelize(Tiny(seed=0), mesh, sp=True)
+        if ckpt:
+            for block in model.layers:
+                block.forward = functools.partial(torch.utils.checkpoint.checkpoint, block.forward, use_reentrant=False)
+        opt = fn.AdamW(model.parameters(), **HYPER["adamw"])
+        fn.prepare(model, opt)
+        for ids in batches(3):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+                loss = model(ids)
+            loss.backward()
+            opt.step()
+        res[ckpt] = full_params(model)
+        res[f"products_{ckpt}"] = len(products)
+    res["two_node_products"] = (res.pop("products_True"), res.pop("products_False"))
+    return res
+
+
+@pytest.mark.parametrize("amp", [False, True])
+def test_tensor_parallel_under_checkpointing(amp):
+    res = run_distributed("_tp_checkpoint_worker", amp)
+    first, second = res["two_node_products"]
+    assert first > 0 and second == first, res["two_node_products"]  # taken under checkpointing only
+    _assert_bitwise(res[True], res[False], "TP checkpointed against not")
 
 
 def test_tensor_parallel_under_autocast():
