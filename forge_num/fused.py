@@ -247,7 +247,8 @@ class _FusedLinearOperands(torch.autograd.Function):
 
 class _FusedLinearProduct(torch.autograd.Function):
     """Second node: y = xc wcᵀ + b. Backward: dX, db and the fused update from the first node's saved
-    tensors (``operands``, that node), and dW to ``weight`` where it is materialized (in W's dtype)."""
+    tensors (``operands``, that node), and dW to ``weight`` itself where it is materialized (a Parameter's
+    gradient, as the one node returns it)."""
 
     @staticmethod
     def forward(ctx, xc, weight, bias, operands):
