@@ -25,12 +25,17 @@ summed inside the graph, copied to the host behind an event; the step count). Th
 slots too, so the capture compiles nothing new.
 
 That is forge_num's part: given the model's gradients, the updates, their scalars and the telemetry are
-the eager step's (tests/test_gpu_graphs.py, on an H100). The model's own backward is PyTorch's, and a
-capture can change its bits: measured with no forge_num at all (bench/NOTES.md, session 27), a bf16
-Llama's gradients under SDPA's math backend with grouped key/value heads differ between an eager and a
-captured backward (from the last layer's k_proj and v_proj down), while the flash backend's and an fp32
-model's without autocast agree. A captured step then trains on PyTorch's captured gradients, which are
-as valid as the eager ones but not the same bits.
+the eager step's (tests/test_gpu_graphs.py, on an H100). The model's own forward and backward are the
+model's: Hugging Face transformers 5.0 to 5.17 take another attention path while a CUDA stream captures.
+Their masking_utils._ignore_causal_mask_sdpa counts stream capture as tracing, so the captured forward
+builds an explicit [S, S] causal mask where the eager one passes is_causal=True, and with a mask their
+SDPA attention repeats the key/value heads (repeat_kv) instead of SDPA's enable_gqa. The captured step
+then trains on other gradients than the eager step (bf16: from the last layer's k_proj and v_proj down;
+bench/NOTES.md, sessions 27-29), and its attention is slower (the mask costs the kernels their causal
+skipping: 22.4 ms of attention in a captured 3B 4x1024 step against 9.4 in the eager baselines',
+session 29). transformers 4.x does not look at stream capture, and 5.18 on only where a padding mask's
+values would be read. capture_step warns where an affected transformers is imported
+(_attention_capture_caveat).
 
 A tied head with the chunked loss (forge_num.linear_cross_entropy) sorts the batch's tokens with
 torch.unique, a host read, to split the tied weight's update by rows (bf16-sr, 8bit) or to add only
@@ -48,6 +53,8 @@ that the captured backward does not update in place.
 
 from __future__ import annotations
 
+import sys
+import warnings
 from typing import Callable
 
 import torch
@@ -60,6 +67,24 @@ __all__ = ["CapturedStep", "capture_step"]
 def capture_step(opt: ForgeOptimizer, loss_fn: Callable[..., torch.Tensor], *, warmup: int = 2) -> "CapturedStep":
     """A CapturedStep of ``loss_fn`` (inputs -> scalar loss of a model prepared with ``opt``)."""
     return CapturedStep(opt, loss_fn, warmup=warmup)
+
+
+def _attention_capture_caveat(transformers_version: str | None) -> str | None:
+    """Why a captured step of a Hugging Face model would not attend as its eager step does, or None:
+    transformers 5.0-5.17 build an explicit causal mask and repeat the key/value heads while a CUDA
+    stream captures (the module docstring); None for other versions and where transformers is absent."""
+    if transformers_version is None:
+        return None
+    try:
+        major, minor = (int(part) for part in transformers_version.split(".")[:2])
+    except ValueError:
+        return None
+    if major != 5 or minor >= 18:
+        return None
+    return (f"transformers {transformers_version} builds an explicit causal mask and repeats key/value heads "
+            "while a CUDA stream captures (its masking_utils counts stream capture as tracing), where the eager "
+            "step passes is_causal to SDPA: the captured step's attention is slower and its gradients are not "
+            "the eager step's bits. transformers >= 5.18 attends the same way in both.")
 
 
 def _refusal(opt: ForgeOptimizer) -> str | None:
@@ -116,6 +141,9 @@ class CapturedStep:
         if opt._slots is not None:
             raise RuntimeError("forge_num.capture_step: this optimizer's steps are captured already (close() that "
                                "CapturedStep first)")
+        caveat = _attention_capture_caveat(getattr(sys.modules.get("transformers"), "__version__", None))
+        if caveat is not None:
+            warnings.warn(f"forge_num.capture_step: {caveat}", stacklevel=3)
         self.opt, self.loss_fn, self.warmup = opt, loss_fn, int(warmup)
         opt._slots = _StepSlots.for_optimizer(opt, next(iter(opt._recs)).device)
         opt._capturable = True  # every step from here on, the warm-up ones too, takes the capturable paths

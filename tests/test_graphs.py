@@ -163,3 +163,19 @@ def test_a_step_that_cannot_be_captured_is_refused(options, reason):
     unprepared = fn.AdamW(tiny_llama().parameters(), **HYPER)
     with pytest.raises(RuntimeError, match="prepare"):
         fn.capture_step(unprepared, lambda ids: ids.sum())
+
+
+@pytest.mark.parametrize("version,affected", [
+    ("5.0.0", True), ("5.17.0", True), ("5.17.1.dev0", True), ("5.18.0", False), ("5.25.0", False),
+    ("4.57.6", False), ("6.0.0", False), ("main", False), (None, False)])
+def test_the_attention_capture_caveat_names_the_affected_transformers(version, affected):
+    """transformers 5.0-5.17 attend otherwise while a CUDA stream captures (an explicit causal mask and
+    repeated key/value heads; forge_num.graphs' docstring): capture_step's warning names them, and only
+    them (4.57.6, 5.17.0 and 5.18.0's masking_utils read: the first ignores stream capture, the last asks
+    it only of a padding mask)."""
+    from forge_num.graphs import _attention_capture_caveat
+
+    caveat = _attention_capture_caveat(version)
+    assert (caveat is not None) == affected
+    if affected:
+        assert version in caveat and "5.18" in caveat
