@@ -351,6 +351,21 @@ def profile_step(step, cuda: bool) -> dict:
 # --------------------------------------------------------------------------------------------
 
 
+def _hold_sdpa_backend(name: str) -> None:
+    """--sdpa: every SDPA call of this process held to one backend (the global switches, not a context:
+    checkpointing's recomputation and a captured step's backward run outside the forward's code), or
+    left to PyTorch's choice ("default")."""
+    import torch
+
+    if name == "default":
+        return
+    for backend, enable in (("flash", torch.backends.cuda.enable_flash_sdp),
+                            ("efficient", torch.backends.cuda.enable_mem_efficient_sdp),
+                            ("cudnn", torch.backends.cuda.enable_cudnn_sdp),
+                            ("math", torch.backends.cuda.enable_math_sdp)):
+        enable(backend == name)
+
+
 def _build_model(cfg: dict, dtype, device, checkpointing: bool):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -495,6 +510,8 @@ def run_spec(spec: dict) -> dict:
         row["build_s"] = time.perf_counter() - t_start
 
         backward_issued = []
+
+        _hold_sdpa_backend(spec.get("sdpa", "default"))
 
         def loss_of(input_ids):
             with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
@@ -806,6 +823,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=5, help="timed steps (median)")
     ap.add_argument("--layers", type=int, default=None, help="override num_hidden_layers of every model")
     ap.add_argument("--tiny", action="store_true", help="the tiny config on the CPU (smoke test)")
+    ap.add_argument("--sdpa", choices=["default", "cudnn", "flash", "efficient", "math"], default="default",
+                    help="the SDPA backend every method's attention is held to (default: PyTorch's choice)")
     ap.add_argument("--profile", action="store_true", help="one more step under torch.profiler: time by kernel kind")
     ap.add_argument("--memory-phases", action="store_true",
                     help="one more step: the allocator's peak in forward, backward and after (CUDA)")
@@ -845,7 +864,8 @@ def main(argv=None) -> int:
         raise SystemExit("--isolation fork is CPU only (CUDA cannot be used in a forked child)")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     meta = environment(cuda)
-    meta.update({"device": "cuda" if cuda else "cpu", "isolation": isolation, "gc": args.gc, "warmup": args.warmup,
+    meta.update({"device": "cuda" if cuda else "cpu", "isolation": isolation, "gc": args.gc, "sdpa": args.sdpa,
+                 "warmup": args.warmup,
                  "steps": args.steps, "floor_bytes_per_param": {m: floor_bytes_per_param(m)
                                                                for m in METHODS}})
     print(f"# {meta['gpu'] or 'CPU'}  torch {meta['torch']}  transformers {meta['transformers']}  "
@@ -882,7 +902,7 @@ def main(argv=None) -> int:
                                 "checkpointing": ckpt, "warmup": args.warmup, "steps": args.steps,
                                 "cpu": not cuda, "threads": 1 if args.tiny else None, "profile": args.profile,
                                 "memory_phases": args.memory_phases, "memory_snapshot": args.memory_snapshot,
-                                "gc": args.gc}
+                                "gc": args.gc, "sdpa": args.sdpa}
                         row.update(run_isolated(spec, isolation, args.run_timeout))
                     rows.append(row)
                     print_row(row)
