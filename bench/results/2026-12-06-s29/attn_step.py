@@ -79,14 +79,29 @@ def attention_kernels(fn_step):
         torch.cuda.synchronize()
     per = collections.defaultdict(lambda: [0, 0.0])
     total = 0.0
+    spans = []
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             total += e.device_time_total / 1e3
             n = e.name
+            spans.append((e.time_range.start, e.time_range.end, n))
             if "sdpa" in n or "flash" in n or "cudnn" in n or "attention" in n.lower():
                 per[n[:90]][0] += 1
                 per[n[:90]][1] += e.device_time_total / 1e3
-    print(f"    kernels total {total:.1f} ms", flush=True)
+    # Busy time (the union of the kernels' intervals) against their summed durations; and for the attention
+    # kernels, how long each ran beside a kernel that started before it (a dependent launch's early start)
+    spans.sort()
+    busy, end_max, overlap_attn = 0.0, None, 0.0
+    for start, end, n in spans:
+        if end_max is not None and start < end_max and "sdpa" in n:
+            overlap_attn += min(end, end_max) - start
+        if end_max is None or start >= end_max:
+            busy += end - start
+        elif end > end_max:
+            busy += end - end_max
+        end_max = end if end_max is None else max(end_max, end)
+    print(f"    kernels total {total:.1f} ms, busy (union) {busy / 1e3:.1f} ms, span {(spans[-1][1] - spans[0][0]) / 1e3:.1f} ms,"
+          f" attention beside an earlier kernel {overlap_attn / 1e3:.1f} ms", flush=True)
     return per
 
 
