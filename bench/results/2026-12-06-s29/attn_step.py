@@ -25,6 +25,8 @@ cfg = dict(vocab_size=32000, hidden_size=3072, intermediate_size=8192, num_hidde
     vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=2, head_dim=16)
 B, S = (4, 1024) if not TINY else (1, 32)
+if os.environ.get("SDPA_NO_CUDNN"):  # PyTorch's next choice (flash), to see whether a capture slows it too
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def build(forge: bool):
@@ -111,7 +113,7 @@ def show(tag, per):
         print(f"    {c:3d} x {ms:8.3f} ms  {n}", flush=True)
 
 
-for forge in (False, True):
+for forge in (False, True) if not os.environ.get("FORGE_ONLY") else (True,):
     model, opt = build(forge)
     for _ in range(2):
         eager_step(model, opt)
