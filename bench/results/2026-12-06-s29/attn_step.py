@@ -126,7 +126,14 @@ for forge in (False, True) if not os.environ.get("FORGE_ONLY") else (True,):
          attention_kernels(lambda: eager_step(model, opt)))
     if forge and not TINY:
         step = fn.capture_step(opt, lambda x: model(input_ids=x, labels=x).loss)
-        for _ in range(3):
-            step(ids)
+        for k in range(3):
+            if k == 2:  # the capture: which SDPA ops, on which strides
+                with SdpaStrides() as mode:
+                    step(ids)
+                print("== forge 8bit: SDPA ops of the capture", flush=True)
+                for (name, desc), c in sorted(mode.seen.items()):
+                    print(f"    {c:2d} x {name} {desc[:400]}", flush=True)
+            else:
+                step(ids)
         show("== forge 8bit: replayed captured step, attention kernels", attention_kernels(lambda: step(ids)))
     del model, opt
