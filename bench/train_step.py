@@ -36,7 +36,9 @@ the model's own; the head's update is the method's as before. Every method can t
 compared method by method. A forge method with the suffix "+graph" after it (forge_8bit+graph,
 forge_8bit+cl+graph) runs its steps through forge_num.capture_step: two eager warm-up steps, then the
 step captured in a CUDA graph and replayed (forge_num/graphs.py); a step that cannot be captured is
-reported as an error with the reason.
+reported as an error with the reason. Its forward runs inside forge_num.hf.one_sequence_per_row() (each
+row here is one sequence), so that transformers attends as in the eager steps, without the explicit causal
+mask it builds under capture; --capture-attention transformers leaves that out (sessions 27-29's numbers).
 
 A method that cannot run is reported with its status (unavailable / oom / error / timeout /
 skipped) and the reason; it is never dropped.
@@ -54,6 +56,7 @@ the optimizer, attention, ...). On the CPU the same categories hold the aten ops
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.util
 import json
@@ -525,7 +528,14 @@ def run_spec(spec: dict) -> dict:
         if graphed:
             import forge_num
 
-            captured = forge_num.capture_step(after.__self__, loss_of)  # after is the optimizer's step()
+            from forge_num.hf import one_sequence_per_row
+
+            one_sequence = spec.get("capture_attention", "one_sequence") == "one_sequence"
+
+            def captured_loss(input_ids):  # one sequence a row: the eager attention path (no mask), or not
+                with one_sequence_per_row() if one_sequence else contextlib.nullcontext():
+                    return loss_of(input_ids)
+            captured = forge_num.capture_step(after.__self__, captured_loss)  # after is the optimizer's step()
 
             def step():
                 loss = captured(ids).clone()  # the graph's loss tensor is rewritten by the next replay
@@ -825,6 +835,10 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="the tiny config on the CPU (smoke test)")
     ap.add_argument("--sdpa", choices=["default", "cudnn", "flash", "efficient", "math"], default="default",
                     help="the SDPA backend every method's attention is held to (default: PyTorch's choice)")
+    ap.add_argument("--capture-attention", choices=["one_sequence", "transformers"], default="one_sequence",
+                    help="+graph methods: the model's forward inside forge_num.hf.one_sequence_per_row() (the eager "
+                         "attention path), or as transformers builds it under capture (an explicit causal mask; "
+                         "sessions 27-29's captured numbers)")
     ap.add_argument("--profile", action="store_true", help="one more step under torch.profiler: time by kernel kind")
     ap.add_argument("--memory-phases", action="store_true",
                     help="one more step: the allocator's peak in forward, backward and after (CUDA)")
@@ -865,6 +879,7 @@ def main(argv=None) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     meta = environment(cuda)
     meta.update({"device": "cuda" if cuda else "cpu", "isolation": isolation, "gc": args.gc, "sdpa": args.sdpa,
+                 "capture_attention": args.capture_attention,
                  "warmup": args.warmup,
                  "steps": args.steps, "floor_bytes_per_param": {m: floor_bytes_per_param(m)
                                                                for m in METHODS}})
@@ -902,7 +917,7 @@ def main(argv=None) -> int:
                                 "checkpointing": ckpt, "warmup": args.warmup, "steps": args.steps,
                                 "cpu": not cuda, "threads": 1 if args.tiny else None, "profile": args.profile,
                                 "memory_phases": args.memory_phases, "memory_snapshot": args.memory_snapshot,
-                                "gc": args.gc, "sdpa": args.sdpa}
+                                "gc": args.gc, "sdpa": args.sdpa, "capture_attention": args.capture_attention}
                         row.update(run_isolated(spec, isolation, args.run_timeout))
                     rows.append(row)
                     print_row(row)

@@ -26,8 +26,13 @@ _LAZY = {
 }
 
 
+_SUBMODULES = ("hf", "distributed")  # forge_num.hf.one_sequence_per_row() without importing forge_num.hf first
+
+
 def __getattr__(name):
     if name in _LAZY:
         module, attr = _LAZY[name]
         return getattr(importlib.import_module(module), attr)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"forge_num.{name}")
     raise AttributeError(f"module 'forge_num' has no attribute {name!r}")

@@ -5,7 +5,11 @@ tokens issues its forward and backward in ~140 ms of host time on an H100 machin
 linear, while its kernels take less). Captured, a step is one graph launch plus the optimizer's
 bookkeeping::
 
-    step = forge_num.capture_step(opt, lambda ids: model(input_ids=ids, labels=ids).loss)
+    def loss_of(ids):
+        with forge_num.hf.one_sequence_per_row():  # a Hugging Face model: attend as eagerly (below)
+            return model(input_ids=ids, labels=ids).loss
+
+    step = forge_num.capture_step(opt, loss_of)
     for ids in batches:
         loss = step(ids)          # forward, backward with the fused updates, the step's telemetry
 
@@ -26,15 +30,15 @@ slots too, so the capture compiles nothing new.
 
 That is forge_num's part: given the model's gradients, the updates, their scalars and the telemetry are
 the eager step's (tests/test_gpu_graphs.py, on an H100). The model's own forward and backward are the
-model's: Hugging Face transformers 5.0 to 5.17 take another attention path while a CUDA stream captures.
-Their masking_utils._ignore_causal_mask_sdpa counts stream capture as tracing, so the captured forward
-builds an explicit [S, S] causal mask where the eager one passes is_causal=True, and with a mask their
-SDPA attention repeats the key/value heads (repeat_kv) instead of SDPA's enable_gqa. The captured step
-then trains on other gradients than the eager step (bf16: from the last layer's k_proj and v_proj down;
-bench/NOTES.md, sessions 27-29), and its attention is slower (the mask costs the kernels their causal
-skipping: 22.4 ms of attention in a captured 3B 4x1024 step against 9.4 in the eager baselines',
-session 29). transformers 4.x does not look at stream capture, and 5.18 on only where a padding mask's
-values would be read. capture_step warns where an affected transformers is imported
+model's, and Hugging Face transformers 5.x attend otherwise while a CUDA stream captures. They decide from
+tensors' values whether a causal mask can be left to SDPA (is_causal=True), and a capture cannot read
+values, so they build an explicit [S, S] mask: without a KV cache (gradient checkpointing, use_cache=False)
+in every 5.x, because the check for packed sequences cannot run; in 5.0-5.17 always. With a mask, SDPA
+cannot skip the masked half (cuDNN's attention took 2.5x its eager time in session 29's 3B step; flash
+refuses masks) and transformers repeats the key/value heads instead of SDPA's enable_gqa, so a bf16
+model's captured gradients are not the eager step's bits (sessions 27-29, bench/NOTES.md). For batches
+whose rows each hold one sequence, forge_num.hf.one_sequence_per_row() gives the capture the eager path;
+capture_step warns when a transformers 5.x is imported and the capture did not enter it
 (_attention_capture_caveat).
 
 A tied head with the chunked loss (forge_num.linear_cross_entropy) sorts the batch's tokens with
@@ -69,22 +73,31 @@ def capture_step(opt: ForgeOptimizer, loss_fn: Callable[..., torch.Tensor], *, w
     return CapturedStep(opt, loss_fn, warmup=warmup)
 
 
-def _attention_capture_caveat(transformers_version: str | None) -> str | None:
-    """Why a captured step of a Hugging Face model would not attend as its eager step does, or None:
-    transformers 5.0-5.17 build an explicit causal mask and repeat the key/value heads while a CUDA
-    stream captures (the module docstring); None for other versions and where transformers is absent."""
-    if transformers_version is None:
+def _attention_capture_caveat(transformers_version: str | None, entered_one_sequence: bool) -> str | None:
+    """Why a captured step of a Hugging Face model may not attend as its eager step does, or None:
+    transformers 5.x build explicit causal masks while a CUDA stream captures (the module docstring),
+    unless the capture entered forge_num.hf.one_sequence_per_row(); None for 4.x, a version that does
+    not parse, and where transformers is not imported."""
+    if transformers_version is None or entered_one_sequence:
         return None
     try:
         major, minor = (int(part) for part in transformers_version.split(".")[:2])
     except ValueError:
         return None
-    if major != 5 or minor >= 18:
+    if major != 5:
         return None
-    return (f"transformers {transformers_version} builds an explicit causal mask and repeats key/value heads "
-            "while a CUDA stream captures (its masking_utils counts stream capture as tracing), where the eager "
-            "step passes is_causal to SDPA: the captured step's attention is slower and its gradients are not "
-            "the eager step's bits. transformers >= 5.18 attends the same way in both.")
+    when = "always" if minor < 18 else "when the model has no KV cache (gradient checkpointing, use_cache=False)"
+    return (f"transformers {transformers_version} builds an explicit causal mask while a CUDA stream captures "
+            f"({when}), where the eager step passes is_causal to SDPA: a captured Hugging Face model's attention "
+            "is slower (no causal skipping, key/value heads repeated) and its gradients are not the eager step's "
+            "bits. If each row of the batch holds one sequence (no packing), run the model's forward inside "
+            "forge_num.hf.one_sequence_per_row().")
+
+
+def _one_sequence_entries() -> int:
+    """How many forge_num.hf.one_sequence_per_row() contexts were entered so far (0 if never imported)."""
+    hf = sys.modules.get("forge_num.hf")
+    return hf._ONE_SEQUENCE["entered"] if hf is not None else 0
 
 
 def _refusal(opt: ForgeOptimizer) -> str | None:
@@ -141,9 +154,6 @@ class CapturedStep:
         if opt._slots is not None:
             raise RuntimeError("forge_num.capture_step: this optimizer's steps are captured already (close() that "
                                "CapturedStep first)")
-        caveat = _attention_capture_caveat(getattr(sys.modules.get("transformers"), "__version__", None))
-        if caveat is not None:
-            warnings.warn(f"forge_num.capture_step: {caveat}", stacklevel=3)
         self.opt, self.loss_fn, self.warmup = opt, loss_fn, int(warmup)
         opt._slots = _StepSlots.for_optimizer(opt, next(iter(opt._recs)).device)
         opt._capturable = True  # every step from here on, the warm-up ones too, takes the capturable paths
@@ -196,6 +206,7 @@ class CapturedStep:
         graph = torch.cuda.CUDAGraph()
         slots.begin_step()
         slots.defer = True
+        entered_before = _one_sequence_entries()
         try:
             with torch.cuda.graph(graph):
                 loss = self.loss_fn(*self._static)
@@ -233,6 +244,10 @@ class CapturedStep:
             ) from e
         finally:
             slots.defer = False
+        caveat = _attention_capture_caveat(getattr(sys.modules.get("transformers"), "__version__", None),
+                                           _one_sequence_entries() > entered_before)
+        if caveat is not None:
+            warnings.warn(f"forge_num.capture_step: {caveat}", stacklevel=3)
         self._graph, self._loss, self._summed = graph, loss.detach(), summed
         self._updates = list(dict.fromkeys(slots.written))
         self._addresses = _addresses(opt, self._updates)

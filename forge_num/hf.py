@@ -29,10 +29,13 @@ DataParallel (their gradient reduction would have to come before the in-backward
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 from forge_num.optim import SGD, Adam, AdamW, ForgeOptimizer, Lion
 from forge_num.fused import prepare
 
-__all__ = ["trainer_optimizers", "causal_lm_loss"]
+__all__ = ["trainer_optimizers", "causal_lm_loss", "one_sequence_per_row"]
 
 _OPTIMIZERS = {"adamw": AdamW, "adam": Adam, "sgd": SGD, "lion": Lion}
 
@@ -160,3 +163,71 @@ def causal_lm_loss(model, input_ids, labels=None, *, ignore_index: int = -100, c
     hidden = model.base_model(input_ids=input_ids, **model_kwargs).last_hidden_state
     shifted = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     return linear_cross_entropy(hidden, head, shifted, ignore_index=ignore_index, chunk_rows=chunk_rows)
+
+
+# one_sequence_per_row's state: how deep the contexts are nested, the functions they replaced, and how
+# many were entered in all (forge_num.graphs reads the count around a capture)
+_ONE_SEQUENCE = {"depth": 0, "entered": 0, "saved": None}
+_ONE_SEQUENCE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def one_sequence_per_row():
+    """Within it, transformers' causal masks take, while a CUDA stream captures, the path the eager
+    forward takes for a batch whose rows each hold one sequence: no mask, SDPA's ``is_causal=True``
+    and ``enable_gqa``. Wrap the model's forward in a captured step (forge_num.capture_step) with it::
+
+        def loss_of(ids):
+            with forge_num.hf.one_sequence_per_row():
+                return model(input_ids=ids, labels=ids).loss
+
+    Why: transformers 5.x decides from the tensors' values whether a causal mask can be left to SDPA,
+    and a stream capture cannot read values, so it builds an explicit [S, S] mask instead:
+
+    * masking_utils.find_packed_sequence_indices looks for several sequences packed into a row (the
+      position ids restarting). It runs when there is no attention mask and no KV cache, as in training
+      with gradient checkpointing or ``use_cache=False``. Under capture it cannot check and returns the
+      packing tensor, so the mask is built (every 5.x version, 5.25 included).
+    * masking_utils._ignore_causal_mask_sdpa: transformers 5.0-5.17 answer False under capture even with
+      no padding mask to read (5.18 on ask only about a padding mask's values).
+
+    With a mask, SDPA cannot skip the masked half (flash refuses masks; cuDNN reads it: 2.5x the eager
+    attention time in session 29's 3B step), and transformers repeats the key/value heads (repeat_kv)
+    instead of SDPA's enable_gqa, so a bf16 model's gradients are not the eager step's bits.
+
+    Inside the context the packing check answers "none" without reading the position ids, and a
+    padding mask that is absent counts as absent under capture. That is only true of batches without
+    packed sequences: a captured step with packed rows (position ids that restart within a row) must not
+    use it, since their mask would then be lost. A padding mask passed in is still built into a mask."""
+    from transformers import masking_utils
+
+    with _ONE_SEQUENCE_LOCK:
+        if _ONE_SEQUENCE["depth"] == 0:
+            real_is_tracing = getattr(masking_utils, "is_tracing", None)
+            saved = {"find_packed_sequence_indices": getattr(masking_utils, "find_packed_sequence_indices", None),
+                     "is_tracing": real_is_tracing}
+
+            def is_tracing(tensor=None):
+                # a padding mask that is absent has no values to read: absent under capture as eagerly
+                # (transformers 5.0-5.17's _ignore_causal_mask_sdpa asks is_tracing(None))
+                return False if tensor is None else real_is_tracing(tensor)
+
+            # transformers 4.x's masking_utils has no is_tracing (its masks do not look at stream capture;
+            # its find_packed_sequence_indices never answers "none", eagerly or captured)
+            saved = {name: fn for name, fn in saved.items() if fn is not None}
+            if "find_packed_sequence_indices" in saved:
+                masking_utils.find_packed_sequence_indices = lambda position_ids: None  # one sequence a row
+            if "is_tracing" in saved:
+                masking_utils.is_tracing = is_tracing
+            _ONE_SEQUENCE["saved"] = saved
+        _ONE_SEQUENCE["depth"] += 1
+        _ONE_SEQUENCE["entered"] += 1
+    try:
+        yield
+    finally:
+        with _ONE_SEQUENCE_LOCK:
+            _ONE_SEQUENCE["depth"] -= 1
+            if _ONE_SEQUENCE["depth"] == 0:
+                for name, fn in _ONE_SEQUENCE["saved"].items():
+                    setattr(masking_utils, name, fn)
+                _ONE_SEQUENCE["saved"] = None

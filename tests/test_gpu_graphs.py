@@ -8,14 +8,16 @@ The host side is tested on the CPU by tests/test_graphs.py.
 The models attend with SDPA's math backend on fp32 copies of q, k and v (_fp32_attention), and one test
 with the model's own bf16 attention. Sessions 27-28 found bf16 attention's captured gradients differing
 from the eager ones with no forge_num at all (bench/results/2026-12-06-s27/diag3.py), and session 29 the
-cause: transformers 5.0-5.17 build an explicit causal mask and repeat the key/value heads while a CUDA
-stream captures (forge_num.graphs' docstring), so the capture attends otherwise than the eager step.
-With transformers >= 5.18 the bf16 test checks the whole step, the model's attention included; with an
-affected one it is skipped and capture_step warns. Hugging Face's "eager" attention cannot be
+cause: transformers 5.x build an explicit causal mask and repeat the key/value heads while a CUDA stream
+captures (forge_num.graphs' docstring). The bf16 test runs the forward inside
+forge_num.hf.one_sequence_per_row(), with and without gradient checkpointing (no KV cache: the packed-
+sequence check), and checks the whole step, the model's attention included. Hugging Face's "eager"
+attention cannot be
 captured (its mask is a host-to-device copy of a 0-d tensor)."""
 
 from __future__ import annotations
 
+import contextlib
 from unittest import mock
 
 import pytest
@@ -23,7 +25,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import forge_num as fn
-from forge_num.hf import causal_lm_loss
+from forge_num.hf import causal_lm_loss, one_sequence_per_row
 from tests.test_training_semantics import tiny_llama, training_bits
 
 pytestmark = [pytest.mark.gpu, pytest.mark.exactness]
@@ -54,7 +56,7 @@ def _register_fp32_attention() -> str:
     return "forge_num_fp32_sdpa"
 
 
-def _model(width: str, precision: str, tie: bool = False, attention: str = "fp32"):
+def _model(width: str, precision: str, tie: bool = False, attention: str = "fp32", checkpointing: bool = False):
     if width == "narrow":
         model = tiny_llama(seed=1, tie=tie)
     else:  # Llama-1B's layer widths: its MLP's dW at 1024 tokens takes the Gluon routes
@@ -69,18 +71,22 @@ def _model(width: str, precision: str, tie: bool = False, attention: str = "fp32
     # "fp32": _fp32_attention; "model": the model's own SDPA attention in its dtype. Both under the math
     # backend (_loss_fn; the module docstring)
     model.set_attn_implementation(_register_fp32_attention() if attention == "fp32" else "sdpa")
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     opt = fn.AdamW(model.parameters(), precision=precision, seed=9, max_grad_norm=0.05, clipping="previous", **HYPER)
     fn.prepare(model, opt)
     return model, opt
 
 
-def _loss_fn(model, loss: str):
+def _loss_fn(model, loss: str, one_sequence: bool = False):
     """The loss of ``ids``; an fp32 model's under bf16 autocast (the fp32 regime's training: bf16
-    operands, so that the wide model's linears take the Gluon routes)."""
+    operands, so that the wide model's linears take the Gluon routes); ``one_sequence``: inside
+    forge_num.hf.one_sequence_per_row()."""
     amp = next(model.parameters()).dtype == torch.float32
+    rows = one_sequence_per_row if one_sequence else contextlib.nullcontext
 
     def loss_of(ids):
-        with sdpa_kernel(SDPBackend.MATH), torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+        with sdpa_kernel(SDPBackend.MATH), torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp), rows():
             if loss == "chunked":
                 return causal_lm_loss(model, ids)
             return model(input_ids=ids, labels=ids).loss
@@ -113,30 +119,26 @@ def test_captured_training_equals_eager_training(precision, loss, width, tokens,
         step(_batches(tokens)[0][:, : tokens // 2])
 
 
-def test_captured_training_with_the_models_bf16_attention_equals_eager_training():
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["cache", "checkpointed"])
+def test_captured_training_with_the_models_bf16_attention_equals_eager_training(checkpointing):
     """A bf16 Llama with grouped key/value heads, attending with its own SDPA attention (not fp32
-    copies), 8bit: the captured steps' losses, weights, states and telemetry are the eager steps', the
-    model's attention included. Skipped where transformers attends otherwise under capture."""
-    import transformers
-
-    from forge_num.graphs import _attention_capture_caveat
-
-    caveat = _attention_capture_caveat(transformers.__version__)
-    if caveat is not None:
-        pytest.skip(caveat)
+    copies), 8bit, its forward inside one_sequence_per_row: the captured steps' losses, weights, states and
+    telemetry are the eager steps', the model's attention included; with gradient checkpointing (no KV
+    cache, so transformers' packed-sequence check) and without."""
     config = tiny_llama(seed=1).config
     assert config.num_key_value_heads < config.num_attention_heads  # grouped heads: repeat_kv or enable_gqa
-    _eager_then_captured(lambda: _model("narrow", "8bit", attention="model"), "hf", _batches(64))
+    _eager_then_captured(lambda: _model("narrow", "8bit", attention="model", checkpointing=checkpointing), "hf",
+                         _batches(64), one_sequence=True)
 
 
-def _eager_then_captured(make_model, loss: str, batches):
+def _eager_then_captured(make_model, loss: str, batches, one_sequence: bool = False):
     """STEPS steps of a model from ``make_model()`` eagerly, and the same STEPS of another through
     capture_step (two eager warm-up steps, the capture with its first replay, two replays); asserts every
     loss, weight, state and telemetry entry the same. Returns the CapturedStep and the eager telemetry.
     The eager reference takes a captured step's paths (opt._capturable)."""
     model, opt = make_model()
     opt._capturable = True
-    fn_e = _loss_fn(model, loss)
+    fn_e = _loss_fn(model, loss, one_sequence)
     eager = []
     for ids in batches:
         loss_t = fn_e(ids)
@@ -146,7 +148,7 @@ def _eager_then_captured(make_model, loss: str, batches):
     eager_bits, eager_stats = training_bits(model, opt), opt.stats_history
 
     model_c, opt_c = make_model()
-    step = fn.capture_step(opt_c, _loss_fn(model_c, loss), warmup=2)
+    step = fn.capture_step(opt_c, _loss_fn(model_c, loss, one_sequence), warmup=2)
     captured = [step(ids).clone() for ids in batches]
     assert step._graph is not None
     torch.cuda.synchronize()
@@ -158,8 +160,6 @@ def _eager_then_captured(make_model, loss: str, batches):
 
 def _spied_gluon_launches(routes: list):
     """gluon_update.launch and gluon_q8.launch wrapped: each call's step slot appended to ``routes``."""
-    import contextlib
-
     from forge_num.kernels import gluon_q8, gluon_update
 
     stack = contextlib.ExitStack()

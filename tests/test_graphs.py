@@ -165,17 +165,19 @@ def test_a_step_that_cannot_be_captured_is_refused(options, reason):
         fn.capture_step(unprepared, lambda ids: ids.sum())
 
 
-@pytest.mark.parametrize("version,affected", [
-    ("5.0.0", True), ("5.17.0", True), ("5.17.1.dev0", True), ("5.18.0", False), ("5.25.0", False),
-    ("4.57.6", False), ("6.0.0", False), ("main", False), (None, False)])
-def test_the_attention_capture_caveat_names_the_affected_transformers(version, affected):
-    """transformers 5.0-5.17 attend otherwise while a CUDA stream captures (an explicit causal mask and
-    repeated key/value heads; forge_num.graphs' docstring): capture_step's warning names them, and only
-    them (4.57.6, 5.17.0 and 5.18.0's masking_utils read: the first ignores stream capture, the last asks
-    it only of a padding mask)."""
+@pytest.mark.parametrize("version,entered,affected", [
+    ("5.0.0", False, True), ("5.17.0", False, True), ("5.18.0", False, True), ("5.25.0", False, True),
+    ("5.25.0", True, False), ("5.17.1.dev0", True, False), ("4.57.6", False, False), ("6.0.0", False, False),
+    ("main", False, False), (None, False, False)])
+def test_the_attention_capture_caveat_names_what_attends_otherwise(version, entered, affected):
+    """transformers 5.x build explicit causal masks while a CUDA stream captures (forge_num.graphs'
+    docstring; 4.57.6's masking_utils does not look at stream capture): capture_step's warning names them,
+    unless the capture entered forge_num.hf.one_sequence_per_row(), and says when (5.0-5.17 always, 5.18
+    on without a KV cache)."""
     from forge_num.graphs import _attention_capture_caveat
 
-    caveat = _attention_capture_caveat(version)
+    caveat = _attention_capture_caveat(version, entered)
     assert (caveat is not None) == affected
     if affected:
-        assert version in caveat and "5.18" in caveat
+        assert version in caveat and "one_sequence_per_row" in caveat
+        assert ("always" in caveat) == (version in ("5.0.0", "5.17.0"))
