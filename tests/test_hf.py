@@ -116,11 +116,33 @@ def test_unmappable_arguments_raise(tmp_path):
         trainer_optimizers(tiny_llama(), make_args(tmp_path, max_steps=-1, num_train_epochs=1))
 
 
-def _attend_and_record(model, ids, capturing: bool, one_sequence: bool):
+def _transformers_5_or_skip():
+    if int(transformers.__version__.split(".")[0]) < 5:
+        pytest.skip("transformers 4.x does not look at stream capture")
+
+
+def _sdpa_llama_and_ids():
+    """tiny_llama in bf16 on its own SDPA attention (grouped key/value heads), and a batch of two rows."""
+    model = tiny_llama().to(torch.bfloat16)
+    model.set_attn_implementation("sdpa")
+    return model, torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(3))
+
+
+def _masking_functions():
+    """What one_sequence_per_row replaces in transformers' masking_utils, to check it is restored."""
+    from transformers import masking_utils
+
+    return masking_utils.find_packed_sequence_indices, masking_utils.is_tracing
+
+
+def _attend_and_record(model, ids, capturing: bool, one_sequence: bool, attention_mask=None):
     """The model's loss and gradients, with every SDPA call's mask, is_causal and enable_gqa recorded;
     ``capturing``: transformers told a CUDA stream captures (what a CPU can simulate of a capture: the
-    answer its masking code asks for)."""
+    answer its masking code asks for); ``one_sequence``: the forward inside one_sequence_per_row()."""
+    import contextlib
     from unittest import mock
+
+    import transformers.utils.import_utils as import_utils
 
     from forge_num.hf import one_sequence_per_row
 
@@ -131,16 +153,11 @@ def _attend_and_record(model, ids, capturing: bool, one_sequence: bool):
         calls.append((kwargs.get("attn_mask"), kwargs.get("is_causal"), kwargs.get("enable_gqa", False)))
         return real_sdpa(*args, **kwargs)
 
-    import transformers.utils.import_utils as import_utils
-
     model.zero_grad(set_to_none=True)
     with mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", spy), \
-            mock.patch.object(import_utils, "is_cuda_stream_capturing", lambda: capturing):
-        if one_sequence:
-            with one_sequence_per_row():
-                loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-        else:
-            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            mock.patch.object(import_utils, "is_cuda_stream_capturing", lambda: capturing), \
+            one_sequence_per_row() if one_sequence else contextlib.nullcontext():
+        loss = model(input_ids=ids, labels=ids, attention_mask=attention_mask, use_cache=False).loss
     loss.backward()
     return loss.detach(), [p.grad.clone() for p in model.parameters()], calls
 
@@ -150,14 +167,9 @@ def test_one_sequence_per_row_gives_a_capture_the_eager_attention():
     while a stream captures, and then repeats the key/value heads; within one_sequence_per_row it takes
     the eager path (no mask, is_causal, enable_gqa), with the eager loss and gradients bit for bit. The
     context restores transformers' functions on exit."""
-    from transformers import masking_utils
-
-    if int(transformers.__version__.split(".")[0]) < 5:
-        pytest.skip("transformers 4.x does not look at stream capture")
-    model = tiny_llama().to(torch.bfloat16)
-    model.set_attn_implementation("sdpa")
-    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(3))
-    saved = (masking_utils.find_packed_sequence_indices, masking_utils.is_tracing)
+    _transformers_5_or_skip()
+    model, ids = _sdpa_llama_and_ids()
+    saved = _masking_functions()
 
     eager_loss, eager_grads, eager_calls = _attend_and_record(model, ids, capturing=False, one_sequence=False)
     assert all(mask is None and causal and gqa for mask, causal, gqa in eager_calls) and eager_calls
@@ -169,44 +181,25 @@ def test_one_sequence_per_row_gives_a_capture_the_eager_attention():
     assert calls == eager_calls
     assert torch.equal(loss.reshape(1).view(torch.int32), eager_loss.reshape(1).view(torch.int32))
     assert all(torch.equal(a, b) for a, b in zip(grads, eager_grads))
-    assert (masking_utils.find_packed_sequence_indices, masking_utils.is_tracing) == saved
+    assert _masking_functions() == saved
 
 
 def test_one_sequence_per_row_keeps_a_padding_mask_and_restores_on_error():
     """A padding mask passed in is still built into the mask under capture (its values cannot be read),
     nested contexts restore once, and an exception inside restores transformers' functions."""
-    from transformers import masking_utils
-
+    import forge_num
     from forge_num.hf import _ONE_SEQUENCE, one_sequence_per_row
 
-    if int(transformers.__version__.split(".")[0]) < 5:
-        pytest.skip("transformers 4.x does not look at stream capture")
-    model = tiny_llama().to(torch.bfloat16)
-    model.set_attn_implementation("sdpa")
-    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(3))
-    saved = (masking_utils.find_packed_sequence_indices, masking_utils.is_tracing)
-    from unittest import mock
-
-    import transformers.utils.import_utils as import_utils
-
-    masks = []
-    real_sdpa = torch.nn.functional.scaled_dot_product_attention
-
-    def spy(*args, **kwargs):
-        masks.append(kwargs.get("attn_mask"))
-        return real_sdpa(*args, **kwargs)
-
-    with mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", spy), \
-            mock.patch.object(import_utils, "is_cuda_stream_capturing", lambda: True), \
-            one_sequence_per_row(), one_sequence_per_row():
-        model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
-    assert masks and all(m is not None for m in masks)
-    assert (masking_utils.find_packed_sequence_indices, masking_utils.is_tracing) == saved
+    _transformers_5_or_skip()
+    model, ids = _sdpa_llama_and_ids()
+    saved = _masking_functions()
+    with one_sequence_per_row():  # nested: the inner exit restores nothing
+        _, _, calls = _attend_and_record(model, ids, capturing=True, one_sequence=True,
+                                         attention_mask=torch.ones_like(ids))
+        assert _masking_functions() != saved
+    assert calls and all(mask is not None for mask, _, _ in calls)
+    assert _masking_functions() == saved
     with pytest.raises(RuntimeError, match="inside"), one_sequence_per_row():
-        assert masking_utils.find_packed_sequence_indices is not saved[0]
         raise RuntimeError("inside")
-    assert (masking_utils.find_packed_sequence_indices, masking_utils.is_tracing) == saved
-    assert _ONE_SEQUENCE["depth"] == 0
-    import forge_num
-
+    assert _masking_functions() == saved and _ONE_SEQUENCE["depth"] == 0
     assert forge_num.hf.one_sequence_per_row is one_sequence_per_row  # the README's spelling
