@@ -196,9 +196,10 @@ def one_sequence_per_row():
     instead of SDPA's enable_gqa, so a bf16 model's gradients are not the eager step's bits.
 
     Inside the context the packing check answers "none" without reading the position ids, and a
-    padding mask that is absent counts as absent under capture. That is only true of batches without
-    packed sequences: a captured step with packed rows (position ids that restart within a row) must not
-    use it, since their mask would then be lost. A padding mask passed in is still built into a mask."""
+    padding mask that is absent counts as absent under capture. The first answer is right only for
+    batches without packed sequences: a captured step with packed rows (position ids that restart within
+    a row) must not use it, since their mask would be lost. A padding mask passed in is still built into
+    a mask."""
     from transformers import masking_utils
 
     with _ONE_SEQUENCE_LOCK:
