@@ -2,7 +2,7 @@
 # The next session's first device call (written in session 29; carry .whl): the captured steps with
 # forge_num.hf.one_sequence_per_row (train_step.py's default for +graph methods) beside the eager baselines,
 # and the GPU test of a captured bf16 step with the model's own attention, checkpointed and not.
-#   check    pytest -m gpu tests/test_gpu_graphs.py (17 cases), the device's own transformers (5.17)
+#   check    pytest -m gpu tests/test_gpu_graphs.py (16 cases), the device's own transformers (5.17)
 #   train3b  3B 4x1024, profiled: the captured attention should read ~9.4 ms (22.5 in session 29)
 #   train8b  8B 1x2048: forge_8bit+graph beside flashoptim+cl
 #   train1b  1B 4x1024
