@@ -30,16 +30,11 @@ slots too, so the capture compiles nothing new.
 
 That is forge_num's part: given the model's gradients, the updates, their scalars and the telemetry are
 the eager step's (tests/test_gpu_graphs.py, on an H100). The model's own forward and backward are the
-model's, and Hugging Face transformers 5.x attend otherwise while a CUDA stream captures. They decide from
-tensors' values whether a causal mask can be left to SDPA (is_causal=True), and a capture cannot read
-values, so they build an explicit [S, S] mask: without a KV cache (gradient checkpointing, use_cache=False)
-in every 5.x, because the check for packed sequences cannot run; in 5.0-5.17 always. With a mask, SDPA
-cannot skip the masked half (cuDNN's attention took 2.5x its eager time in session 29's 3B step; flash
-refuses masks) and transformers repeats the key/value heads instead of SDPA's enable_gqa, so a bf16
-model's captured gradients are not the eager step's bits (sessions 27-29, bench/NOTES.md). For batches
-whose rows each hold one sequence, forge_num.hf.one_sequence_per_row() gives the capture the eager path;
-capture_step warns when a transformers 5.x is imported and the capture did not enter it
-(_attention_capture_caveat).
+model's, and Hugging Face transformers 5.x attend otherwise while a CUDA stream captures: they build an
+explicit causal mask and repeat the key/value heads where the eager forward passes is_causal and enable_gqa
+(slower attention, other bf16 gradients; forge_num.hf.one_sequence_per_row() says when and why, and gives a
+capture of one-sequence rows the eager path). capture_step warns when a transformers 5.x is imported and
+the capture did not enter that context (_attention_capture_caveat).
 
 A tied head with the chunked loss (forge_num.linear_cross_entropy) sorts the batch's tokens with
 torch.unique, a host read, to split the tied weight's update by rows (bf16-sr, 8bit) or to add only

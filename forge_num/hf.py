@@ -204,22 +204,18 @@ def one_sequence_per_row():
 
     with _ONE_SEQUENCE_LOCK:
         if _ONE_SEQUENCE["depth"] == 0:
-            real_is_tracing = getattr(masking_utils, "is_tracing", None)
-            saved = {"find_packed_sequence_indices": getattr(masking_utils, "find_packed_sequence_indices", None),
-                     "is_tracing": real_is_tracing}
-
-            def is_tracing(tensor=None):
-                # a padding mask that is absent has no values to read: absent under capture as eagerly
-                # (transformers 5.0-5.17's _ignore_causal_mask_sdpa asks is_tracing(None))
-                return False if tensor is None else real_is_tracing(tensor)
-
             # transformers 4.x's masking_utils has no is_tracing (its masks do not look at stream capture;
             # its find_packed_sequence_indices never answers "none", eagerly or captured)
-            saved = {name: fn for name, fn in saved.items() if fn is not None}
-            if "find_packed_sequence_indices" in saved:
+            saved = {}
+            if hasattr(masking_utils, "find_packed_sequence_indices"):
+                saved["find_packed_sequence_indices"] = masking_utils.find_packed_sequence_indices
                 masking_utils.find_packed_sequence_indices = lambda position_ids: None  # one sequence a row
-            if "is_tracing" in saved:
-                masking_utils.is_tracing = is_tracing
+            real_is_tracing = getattr(masking_utils, "is_tracing", None)
+            if real_is_tracing is not None:
+                saved["is_tracing"] = real_is_tracing
+                # an absent padding mask has no values to read: absent under capture as eagerly
+                # (transformers 5.0-5.17's _ignore_causal_mask_sdpa asks is_tracing(None))
+                masking_utils.is_tracing = lambda tensor=None: tensor is not None and real_is_tracing(tensor)
             _ONE_SEQUENCE["saved"] = saved
         _ONE_SEQUENCE["depth"] += 1
         _ONE_SEQUENCE["entered"] += 1

@@ -9,11 +9,10 @@ The models attend with SDPA's math backend on fp32 copies of q, k and v (_fp32_a
 with the model's own bf16 attention. Sessions 27-28 found bf16 attention's captured gradients differing
 from the eager ones with no forge_num at all (bench/results/2026-12-06-s27/diag3.py), and session 29 the
 cause: transformers 5.x build an explicit causal mask and repeat the key/value heads while a CUDA stream
-captures (forge_num.graphs' docstring). The bf16 test runs the forward inside
-forge_num.hf.one_sequence_per_row(), with and without gradient checkpointing (no KV cache: the packed-
-sequence check), and checks the whole step, the model's attention included. Hugging Face's "eager"
-attention cannot be
-captured (its mask is a host-to-device copy of a 0-d tensor)."""
+captures (forge_num.hf.one_sequence_per_row's docstring). The bf16 test runs the forward inside that
+context, with and without gradient checkpointing (no KV cache: the packed-sequence check), and checks the
+whole step, the model's attention included. Hugging Face's "eager" attention cannot be captured (its mask
+is a host-to-device copy of a 0-d tensor)."""
 
 from __future__ import annotations
 

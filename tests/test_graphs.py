@@ -170,7 +170,7 @@ def test_a_step_that_cannot_be_captured_is_refused(options, reason):
     ("5.25.0", True, False), ("5.17.1.dev0", True, False), ("4.57.6", False, False), ("6.0.0", False, False),
     ("main", False, False), (None, False, False)])
 def test_the_attention_capture_caveat_names_what_attends_otherwise(version, entered, affected):
-    """transformers 5.x build explicit causal masks while a CUDA stream captures (forge_num.graphs'
+    """transformers 5.x build explicit causal masks while a CUDA stream captures (one_sequence_per_row's
     docstring; 4.57.6's masking_utils does not look at stream capture): capture_step's warning names them,
     unless the capture entered forge_num.hf.one_sequence_per_row(), and says when (5.0-5.17 always, 5.18
     on without a KV cache)."""
