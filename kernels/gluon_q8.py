@@ -436,12 +436,16 @@ WIDE_EPILOGUE_CONFIG = Q8WSConfig(num_warps=16, self_load=True, max_registers=96
 # The sixteen-warp tile with load_and_advance's cursor (session 23, after the last call; compiled, not
 # run): call 4's 1.38x at 4096 tokens is, by this module's reading of the PTX, the three integer
 # divisions load_k_block runs a K block between one wgmma's retirement and the next one's issue.
+# The sixteen-warp tile with load_and_advance's cursor: each K block's load without load_k_block's integer
+# divisions. Session 30, call 2 (H100, 2048 tokens, AdamW): 0.81-0.84x the Triton 8bit tile's time on
+# 4096x4096, 14336x4096 and 4096x14336, 0.96x on 1024x4096; the sixteen-warp tile without it 0.94-0.98x.
+CURSOR_CONFIG = Q8WSConfig(num_warps=16, self_load=True, load_cursor=True, max_registers=96, mma_registers=96)
 Q8_WS_CANDIDATE_CONFIGS = (
     Q8WSConfig(STAGES=3),
     Q8WSConfig(STAGES=2),
     Q8WSConfig(self_load=True, max_registers=168),
     WIDE_EPILOGUE_CONFIG,
-    Q8WSConfig(num_warps=16, self_load=True, load_cursor=True, max_registers=96, mma_registers=96),
+    CURSOR_CONFIG,
     # the default with each sub-tile's state loaded one sub-tile ahead (q8_epilogue's PREFETCH; compiled,
     # not run): AdamW spills 164 B for it (none without), SGD none; timed to see whether the state
     # loads' latency, which two epilogue warps a scheduler hide poorly, is worth the spill
@@ -588,6 +592,8 @@ ROUTE_MIN_K = 4096
 ROUTE_MAX_K = 8192
 ROUTE_WIDE_MIN_K = 1024
 ROUTE_WIDE_MAX_K = 2048
+ROUTE_CURSOR_MIN_K = 2048
+ROUTE_CURSOR_MAX_K = 4096
 
 
 def config_for(M: int, N: int, K: int) -> Q8WSConfig | None:
@@ -599,6 +605,8 @@ def config_for(M: int, N: int, K: int) -> Q8WSConfig | None:
         return DEFAULT_Q8_WS_CONFIG
     if ROUTE_WIDE_MIN_K <= K < ROUTE_WIDE_MAX_K:
         return WIDE_EPILOGUE_CONFIG
+    if ROUTE_CURSOR_MIN_K <= K < ROUTE_CURSOR_MAX_K:
+        return CURSOR_CONFIG
     return None
 
 
