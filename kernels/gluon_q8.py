@@ -580,10 +580,15 @@ def compile_for_sm90(rule: Rule, config: Q8WSConfig = DEFAULT_Q8_WS_CONFIG, M: i
 #     -> 34.1 ms, 1.014x (H200, call 4);
 #   WIDE_EPILOGUE_CONFIG at 1024 tokens: 0.86x on 4096x14336 and on 2048x8192 (H200, call 4); at 256
 #     1.00x and 0.93x; at 4096 1.20-1.26x.
+#   CURSOR_CONFIG (session 30, H100, bench/results/2026-12-06-s30/): at 2048 tokens 0.81-0.84x the Triton
+#     tile on 4096x4096, 14336x4096 and 4096x14336 (default 0.97-1.01x, sixteen-warp 0.94-0.98x there);
+#     at 1024 tokens 0.98-1.01x the sixteen-warp tile, at 4096 1.10-1.12x the default. Llama-8B's 1x2048
+#     step (captured, checkpointing) 0.395 -> 0.364-0.371 s.
 # So the default from ROUTE_MIN_K to below ROUTE_MAX_K tokens (more than 4096 not measured: there the
 # mainloop's share grows, and the Triton tiles' mainloops are the faster), the sixteen-warp tile from
-# ROUTE_WIDE_MIN_K to below ROUTE_WIDE_MAX_K (2048 not measured: its mainloop's loss grows with K), and
-# with at least MIN_TILES tiles. FORGE_NUM_GLUON_Q8 in the environment (read at each call): 0 never, 1
+# ROUTE_WIDE_MIN_K to below ROUTE_WIDE_MAX_K, the cursor from ROUTE_CURSOR_MIN_K to below ROUTE_CURSOR_MAX_K
+# (3072 not measured: the cursor's mainloop loses to the default's as K grows), and with at least
+# MIN_TILES tiles. FORGE_NUM_GLUON_Q8 in the environment (read at each call): 0 never, 1
 # or unset the ranges above, a tile's label ('_' for ' ') that tile wherever the kernel applies (an A/B
 # switch for benchmarks).
 ROUTED = True
@@ -594,6 +599,7 @@ ROUTE_WIDE_MIN_K = 1024
 ROUTE_WIDE_MAX_K = 2048
 ROUTE_CURSOR_MIN_K = 2048
 ROUTE_CURSOR_MAX_K = 4096
+ROUTE_CONFIGS = (DEFAULT_Q8_WS_CONFIG, WIDE_EPILOGUE_CONFIG, CURSOR_CONFIG)  # every tile config_for returns
 
 
 def config_for(M: int, N: int, K: int) -> Q8WSConfig | None:

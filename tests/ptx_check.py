@@ -177,6 +177,12 @@ def _gluon_q8_configs():
     return (DEFAULT_Q8_WS_CONFIG, *Q8_WS_CANDIDATE_CONFIGS)
 
 
+def _gluon_q8_route_configs():
+    from forge_num.kernels.gluon_q8 import ROUTE_CONFIGS
+
+    return ROUTE_CONFIGS
+
+
 def _gluon_kernel():
     from forge_num.kernels.gluon_update import fused_linear_update_ws_kernel
 
@@ -250,7 +256,7 @@ def main() -> int:
            "gluon_q8": [check_gluon_q8(r, c) for r in ("adamw", "lion", "sgd") for c in _gluon_q8_configs()],
            # the routed Gluon tiles reading their scalars from a step slot (a captured step's launches)
            "gluon_slot": [check_gluon_ws("adamw", c, slot=True) for c in _gluon_route_configs()]
-                         + [check_gluon_q8("adamw", _gluon_q8_configs()[0], slot=True)],
+                         + [check_gluon_q8("adamw", c, slot=True) for c in _gluon_q8_route_configs()],
            "labels": {str(c): c.label for c in (*kernels.BF16_CONFIGS, *kernels.IEEE_CONFIGS,
                                                 *kernels.Q8_CONFIGS[kernels.torch.bfloat16],
                                                 *kernels.Q8_CONFIGS[kernels.torch.float32])}}
