@@ -17,9 +17,12 @@ from torch import nn
 import forge_num as fn
 from forge_num.emulator.bounds import mean_order_bound
 from forge_num.fused import prepare
-from forge_num.loss import _BYTES_PER_CHUNK_LOGIT, _chunk_log_probs, _chunk_logits_grad
+from forge_num.loss import _BYTES_PER_CHUNK_LOGIT, _chunk_log_probs, _chunk_logits_grad, _group_logits
 from tests.test_training_semantics import ADAMW, tiny_gpt2, tiny_llama
 from tests.torch_reference import ExactSqrt, needs_fused_aten
+
+
+CHUNK_DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def integer_problem(rows, hidden, vocab, seed, ignore_every=0):
@@ -54,6 +57,87 @@ def test_exact_logits_give_torchs_gradients_bit_for_bit(chunk_rows, autocast):
     assert abs(loss.item() - ref.item()) <= mean_order_bound(counted, ref.item())
 
 
+@pytest.mark.parametrize("chunks_a_group", [1, 2, 5, 7], ids=lambda k: f"{k}-chunk-groups")
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "autocast-bf16"])
+def test_groups_of_chunks_give_the_same_bits(chunks_a_group, autocast, monkeypatch):
+    """The logits' GEMM over groups of chunks (forge_num.loss._group_rows; in the backward into dY's own
+    rows, which the chunks' gradients then overwrite): on exact logits the loss, dX and dW are the same bits
+    whatever the grouping (the loss sums the same chunk sums in the same order) and torch's gradients; 23
+    rows in chunks of 3 leave a last group of fewer chunks and a last chunk of 2 rows."""
+    from forge_num import loss as L
+
+    rows, vocab, chunk = 23, 128, 3
+    itemsize = 2 if autocast else 4
+    monkeypatch.setattr(L, "DEFAULT_GROUP_BYTES", chunks_a_group * chunk * vocab * itemsize)
+    assert L._group_rows(rows, chunk, vocab, itemsize) == chunks_a_group * chunk  # not vacuous: these groups
+    h, head, y = integer_problem(rows=rows, hidden=16, vocab=vocab, seed=chunks_a_group, ignore_every=5)
+    ref_head = copy.deepcopy(head)
+    h1 = h.clone().requires_grad_()
+    h2 = h.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = fn.linear_cross_entropy(h1, head, y, chunk_rows=chunk)
+        ref = F.cross_entropy(ref_head(h2).float(), y)
+    loss.backward()
+    ref.backward()
+    assert torch.equal(h1.grad, h2.grad)
+    assert torch.equal(head.weight.grad, ref_head.weight.grad)
+    monkeypatch.setattr(L, "DEFAULT_GROUP_BYTES", 2**30)  # one group of every row
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        whole = fn.linear_cross_entropy(h.clone(), copy.deepcopy(ref_head), y, chunk_rows=chunk)
+    assert torch.equal(loss.detach().view(torch.int32), whole.view(torch.int32))
+
+
+@pytest.mark.parametrize("device", CHUNK_DEVICES)
+def test_the_backwards_logits_in_dy_are_the_forwards(device, monkeypatch):
+    """Several groups (a small DEFAULT_GROUP_BYTES: four of 256 rows, the last of 232) on random bf16
+    operands, an unfused head: dX and dW equal, bit for bit, the products of the dY that autograd gives
+    through F.cross_entropy for logits made by the same group GEMMs into buffers of their own. So the
+    backward's recomputation into dY's rows gives the forward's logits (the same GEMM, aligned alike). On
+    the CPU a GEMM's rows do not depend on how many there are (logits recomputed one chunk at a time pass
+    here too), so there it checks the groups' rows and labels; on the GPU, where cuBLAS picks its algorithm
+    by shape and alignment, it checks the recomputation's bits too."""
+    from forge_num import loss as L
+
+    rows, hidden, vocab, chunk = 1000, 64, 1024, 64
+    monkeypatch.setattr(L, "DEFAULT_GROUP_BYTES", 4 * chunk * vocab * 2)
+    group = L._group_rows(rows, chunk, vocab, 2)
+    assert group == 256
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(rows, hidden, generator=g).bfloat16().to(device)
+    w = torch.randn(vocab, hidden, generator=g).bfloat16().to(device)
+    y = torch.randint(0, vocab, (rows,), generator=g).to(device)
+    head = nn.Linear(hidden, vocab, bias=False, device=device, dtype=torch.bfloat16)
+    with torch.no_grad():
+        head.weight.copy_(w)
+    h1 = h.clone().requires_grad_()
+    fn.linear_cross_entropy(h1, head, y, chunk_rows=chunk).backward()
+    logits = torch.cat([L._group_logits(h, w, g0, g1) for g0, g1 in L._chunks(rows, group)])
+    upcast = logits.float().requires_grad_()
+    (dlogits,) = torch.autograd.grad(F.cross_entropy(upcast, y), upcast)
+    dy = dlogits.to(torch.bfloat16)
+    assert torch.equal(h1.grad, dy @ w)
+    assert torch.equal(head.weight.grad, dy.t() @ h)
+
+
+@pytest.mark.parametrize("vocab", [37, 32000, 50257, 128256, 10**7])
+@pytest.mark.parametrize("itemsize", [2, 4], ids=["bf16", "fp32"])
+def test_a_group_is_whole_chunks_within_its_budget_starting_aligned(vocab, itemsize):
+    """_group_rows at the default chunks of 16384 rows: whole chunks; within DEFAULT_GROUP_BYTES, or one
+    chunk; where more than one chunk, a multiple of _GEMM_ALIGNMENT bytes of logits (each group's first row
+    aligned in dY as a fresh buffer is); Llama's vocabulary in bf16: 512 rows, GPT-2's 1152."""
+    from forge_num.loss import _GEMM_ALIGNMENT, DEFAULT_GROUP_BYTES, _group_rows, default_chunk_rows
+
+    chunk = default_chunk_rows(vocab)
+    rows = _group_rows(16384, chunk, vocab, itemsize)
+    assert rows % chunk == 0
+    assert rows == chunk or rows * vocab * itemsize <= DEFAULT_GROUP_BYTES
+    assert rows == chunk or (rows * vocab * itemsize) % _GEMM_ALIGNMENT == 0
+    if itemsize == 2 and vocab in (128256, 50257):
+        assert rows == {128256: 512, 50257: 1152}[vocab]
+    assert _group_rows(100, chunk, vocab, itemsize) == max(100, chunk) or 100 * vocab * itemsize > DEFAULT_GROUP_BYTES
+
+
+
 @pytest.mark.parametrize("rows,scale", [(19, 1 / 3), (23, 0.7), (29, 1 / 7), (31, 5 / 9), (37, 0.1)])
 def test_grad_of_a_scaled_loss_is_torchs(rows, scale):
     """The backward takes the incoming gradient (a loss scaled by 1/accumulation, say) as torch's
@@ -65,9 +149,6 @@ def test_grad_of_a_scaled_loss_is_torchs(rows, scale):
     (fn.linear_cross_entropy(h1, head, y, chunk_rows=4) * scale).backward()
     (F.cross_entropy(ref_head(h2), y) * scale).backward()
     assert torch.equal(h1.grad, h2.grad) and torch.equal(head.weight.grad, ref_head.weight.grad)
-
-
-CHUNK_DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 @pytest.mark.parametrize("device", CHUNK_DEVICES)
@@ -95,7 +176,7 @@ def test_a_chunks_gradient_is_autograds_bit_for_bit(seed, device):
         upcast = F.linear(h, w).float().requires_grad_()
         (expected,) = torch.autograd.grad(F.cross_entropy(upcast, y, ignore_index=ignore, reduction="sum"), upcast,
                                           grad_outputs=grad_sum)
-        got = _chunk_logits_grad(_chunk_log_probs(h, w, 0, rows), y, ignore, grad_sum)
+        got = _chunk_logits_grad(_chunk_log_probs(_group_logits(h, w, 0, rows)), y, ignore, grad_sum)
         assert got.dtype == torch.float32 and got.shape == expected.shape
         assert torch.equal(got.view(torch.int32), expected.view(torch.int32)), (seed, dtype)
 
@@ -199,13 +280,20 @@ def _peak_cpu_bytes(step) -> int:
     return max(sum(s) for s in sizes)
 
 
-def test_the_backward_keeps_two_bytes_a_logit_where_hf_keeps_twelve():
+@pytest.mark.parametrize("group_bytes", [None, 8 * 2**20], ids=["one-group", "four-groups"])
+def test_the_backward_keeps_two_bytes_a_logit_where_hf_keeps_twelve(group_bytes, monkeypatch):
     """The point of the chunked loss, measured on the CPU (autocast bf16, as in training): torch's loss
     peaks at >= 12 bytes a logit (bf16 logits, fp32 upcast, fp32 and bf16 gradients); the chunked one at
     2 bytes a logit (dY in bf16) plus 12 bytes a logit of one chunk (_BYTES_PER_CHUNK_LOGIT), beside the head's own tensors
     (fp32 weight, its bf16 cast, fp32 gradient, bf16 dW: 12 bytes a weight) and the hidden states'
-    (fp32, bf16 cast, fp32 gradient: 10 bytes an element)."""
+    (fp32, bf16 cast, fp32 gradient: 10 bytes an element). The backward's group logits are dY's own rows:
+    a buffer of their own would pass the bound (by 4.5 MiB with four groups of 512 rows, 8 MiB each)."""
+    from forge_num import loss as L
+
+    if group_bytes is not None:
+        monkeypatch.setattr(L, "DEFAULT_GROUP_BYTES", group_bytes)
     rows, hidden, vocab, chunk = 2048, 64, 8192, 128
+    assert L._group_rows(rows, chunk, vocab, 2) == (rows if group_bytes is None else 512)
     torch.manual_seed(0)
     head = nn.Linear(hidden, vocab, bias=False)
     h = torch.randn(rows, hidden, requires_grad=True)

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The next session's first device call (written in session 30; carry .whl): v36, the chunked loss's GEMM over
+# groups of chunks (forge_num/loss.py), its bits and its time; the cursor tile at 3072 tokens (its route's
+# unmeasured middle).
+#   check    the chunked loss on the GPU: the backward's logits in dY's rows equal the forward's
+#            (tests/test_loss.py on cuda), training with it equal to the materialized reference
+#            (tests/test_gpu_training.py -k chunked), captured equal to eager (tests/test_gpu_graphs.py -k chunked)
+#   cl1b     1B 4x1024 and 8x2048: forge_8bit+cl+graph beside forge_8bit+graph and flashoptim+cl
+#   cl8b     8B 1x2048: forge_8bit+cl+graph beside flashoptim+cl
+#   k3072    the cursor tile beside the default at 3072 tokens
+set -uo pipefail
+PART=${PART:-check,cl1b,cl8b,k3072}
+DEADLINE=$((SECONDS + ${CALL_BUDGET_S:-570}))
+budget() { local left=$((DEADLINE - SECONDS)); echo $(( $1 < left ? $1 : (left > 5 ? left : 5) )); }
+OUT=${OUT:-out}; R=/tmp/fn_call; rm -rf "$R"; mkdir -p "$R" "$OUT"
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$R/install.log" 2>&1 || { cat "$R/install.log"; exit 1; }
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/flashoptim-0.1.4-py3-none-any.whl >>"$R/install.log" 2>&1
+python3 -m pip install -q --no-index --no-deps .whl/execnet-*.whl .whl/pytest_xdist-*.whl >>"$R/install.log" 2>&1
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, \
+'transformers', transformers.__version__)"; date -u; } 2>&1 | tee "$R/env.txt"
+DEF=ws8_64x128x64_st4_w8_rows16_mma104_r128
+CUR=ws8_64x128x64_st3_w16_rows16_mma96_r96_sl_cur
+part_check() {
+  echo "== check $(date -u +%T)"
+  timeout "$(budget 150)" python3 -m pytest -v -rA -p no:cacheprovider -n 6 tests/test_loss.py tests/test_gpu_training.py \
+    tests/test_gpu_graphs.py -k "cuda or chunked" >"$R/check.log" 2>&1
+  echo "check rc=$?"
+  grep -E "^(FAILED|ERROR)|passed|failed" "$R/check.log" | cut -c1-300 | tail -12
+  grep -E "^E  .*(Error|assert)" "$R/check.log" | sort | uniq -c | sort -rn | head -4 | cut -c1-300
+}
+train() {  # $1 tag, $2 seconds, the rest: train_step.py's arguments
+  local tag=$1 secs=$2; shift 2
+  echo "== $tag $(date -u +%T)"
+  PYTHONPATH=/tmp/site timeout "$(budget "$secs")" python3 bench/train_step.py --checkpointing on --warmup 3 \
+    --steps 4 --budget-s "$(( $(budget "$secs") - 15 ))" --out "$R/$tag.json" "$@" >"$R/$tag.log" 2>&1
+  echo "$tag rc=$?"; grep -E "^(forge|flash|torch)|rror|ran;" "$R/$tag.log" | cut -c1-200
+}
+part_cl1b() {
+  train cl1b 200 --methods forge_8bit+cl+graph,forge_8bit+graph,flashoptim+cl --models llama-1b --tokens 4x1024,8x2048
+}
+part_cl8b() { train cl8b 110 --methods forge_8bit+cl+graph,flashoptim+cl --models llama-8b --tokens 1x2048; }
+part_k3072() {
+  echo "== k3072 $(date -u +%T)"
+  timeout "$(budget 90)" python3 bench/kernels.py --precision 8bit --configs "$DEF,$CUR" --shapes 4096x14336,2048x8192,4096x4096 \
+    --tokens 3072 --out "$R/k3072.json" >"$R/k3072.log" 2>&1
+  echo "k3072 rc=$?"; grep -E "^8bit" "$R/k3072.log" | cut -c1-150
+}
+for part in ${PART//,/ }; do "part_$part"; done
+echo "== done $(date -u +%T)"
+date -u >>"$R/env.txt"
+tar czf "$OUT/results.tgz" -C "$R" . ; cp "$R/env.txt" "$OUT/"
+exit 0
