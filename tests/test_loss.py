@@ -43,6 +43,14 @@ def integer_problem(rows, hidden, vocab, seed, ignore_every=0):
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "autocast-bf16"])
 def test_exact_logits_give_torchs_gradients_bit_for_bit(chunk_rows, autocast):
     h, head, y = integer_problem(rows=23, hidden=16, vocab=37, seed=chunk_rows, ignore_every=5)
+    loss, ref = _chunked_against_torch(h, head, y, chunk_rows, autocast)
+    counted = int((y != -100).sum())
+    assert abs(loss.item() - ref.item()) <= mean_order_bound(counted, ref.item())
+
+
+def _chunked_against_torch(h, head, y, chunk_rows, autocast):
+    """linear_cross_entropy's loss and torch's (F.cross_entropy of the head's output, on a copy of the
+    head), both backward; asserts dX and dW the same bits. Returns (loss, torch's loss)."""
     ref_head = copy.deepcopy(head)
     h1 = h.clone().requires_grad_()
     h2 = h.clone().requires_grad_()
@@ -53,8 +61,7 @@ def test_exact_logits_give_torchs_gradients_bit_for_bit(chunk_rows, autocast):
     ref.backward()
     assert torch.equal(h1.grad, h2.grad)
     assert torch.equal(head.weight.grad, ref_head.weight.grad)
-    counted = int((y != -100).sum())
-    assert abs(loss.item() - ref.item()) <= mean_order_bound(counted, ref.item())
+    return loss, ref
 
 
 @pytest.mark.parametrize("chunks_a_group", [1, 2, 5, 7], ids=lambda k: f"{k}-chunk-groups")
@@ -71,19 +78,11 @@ def test_groups_of_chunks_give_the_same_bits(chunks_a_group, autocast, monkeypat
     monkeypatch.setattr(L, "DEFAULT_GROUP_BYTES", chunks_a_group * chunk * vocab * itemsize)
     assert L._group_rows(rows, chunk, vocab, itemsize) == chunks_a_group * chunk  # not vacuous: these groups
     h, head, y = integer_problem(rows=rows, hidden=16, vocab=vocab, seed=chunks_a_group, ignore_every=5)
-    ref_head = copy.deepcopy(head)
-    h1 = h.clone().requires_grad_()
-    h2 = h.clone().requires_grad_()
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        loss = fn.linear_cross_entropy(h1, head, y, chunk_rows=chunk)
-        ref = F.cross_entropy(ref_head(h2).float(), y)
-    loss.backward()
-    ref.backward()
-    assert torch.equal(h1.grad, h2.grad)
-    assert torch.equal(head.weight.grad, ref_head.weight.grad)
+    first = copy.deepcopy(head)
+    loss, _ = _chunked_against_torch(h, head, y, chunk, autocast)
     monkeypatch.setattr(L, "DEFAULT_GROUP_BYTES", 2**30)  # one group of every row
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        whole = fn.linear_cross_entropy(h.clone(), copy.deepcopy(ref_head), y, chunk_rows=chunk)
+        whole = fn.linear_cross_entropy(h.clone(), first, y, chunk_rows=chunk)
     assert torch.equal(loss.detach().view(torch.int32), whole.view(torch.int32))
 
 
