@@ -12,7 +12,8 @@ cuBLAS) outside the profiled range and then runs each once between cudaProfilerS
         --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \\
         python bench/ncu_probe.py --shape 4096x4096 --tokens 256 [--configs default,<label>...]
 
-Launches, in order: forge's fused update with each named tile (default: the launcher's pick), then
+Launches, in order: forge's fused update with each named tile (default: the launcher's Triton pick; in
+the 8bit regime the Gluon tiles' "ws8 ..." labels too), then
 the unfused baseline's two kernels (cuBLAS dW, torch's fused AdamW on its fp32 copy) and forge's
 element-wise update on a stored dW (kernels.elementwise_update). Only CUDA.
 """
@@ -38,7 +39,10 @@ def tile_by_label(label: str, M: int, N: int, K: int, precision: str = "fp32"):
     if precision == "8bit":
         if label == "default":
             return kernels.default_q8_config(M, N, K, torch.bfloat16)
-        tiles = {c.label: c for c in (*kernels.Q8_CONFIGS[torch.bfloat16], *kernels.CANDIDATE_Q8_CONFIGS)}
+        from forge_num.kernels import gluon_q8
+
+        tiles = {c.label: c for c in (*kernels.Q8_CONFIGS[torch.bfloat16], *kernels.CANDIDATE_Q8_CONFIGS,
+                                      gluon_q8.DEFAULT_Q8_WS_CONFIG, *gluon_q8.Q8_WS_CANDIDATE_CONFIGS)}
     elif label == "default":
         return kernels.default_config(M, N, K, torch.bfloat16, precision == "bf16-sr")
     else:
@@ -79,13 +83,21 @@ def main(argv=None) -> int:
             if label.replace("_", " ") not in known:
                 raise SystemExit(f"unknown WS label {label!r}; known: {sorted(known)}")
             ws_tiles.append(known[label.replace("_", " ")])
+    from forge_num.kernels import gluon_q8
+    from forge_num.kernels.gluon_q8 import Q8WSConfig
+
+    if any(isinstance(t, Q8WSConfig) for t in tiles):
+        gluon_q8.fused_linear_update_q8_ws(w, x, dy, states, rules.ADAMW, h, seed=seed)  # the operands' checks, once
     p = torch.nn.Parameter(w.clone())
     opt = torch.optim.AdamW([p], fused=True, **HYPER)
     g = torch.empty(M, N, device="cuda")
 
     def launches():
         for t in tiles:
-            kernels.fused_linear_update(w, x, dy, states, rules.ADAMW, h, config=t, seed=seed)
+            if isinstance(t, Q8WSConfig):  # a Gluon 8bit tile ("ws8 ..."), launched as bench/kernels.py does
+                gluon_q8.launch(w, x, dy, states, rules.ADAMW, tuple(float(v) for v in h), 1.0, t, (seed, N, 0))
+            else:
+                kernels.fused_linear_update(w, x, dy, states, rules.ADAMW, h, config=t, seed=seed)
         for c in ws_tiles:
             fused_linear_update_ws(w, x, dy, states, rules.ADAMW, h, config=c, seed=seed)
         dw = dy.t() @ x

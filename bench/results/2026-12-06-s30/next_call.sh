@@ -7,9 +7,11 @@
 #            (tests/test_gpu_training.py -k chunked), captured equal to eager (tests/test_gpu_graphs.py -k chunked)
 #   cl1b     1B 4x1024 and 8x2048: forge_8bit+cl+graph beside forge_8bit+graph and flashoptim+cl
 #   cl8b     8B 1x2048: forge_8bit+cl+graph beside flashoptim+cl
+#   ncu      the cursor tile at 14336x4096, 2048 tokens, under Nsight Compute: issue rate, stalls, and the
+#            executed instructions by SASS line (the epilogue's dynamic count, where registers.py counts static)
 #   k3072    the cursor tile beside the default at 3072 tokens
 set -uo pipefail
-PART=${PART:-check,cl1b,cl8b,k3072}
+PART=${PART:-check,cl1b,cl8b,ncu,k3072}
 DEADLINE=$((SECONDS + ${CALL_BUDGET_S:-570}))
 budget() { local left=$((DEADLINE - SECONDS)); echo $(( $1 < left ? $1 : (left > 5 ? left : 5) )); }
 OUT=${OUT:-out}; R=/tmp/fn_call; rm -rf "$R"; mkdir -p "$R" "$OUT"
@@ -24,7 +26,7 @@ DEF=ws8_64x128x64_st4_w8_rows16_mma104_r128
 CUR=ws8_64x128x64_st3_w16_rows16_mma96_r96_sl_cur
 part_check() {
   echo "== check $(date -u +%T)"
-  timeout "$(budget 150)" python3 -m pytest -v -rA -p no:cacheprovider -n 6 tests/test_loss.py tests/test_gpu_training.py \
+  timeout "$(budget 120)" python3 -m pytest -v -rA -p no:cacheprovider -n 6 tests/test_loss.py tests/test_gpu_training.py \
     tests/test_gpu_graphs.py -k "cuda or chunked" >"$R/check.log" 2>&1
   echo "check rc=$?"
   grep -E "^(FAILED|ERROR)|passed|failed" "$R/check.log" | cut -c1-300 | tail -12
@@ -38,12 +40,26 @@ train() {  # $1 tag, $2 seconds, the rest: train_step.py's arguments
   echo "$tag rc=$?"; grep -E "^(forge|flash|torch)|rror|ran;" "$R/$tag.log" | cut -c1-200
 }
 part_cl1b() {
-  train cl1b 200 --methods forge_8bit+cl+graph,forge_8bit+graph,flashoptim+cl --models llama-1b --tokens 4x1024,8x2048
+  train cl1b 160 --methods forge_8bit+cl+graph,forge_8bit+graph,flashoptim+cl --models llama-1b --tokens 4x1024,8x2048
 }
 part_cl8b() { train cl8b 110 --methods forge_8bit+cl+graph,flashoptim+cl --models llama-8b --tokens 1x2048; }
+part_ncu() {
+  echo "== ncu $(date -u +%T)"
+  ncu --version | tail -1
+  timeout "$(budget 100)" ncu --clock-control none --profile-from-start off -k regex:fused_linear_update_q8_ws \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section SourceCounters \
+    --section InstructionStats --import-source no -o "$R/cur_k2048" \
+    python3 bench/ncu_probe.py --shape 14336x4096 --tokens 2048 --precision 8bit --configs "$CUR" >"$R/ncu.log" 2>&1
+  echo "ncu rc=$?"; tail -2 "$R/ncu.log"
+  ncu -i "$R/cur_k2048.ncu-rep" --page source --csv --print-source sass 2>/dev/null | gzip >"$R/cur_k2048_sass.csv.gz"
+  ncu -i "$R/cur_k2048.ncu-rep" --page details >"$R/cur_k2048_details.txt" 2>&1
+  rm -f "$R"/*.ncu-rep
+  grep -E "Duration|Issued Ipc|Warp Cycles Per Issued|Achieved Occupancy|Registers Per|Executed Ipc|Stall" \
+    "$R/cur_k2048_details.txt" | cut -c1-120 | head -14
+}
 part_k3072() {
   echo "== k3072 $(date -u +%T)"
-  timeout "$(budget 90)" python3 bench/kernels.py --precision 8bit --configs "$DEF,$CUR" --shapes 4096x14336,2048x8192,4096x4096 \
+  timeout "$(budget 80)" python3 bench/kernels.py --precision 8bit --configs "$DEF,$CUR" --shapes 4096x14336,2048x8192,4096x4096 \
     --tokens 3072 --out "$R/k3072.json" >"$R/k3072.log" 2>&1
   echo "k3072 rc=$?"; grep -E "^8bit" "$R/k3072.log" | cut -c1-150
 }
