@@ -68,7 +68,7 @@ class LiveStorages(TorchDispatchMode):
             self.total -= entry[0]
 
 
-def run(model: str, layers: int, tokens: str, precision: str, top: int = 8) -> dict:
+def run(model: str, layers: int, tokens: str, precision: str, top: int = 8, capturable: bool = False) -> dict:
     import transformers
 
     import forge_num as fn
@@ -84,6 +84,7 @@ def run(model: str, layers: int, tokens: str, precision: str, top: int = 8) -> d
     m.gradient_checkpointing_enable()
     opt = fn.AdamW(m.parameters(), precision=precision, lr=1e-5)
     fn.prepare(m, opt)
+    opt._capturable = capturable  # a captured step's paths (forge_num.graphs), without a capture
     ids = torch.randint(0, cfg["vocab_size"], (batch, seq), generator=torch.Generator().manual_seed(1))
 
     def step(probe=None):
@@ -107,7 +108,7 @@ def run(model: str, layers: int, tokens: str, precision: str, top: int = 8) -> d
     probe = LiveStorages(known)
     with probe:
         step(probe)
-    return {"model": model, "layers": layers, "tokens": tokens, "precision": precision,
+    return {"model": model, "layers": layers, "tokens": tokens, "precision": precision, "capturable": capturable,
             "peak_gib": probe.peak / GIB, "phase": probe.peak_phase,
             "alive": [{"gib": b / GIB, "made_by": label} for b, label in probe.at_peak[:top]],
             "other_gib": sum(b for b, _ in probe.at_peak[top:]) / GIB}
@@ -120,9 +121,12 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", default="1x1024", help="BATCHxSEQ")
     ap.add_argument("--precision", default="8bit", choices=["fp32", "bf16-sr", "8bit"])
     ap.add_argument("--top", type=int, default=8)
+    ap.add_argument("--capturable", action="store_true", help="the paths a step captured by forge_num.capture_step "
+                    "takes (opt._capturable), run eagerly")
     args = ap.parse_args(argv)
-    r = run(args.model, args.layers, args.tokens, args.precision, args.top)
-    print(f"{r['model']} ({r['layers']} layers) {r['tokens']} {r['precision']}: the step's peak {r['peak_gib']:.3f} GiB "
+    r = run(args.model, args.layers, args.tokens, args.precision, args.top, args.capturable)
+    print(f"{r['model']} ({r['layers']} layers) {r['tokens']} {r['precision']}"
+          f"{' (capturable paths)' if r['capturable'] else ''}: the step's peak {r['peak_gib']:.3f} GiB "
           f"above the weights and state, in the {r['phase']}; alive then:")
     for a in r["alive"]:
         print(f"  {a['gib']:8.3f} GiB  {a['made_by']}")
