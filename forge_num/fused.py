@@ -444,9 +444,10 @@ class _TiedRows:
         if indices is None or not accumulated:
             return False
         tokens = getattr(node, "forge_num_tokens", None)  # the embedding's forward sorted them (v30)
-        if tokens is None or tokens.shape != tuple(param.shape):
-            tokens = _TokenRows(indices, *param.shape)  # waits for the device here
-        split = _SplitHeadUpdate(tokens)
+        if (tokens is None or tokens.shape != tuple(param.shape)
+                or isinstance(tokens, _StaticTokenRows) != opt._capturable):
+            tokens = _token_rows(opt)(indices, *param.shape)  # eagerly: waits for the device here
+        split = (_StaticSplitHeadUpdate if opt._capturable else _SplitHeadUpdate)(tokens)
         if not self.deposit_head_grad(split, head):
             return False
         self.split_last = True
@@ -484,6 +485,9 @@ _TIED_ROWS: "WeakIdKeyDictionary[torch.Tensor, _TiedRows]" = WeakIdKeyDictionary
 # (forge_num.loss.DEFAULT_CHUNK_BYTES), which the head's backward follows; whole 256-row tiles
 _SPLIT_BLOCK_ELEMENTS = 16 * 2**20
 _SPLIT_ROW_TILE = 256
+# kept rows a captured step's split gathers from a block at once (_StaticSplitHeadUpdate): 2 MiB of bf16 at
+# Llama-1B's 2048 columns, where all of them (4096 at 4x1024 tokens) would be 16 MiB more at the step's peak
+_STATIC_GATHER_ROWS = 512
 
 
 class _TokenRows:
@@ -504,11 +508,62 @@ class _TokenRows:
         self.touched, self.slot = torch.unique(indices.reshape(-1).long(), sorted=True, return_inverse=True)
         self.padding_idx, self.padding_slot = padding_idx, _padding_slot(self.touched, padding_idx)
         self.shape = (n_rows, cols)
-        rows = _SPLIT_BLOCK_ELEMENTS // max(cols, 1) // _SPLIT_ROW_TILE * _SPLIT_ROW_TILE
-        self.block_rows = max(_SPLIT_ROW_TILE, rows)
+        self.block_rows = _split_block_rows(cols)
         self.starts = list(range(0, n_rows, self.block_rows))
         bounds = torch.tensor(self.starts + [n_rows], device=self.touched.device)
         self.edges = torch.searchsorted(self.touched, bounds).tolist()
+
+
+class _StaticTokenRows:
+    """_TokenRows for a captured step's optimizer (forge_num.graphs): the split without reading the device
+    on the host, every shape the tokens' count's, none the distinct tokens'. The rows kept for the
+    embedding's backward are R = min(tokens, n_rows) distinct rows D, ascending (``touched``): every row a
+    token touches, then the lowest untouched rows to fill R (their embedding gradient is zero, so in the
+    embedding's backward they take G_head + 0.0, the sum a block gives them):
+
+        touched[v]  = some token is v                                     (index_fill_)
+        filler[v]   = not touched[v], and at most R - #touched untouched rows are <= v   (cumsum)
+        D           = the R rows touched or filler, ascending             (a stable sort of the mask)
+        position[i] = token i's index in D                                (searchsorted)
+
+    Each block masks its rows of D (``mask``) where _TokenRows slices them by host edges. ``slot(padding)``
+    maps a padding index's tokens past D (index R, skipped by embedding_dense_backward as its padding
+    index), where _TokenRows finds its slot on the host. The slots keep the tokens' order and equalities, as
+    torch.unique's, so embedding_dense_backward sums each row's token gradients as it does there
+    (add_touched_rows)."""
+
+    __slots__ = ("touched", "mask", "indices", "position", "shape", "block_rows", "starts")
+
+    def __init__(self, indices: torch.Tensor, n_rows: int, cols: int, padding_idx=None):
+        flat = indices.reshape(-1).long()
+        kept = min(flat.numel(), n_rows)
+        touched = torch.zeros(n_rows, dtype=torch.bool, device=flat.device).index_fill_(0, flat, True)
+        untouched_rank = torch.cumsum(~touched, 0)  # 1 for the first untouched row
+        self.mask = touched | (~touched & (untouched_rank <= kept - touched.sum()))
+        self.touched = torch.sort((~self.mask).to(torch.uint8), stable=True).indices[:kept]
+        self.indices, self.position = flat, torch.searchsorted(self.touched, flat)
+        self.shape = (n_rows, cols)
+        self.block_rows = _split_block_rows(cols)
+        self.starts = list(range(0, n_rows, self.block_rows))
+
+    def slot(self, padding_idx: int) -> torch.Tensor:
+        """Each token's slot for embedding_dense_backward over len(D) + 1 rows: its index in D, or len(D)
+        (the padding index there) for a token equal to ``padding_idx`` (negative: none)."""
+        if padding_idx < 0:
+            return self.position
+        return torch.where(self.indices == padding_idx, self.touched.numel(), self.position)
+
+
+def _token_rows(opt):
+    """The tokens' rows class for ``opt``'s split: _StaticTokenRows in a captured step (no host read),
+    else _TokenRows."""
+    return _StaticTokenRows if opt._capturable else _TokenRows
+
+
+def _split_block_rows(cols: int) -> int:
+    """Rows of a split block: _SPLIT_BLOCK_ELEMENTS in whole _SPLIT_ROW_TILE-row tiles, at least one tile."""
+    rows = _SPLIT_BLOCK_ELEMENTS // max(cols, 1) // _SPLIT_ROW_TILE * _SPLIT_ROW_TILE
+    return max(_SPLIT_ROW_TILE, rows)
 
 
 class _SplitHeadUpdate:
@@ -589,6 +644,57 @@ class _SplitHeadUpdate:
         self.updater.done()
 
 
+class _StaticSplitHeadUpdate(_SplitHeadUpdate):
+    """_SplitHeadUpdate over _StaticTokenRows (a captured step's optimizer): the same element updates, by
+    masks where the eager split slices by the host's block edges.
+
+    * ``apply_head``: the kept rows' weight and state held once (they are every block's zeroed rows); each
+      block's product, its kept rows copied into ``head_rows`` (a gather of all R rows, those of the block
+      selected) and zeroed, the block updated; the held rows put back after the last block.
+    * ``finish``: ``head_rows`` + the embedding's gradient on D (zero on the filler rows: G_head + 0.0, as
+      in a block), the R rows updated gathered, each with its own row's counters.
+
+    So every row is updated once, from G_head + G_emb (touched) or G_head + 0.0 (the others), as the
+    unsplit update; the telemetry sums the same terms in other groups."""
+
+    __slots__ = ()
+
+    def apply_head(self, updater, dy: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> None:
+        self.updater = updater
+        n_rows, cols = updater.n_rows, updater.cols
+        assert (n_rows, cols) == self.tokens.shape, (self.tokens.shape, (n_rows, cols))
+        kept, mask, rows = self.touched, self.tokens.mask, self.tokens.block_rows
+        self.head_rows = torch.zeros((kept.numel(), cols), dtype=dtype, device=dy.device)
+        held = updater.hold(kept)
+        for r0 in self.tokens.starts:
+            r1 = min(r0 + rows, n_rows)
+            block = head_grad_rows(dy, x, r0, r1, dtype)
+            in_block = ((kept >= r0) & (kept < r1)).unsqueeze(1)
+            local = (kept - r0).clamp_(0, r1 - r0 - 1)
+            for s0 in range(0, kept.numel(), _STATIC_GATHER_ROWS):  # a few MiB gathered at a time, not [R, H]
+                s1 = min(s0 + _STATIC_GATHER_ROWS, kept.numel())
+                torch.where(in_block[s0:s1], block.index_select(0, local[s0:s1]), self.head_rows[s0:s1],
+                            out=self.head_rows[s0:s1])
+            block.masked_fill_(mask[r0:r1].unsqueeze(1), 0.0)
+            g32 = block.float().add_(0.0)  # + the embedding's dense zero row (-0.0 -> +0.0)
+            del block
+            updater.rows(r0, g32)
+            del g32
+        updater.put_back(kept, held)
+
+    def finish(self, grad: torch.Tensor | None, padding_idx: int) -> None:
+        summed = self.head_rows
+        if grad is not None:
+            n = self.touched.numel()
+            slot = self.tokens.slot(padding_idx)
+            compact = torch.ops.aten.embedding_dense_backward(grad, slot, n + 1, n, False)
+            summed = summed.add_(compact[:n])  # autograd's add on these rows (add_touched_rows)
+            del compact
+        self.head_rows = None
+        self.updater.gathered(self.touched, summed.float())
+        self.updater.done()
+
+
 def head_grad_rows(dy: torch.Tensor, x: torch.Tensor, r0: int, r1: int, dtype: torch.dtype) -> torch.Tensor:
     """Rows [r0, r1) of F.linear's weight gradient, ``(dyᵀ x).to(dtype)`` (forge_num.loss.WeightGrad's
     product, over fewer rows)."""
@@ -652,8 +758,9 @@ class _TouchedRowsEmbeddingFn(torch.autograd.Function):
         # sorted now where such a split may follow
         ctx.forge_num_indices = indices
         opt = rows.opt
-        ctx.forge_num_tokens = (_TokenRows(indices, *weight.shape, -1 if padding_idx is None else padding_idx)
-                                if rows.split_last and opt is not None and opt._may_split_rows(weight) else None)
+        split = rows.split_last and opt is not None and opt._may_split_rows(weight)
+        ctx.forge_num_tokens = (_token_rows(opt)(indices, *weight.shape, -1 if padding_idx is None else padding_idx)
+                                if split else None)
         rows.add_node(ctx)  # ctx is this call's backward node (out.grad_fn)
         return out
 
@@ -673,9 +780,9 @@ class _TouchedRowsEmbeddingFn(torch.autograd.Function):
                 head_grad = head_grad()
             opt = ctx.rows.opt
             if opt is not None and opt._capturable:
-                # a captured step's optimizer (forge_num.graphs): add_touched_rows sorts the tokens with
-                # torch.unique (a host read); autograd's sum itself instead, with the dense [V, H]
-                # embedding gradient: the same bits
+                # a captured step's optimizer (forge_num.graphs) without the split (the fp32 regime):
+                # add_touched_rows sorts the tokens with torch.unique (a host read); autograd's sum itself
+                # instead, with the dense [V, H] embedding gradient: the same bits
                 dw = head_grad.add_(torch.ops.aten.embedding_dense_backward(grad, indices, ctx.num_weights, pad, False))
             else:
                 dw = add_touched_rows(head_grad, grad, indices, pad)

@@ -39,8 +39,10 @@ the capture did not enter that context (_attention_capture_caveat).
 A tied head with the chunked loss (forge_num.linear_cross_entropy) sorts the batch's tokens with
 torch.unique, a host read, to split the tied weight's update by rows (bf16-sr, 8bit) or to add only
 the touched rows of the embedding's gradient to the head's (fused.add_touched_rows). In a captured
-step's optimizer (``opt._capturable``, set for every step from the warm-up on) the embedding's dense
-gradient is added to the head's instead: autograd's sum, the same bits, with a [vocabulary, hidden]
+step's optimizer (``opt._capturable``, set for every step from the warm-up on) the split keeps a fixed
+number of rows instead, one a token (fused._StaticTokenRows: the touched rows and the lowest untouched
+ones), found on the device; the same bits. In the fp32 regime, which does not split, the embedding's
+dense gradient is added to the head's: autograd's sum, the same bits, with a [vocabulary, hidden]
 gradient more at the step's end.
 
 What a captured step cannot hold, refused with an error naming it: any other host read of the device

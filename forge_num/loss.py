@@ -21,9 +21,9 @@ The logits' GEMM runs over a group of chunks at once (_group_rows: about DEFAULT
 512 rows at Llama's 128,256-token vocabulary), the fp32 work chunk by chunk: a 64-row GEMM reads the
 whole head (0.5-1 GB in bf16) for 64 rows of output and is bound by those bytes, not by its arithmetic
 (512 such GEMMs a step at Llama-1B and 8x2048 tokens, forward and backward: ~90 ms of the 0.577 s that
-session 30 measured for the captured 8bit step with this loss, against 0.455 s with the model's own). The forward's group logits are a
-buffer of their own; the backward's are dY's own rows, which the group's chunks then overwrite with their
-gradients, so the backward holds nothing more than before.
+session 30 measured for the captured 8bit step with this loss, against 0.455 s with the model's own).
+The forward's group logits are a buffer of their own; the backward's are dY's own rows, which the
+group's chunks then overwrite with their gradients, so the backward holds nothing more than before.
 
 What is and is not the same as ``F.cross_entropy(model.lm_head(h).float(), y)``: per row, the
 same operations (linear in the autocast dtype, upcast, log-softmax, the label's term). A group's
@@ -124,7 +124,8 @@ def _group_rows(n: int, chunk_rows: int, vocab: int, itemsize: int) -> int:
     """Rows of logits one GEMM computes (module docstring): a whole number of chunks, as many as
     DEFAULT_GROUP_BYTES of logits hold, and a multiple of the chunks whose logits fill whole
     _GEMM_ALIGNMENT-byte units, so that every group starts aligned in dY; one chunk where no such multiple
-    fits the budget (each chunk's GEMM as before, its logits a buffer of their own), all rows where they fit."""
+    fits the budget (each chunk's GEMM as before, its logits a buffer of their own), all rows where they
+    fit."""
     if n * vocab * itemsize <= DEFAULT_GROUP_BYTES:
         return max(n, chunk_rows)
     chunks = DEFAULT_GROUP_BYTES // (chunk_rows * vocab * itemsize)
@@ -133,8 +134,8 @@ def _group_rows(n: int, chunk_rows: int, vocab: int, itemsize: int) -> int:
 
 
 def _group_logits(hc, wc, g0, g1, out=None):
-    """The logits of the rows [g0, g1) in the compute dtype, one GEMM (as F.linear's: hc · wcᵀ), into ``out``
-    (dY's rows in the backward) or a buffer of their own. One definition for the forward and the
+    """The logits of the rows [g0, g1) in the compute dtype, one GEMM (as F.linear's: hc · wcᵀ), into
+    ``out`` (dY's rows in the backward) or a buffer of their own. One definition for the forward and the
     backward's recomputation, which must give the same values."""
     if out is None:
         out = torch.empty((g1 - g0, wc.shape[0]), dtype=hc.dtype, device=hc.device)
@@ -269,7 +270,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         for g0, g1 in _chunks(hc.shape[0], group_rows):
             # the group's logits in dY's rows (aligned: _group_rows), or, one chunk a group where they cannot
             # be, in a buffer of their own as in the forward
-            in_dy = group_rows > ctx.chunk_rows or (g0 * dy.shape[1] * dy.element_size()) % _GEMM_ALIGNMENT == 0
+            in_dy = (group_rows > ctx.chunk_rows
+                     or (g0 * dy.shape[1] * dy.element_size()) % _GEMM_ALIGNMENT == 0)
             logits = _group_logits(hc, wc, g0, g1, out=dy[g0:g1] if in_dy else None)
             for r0, r1 in _chunks(g1 - g0, ctx.chunk_rows):
                 log_probs = _chunk_log_probs(logits[r0:r1])

@@ -605,12 +605,11 @@ class ForgeOptimizer(torch.optim.Optimizer):
     def _may_split_rows(self, p) -> bool:
         """What _can_split_rows can say before the backward (an embedding's forward asks it: whether
         to sort its tokens for a split now): a stochastic regime, this micro-batch the step's last with
-        no gradient from earlier ones, no data-parallel reduction, an unsharded parameter; not in a
-        captured step's optimizer (the split sorts the tokens with torch.unique, a host read)."""
+        no gradient from earlier ones, no data-parallel reduction, an unsharded parameter. (In a captured
+        step's optimizer the split keeps a fixed number of rows: forge_num.fused._StaticTokenRows.)"""
         rec = self._recs.get(p)
         return (rec is not None and self.precision != "fp32" and rec.events + 1 == self.accumulation_steps
-                and rec.accum is None and p.grad is None and self._grad_reducer is None and not _is_dtensor(p)
-                and not self._capturable)
+                and rec.accum is None and p.grad is None and self._grad_reducer is None and not _is_dtensor(p))
 
     def _can_split_rows(self, p) -> bool:
         """Whether this backward's update of ``p`` may be applied in pieces by rows from its gradient's

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 
 import pytest
 import torch
@@ -315,6 +316,7 @@ def test_split_update_is_the_whole_update_across_blocks(monkeypatch, precision, 
     cuBLAS), so this checks the split's own logic whatever the BLAS kernels do."""
     monkeypatch.setattr(fused, "_SPLIT_ROW_TILE", 32)
     monkeypatch.setattr(fused, "_SPLIT_BLOCK_ELEMENTS", 32 * 8)
+    monkeypatch.setattr(fused, "_STATIC_GATHER_ROWS", 3)  # the captured split's kept rows gathered 3 at a time
     tokens = torch.tensor([0, 31, 32, 5, 5, 7, 299, 150, 31, 64], dtype=torch.int32)  # int32 ids work too
     g = torch.Generator().manual_seed(4)
     dy = torch.randint(-3, 4, (tokens.numel(), 300), generator=g).to(torch.bfloat16)
@@ -345,33 +347,40 @@ def test_split_update_is_the_whole_update_across_blocks(monkeypatch, precision, 
         opt._on_grad_ready(p)
         opt.step()
 
-    def split(m, opt, dy):
+    def split(m, opt, dy, update=fused._SplitHeadUpdate, rows=fused._TokenRows):
         p = m.embed.weight
-        s = fused._SplitHeadUpdate(fused._TokenRows(tokens, *p.shape))
+        s = update(rows(tokens, *p.shape))
         s.apply_head(opt._start_row_updates(p, s), dy, x, p.dtype)
         s.finish(emb_grad, 7)
         opt.step()
 
+    def static_split(m, opt, dy):  # a captured step's: 10 kept rows, the 8 touched and rows 1 and 2
+        split(m, opt, dy, fused._StaticSplitHeadUpdate, fused._StaticTokenRows)
+
     results = []
-    for apply in (unsplit, split):
+    for apply in (unsplit, split, static_split):
         m, opt = fresh()
         for dy_step in (bad, dy):  # the second step from a state that is not zero
             apply(m, opt, dy_step)
         results.append((m, opt))
-    (m1, o1), (m2, o2) = results
-    assert torch.equal(m1.embed.weight.view(torch.int16), m2.embed.weight.view(torch.int16))
-    s1, s2 = o1.state_dict()["state"], o2.state_dict()["state"]
-    assert s1.keys() == s2.keys()
-    for key, value in s1.get(0, {}).items():  # (SGD without momentum keeps no state)
-        if isinstance(value, torch.Tensor):
-            assert torch.equal(value, s2[0][key]), key
-        elif isinstance(value, dict):
-            for k, v in value.items():
-                assert torch.equal(v, s2[0][key][k]), (key, k)
-    first, second = o1.stats_history, o2.stats_history
-    assert first[0]["nonfinite"] == second[0]["nonfinite"] > 0 and first[1]["nonfinite"] == second[1]["nonfinite"] == 0
-    # the same Σ g² in fp64, summed in another grouping (blocks and touched rows): equal to rounding
-    assert first[1]["grad_norm"] == pytest.approx(second[1]["grad_norm"], rel=1e-12)
+    m1, o1 = results[0]
+    for m2, o2 in results[1:]:
+        assert torch.equal(m1.embed.weight.view(torch.int16), m2.embed.weight.view(torch.int16))
+        s1, s2 = o1.state_dict()["state"], o2.state_dict()["state"]
+        assert s1.keys() == s2.keys()
+        for key, value in s1.get(0, {}).items():  # (SGD without momentum keeps no state)
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(value, s2[0][key]), key
+            elif isinstance(value, dict):
+                for k, v in value.items():
+                    assert torch.equal(v, s2[0][key][k]), (key, k)
+        first, second = o1.stats_history, o2.stats_history
+        assert first[0]["nonfinite"] == second[0]["nonfinite"] > 0
+        assert first[1]["nonfinite"] == second[1]["nonfinite"] == 0
+        # the same Σ g² in fp64, summed in another grouping (blocks and kept rows): equal to rounding
+        assert first[1]["grad_norm"] == pytest.approx(second[1]["grad_norm"], rel=1e-12)
+    kept = fused._StaticTokenRows(tokens, 300, 8)
+    assert kept.touched.tolist() == [0, 1, 2, 5, 7, 31, 32, 64, 150, 299]  # not vacuous: fillers 1 and 2
 
 
 @pytest.mark.gpu
@@ -393,10 +402,12 @@ def test_block_products_are_the_whole_products_rows(tokens):
 
 
 @needs_fused_aten
-def test_split_update_holds_no_vocabulary_sized_tensor(monkeypatch):
+@pytest.mark.parametrize("capturable", [False, True], ids=["eager", "captured-paths"])
+def test_split_update_holds_no_vocabulary_sized_tensor(monkeypatch, capturable):
     """With the head's update split (8bit, blocks of 32 rows), no tensor of the backward has as many
-    elements as the tied weight [V, H]: the head's product exists one block at a time. Without the
-    split (the deposit refused) the [V, H] product is there: the check can fail."""
+    elements as the tied weight [V, H]: the head's product exists one block at a time, in a captured
+    step's optimizer too (opt._capturable: fused._StaticSplitHeadUpdate). Without the split (the deposit
+    refused) the [V, H] product is there: the check can fail."""
     from torch.utils import _pytree as pytree
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -419,6 +430,7 @@ def test_split_update_holds_no_vocabulary_sized_tensor(monkeypatch):
         m = tiny_llama(tie=True).to(torch.bfloat16)
         opt = fn.AdamW(m.parameters(), precision="8bit", seed=1, **ADAMW)
         prepare(m, opt)
+        opt._capturable = capturable
         g = torch.Generator().manual_seed(2)
         with monkeypatch.context() as patch:
             if not split:
@@ -610,6 +622,62 @@ def test_the_split_sorts_its_tokens_in_the_forward(monkeypatch, precision, micro
     assert not any(sorted_never)
     assert torch.equal(w_forward.view(torch.int16) if w_forward.dtype == torch.bfloat16 else w_forward,
                        w_backward.view(torch.int16) if w_backward.dtype == torch.bfloat16 else w_backward)
+
+
+@needs_fused_aten
+@pytest.mark.parametrize("precision,padding", [("8bit", None), ("bf16-sr", 3), ("8bit", 3)])
+def test_a_captured_steps_split_reads_nothing_on_the_host_and_gives_the_eager_bits(monkeypatch, precision, padding):
+    """In a captured step's optimizer (opt._capturable; run eagerly here) the tied head's update splits with a
+    fixed number of kept rows (fused._StaticTokenRows): no host read by forge_num.fused in the step's forward
+    and backward (Tensor.tolist, item, nonzero and torch.unique called from fused.py counted: the eager
+    split's sorts use them, so the count can fail; the optimizer's step counters, CPU tensors as torch's, are
+    read in optim.py under capture too), and the eager split's weights and states, bit for bit, over three
+    steps in blocks of 32 rows, with the padding index among the tokens."""
+    monkeypatch.setattr(fused, "_SPLIT_ROW_TILE", 32)
+    monkeypatch.setattr(fused, "_SPLIT_BLOCK_ELEMENTS", 32 * 64)
+    monkeypatch.setattr(fused, "_STATIC_GATHER_ROWS", 5)
+
+    def counted(reads, real):
+        def read(*a, **kw):
+            if sys._getframe(1).f_code.co_filename == fused.__file__:
+                reads.append(real)
+            return real(*a, **kw)
+        return read
+
+    def train(capturable):
+        m = tiny_llama(tie=True)
+        m.model.embed_tokens.padding_idx = padding
+        m = m.to(torch.bfloat16)
+        opt = fn.AdamW(m.parameters(), precision=precision, seed=1, **ADAMW)
+        prepare(m, opt)
+        opt._capturable = capturable
+        splits, reads = [], []
+        g = torch.Generator().manual_seed(2)
+        for step in range(3):
+            ids = torch.randint(0, 256, (2, 12), generator=g)
+            ids[0, 0] = 3  # the padding index, where there is one
+            with monkeypatch.context() as patch:
+                for owner, name in ((torch.Tensor, "tolist"), (torch.Tensor, "item"), (torch.Tensor, "nonzero"),
+                                    (torch, "unique")):
+                    patch.setattr(owner, name, counted(reads, getattr(owner, name)))
+                for cls in (fused._SplitHeadUpdate, fused._StaticSplitHeadUpdate):  # which split ran
+                    patch.setattr(cls, "finish", lambda self, *a, real=cls.__dict__["finish"]:
+                                  (splits.append(type(self)), real(self, *a))[1])
+                chunked_lm_loss(m, ids).backward()
+            opt.step()
+        return m, opt, splits, reads
+
+    m1, o1, splits1, reads1 = train(False)
+    m2, o2, splits2, reads2 = train(True)
+    assert reads1 and not reads2, (reads1, reads2)
+    assert splits1 == [fused._SplitHeadUpdate] * 3 and splits2 == [fused._StaticSplitHeadUpdate] * 3
+    assert torch.equal(m1.model.embed_tokens.weight.view(torch.int16), m2.model.embed_tokens.weight.view(torch.int16))
+    for key, value in o1.state_dict()["state"][0].items():
+        other = o2.state_dict()["state"][0][key]
+        if isinstance(value, dict):
+            assert all(torch.equal(v, other[k]) for k, v in value.items()), key
+        elif isinstance(value, torch.Tensor):
+            assert torch.equal(value, other), key
 
 
 def _graph_nodes(t):

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The next session's first device call (written in session 30; carry .whl): v36, the chunked loss's GEMM over
-# groups of chunks (forge_num/loss.py), its bits and its time; the cursor tile at 3072 tokens (its route's
-# unmeasured middle).
+# groups of chunks (forge_num/loss.py), its bits and its time; v37, a captured step's tied split (forge_num/
+# fused.py, _StaticSplitHeadUpdate), its bits and peak; the cursor tile at 3072 tokens (its route's middle).
 #   check    the chunked loss on the GPU: the backward's logits in dY's rows equal the forward's
 #            (tests/test_loss.py on cuda), training with it equal to the materialized reference
-#            (tests/test_gpu_training.py -k chunked), captured equal to eager (tests/test_gpu_graphs.py -k chunked)
-#   cl1b     1B 4x1024 and 8x2048: forge_8bit+cl+graph beside forge_8bit+graph and flashoptim+cl
+#            (tests/test_gpu_training.py -k chunked), captured equal to eager (tests/test_gpu_graphs.py -k chunked:
+#            the tied 8bit cases take v37's split), the tied rows' GPU cases (tests/test_tied_rows.py)
+#   cl1b     1B 4x1024 and 8x2048: forge_8bit+cl+graph beside forge_8bit+graph and flashoptim+cl (v36's time,
+#            v37's peak: Llama-1B's head is tied)
 #   cl8b     8B 1x2048: forge_8bit+cl+graph beside flashoptim+cl
 #   ncu      the cursor tile at 14336x4096, 2048 tokens, under Nsight Compute: issue rate, stalls, and the
 #            executed instructions by SASS line (the epilogue's dynamic count, where registers.py counts static)
@@ -27,7 +29,7 @@ CUR=ws8_64x128x64_st3_w16_rows16_mma96_r96_sl_cur
 part_check() {
   echo "== check $(date -u +%T)"
   timeout "$(budget 120)" python3 -m pytest -v -rA -p no:cacheprovider -n 6 tests/test_loss.py tests/test_gpu_training.py \
-    tests/test_gpu_graphs.py -k "cuda or chunked" >"$R/check.log" 2>&1
+    tests/test_gpu_graphs.py tests/test_tied_rows.py -k "cuda or chunked or block_products" >"$R/check.log" 2>&1
   echo "check rc=$?"
   grep -E "^(FAILED|ERROR)|passed|failed" "$R/check.log" | cut -c1-300 | tail -12
   grep -E "^E  .*(Error|assert)" "$R/check.log" | sort | uniq -c | sort -rn | head -4 | cut -c1-300
