@@ -366,14 +366,7 @@ def test_split_update_is_the_whole_update_across_blocks(monkeypatch, precision, 
     m1, o1 = results[0]
     for m2, o2 in results[1:]:
         assert torch.equal(m1.embed.weight.view(torch.int16), m2.embed.weight.view(torch.int16))
-        s1, s2 = o1.state_dict()["state"], o2.state_dict()["state"]
-        assert s1.keys() == s2.keys()
-        for key, value in s1.get(0, {}).items():  # (SGD without momentum keeps no state)
-            if isinstance(value, torch.Tensor):
-                assert torch.equal(value, s2[0][key]), key
-            elif isinstance(value, dict):
-                for k, v in value.items():
-                    assert torch.equal(v, s2[0][key][k]), (key, k)
+        _assert_same_state(o1, o2)
         first, second = o1.stats_history, o2.stats_history
         assert first[0]["nonfinite"] == second[0]["nonfinite"] > 0
         assert first[1]["nonfinite"] == second[1]["nonfinite"] == 0
@@ -558,12 +551,7 @@ def test_split_update_through_the_kernels_equals_the_torch_backend(monkeypatch, 
     (m1, o1), (m2, o2) = train("kernels"), train("torch")
     assert len(splits) == 4
     assert torch.equal(m1.embed.weight.view(torch.int16), m2.embed.weight.view(torch.int16))
-    for key, value in o1.state_dict()["state"][0].items():
-        other = o2.state_dict()["state"][0][key]
-        if isinstance(value, dict):
-            assert all(torch.equal(v, other[k]) for k, v in value.items()), key
-        elif isinstance(value, torch.Tensor):
-            assert torch.equal(value, other), key
+    _assert_same_state(o1, o2)
 
 
 @needs_fused_aten
@@ -672,10 +660,18 @@ def test_a_captured_steps_split_reads_nothing_on_the_host_and_gives_the_eager_bi
     assert reads1 and not reads2, (reads1, reads2)
     assert splits1 == [fused._SplitHeadUpdate] * 3 and splits2 == [fused._StaticSplitHeadUpdate] * 3
     assert torch.equal(m1.model.embed_tokens.weight.view(torch.int16), m2.model.embed_tokens.weight.view(torch.int16))
-    for key, value in o1.state_dict()["state"][0].items():
-        other = o2.state_dict()["state"][0][key]
+    _assert_same_state(o1, o2)
+
+
+def _assert_same_state(o1, o2) -> None:
+    """The two optimizers' states of their first parameter, bit for bit: tensors, and the 8bit states'
+    dicts of codes and scales (SGD without momentum keeps none)."""
+    s1, s2 = o1.state_dict()["state"], o2.state_dict()["state"]
+    assert s1.keys() == s2.keys()
+    for key, value in s1.get(0, {}).items():
+        other = s2[0][key]
         if isinstance(value, dict):
-            assert all(torch.equal(v, other[k]) for k, v in value.items()), key
+            assert value.keys() == other.keys() and all(torch.equal(v, other[k]) for k, v in value.items()), key
         elif isinstance(value, torch.Tensor):
             assert torch.equal(value, other), key
 
