@@ -446,10 +446,15 @@ Q8_WS_CANDIDATE_CONFIGS = (
     Q8WSConfig(self_load=True, max_registers=168),
     WIDE_EPILOGUE_CONFIG,
     CURSOR_CONFIG,
-    # the default with each sub-tile's state loaded one sub-tile ahead (q8_epilogue's PREFETCH; compiled,
-    # not run): AdamW spills 164 B for it (none without), SGD none; timed to see whether the state
-    # loads' latency, which two epilogue warps a scheduler hide poorly, is worth the spill
+    # the default with each sub-tile's state loaded one sub-tile ahead (q8_epilogue's PREFETCH): AdamW spills
+    # 164 B for it (none without), SGD none; session 30, call 2: 0.88-0.91x the Triton tile at 2048 tokens on
+    # the large shapes (the default 0.97-1.01x), behind the cursor's 0.81-0.84x. (The cursor with PREFETCH
+    # spills 540 B for AdamW at its 96 registers: not kept.)
     Q8WSConfig(STAGES=4, prefetch=True),
+    # the cursor with four operand stages (the default's ring): at 4096 tokens the cursor takes 1.10-1.12x the
+    # default's time (session 30, call 3), its self-loading mainloop behind; a deeper ring may hide more of its
+    # loads' latency. The same spills as the cursor (ptxas of Triton 3.6); not yet run.
+    Q8WSConfig(num_warps=16, STAGES=4, self_load=True, load_cursor=True, max_registers=96, mma_registers=96),
 )
 
 

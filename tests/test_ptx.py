@@ -192,8 +192,9 @@ STEP_SLOT_SPILLS = {
 GLUON_Q8_SPILL_EXCEPTIONS = {
     ("ws8 64x128x64 st3 w16 rows16 mma96 r96 sl", "adamw"): 104,
     ("ws8 64x128x64 st3 w16 rows16 mma96 r96 sl cur", "adamw"): 104,  # the same epilogue
-    # the default with its state loads one sub-tile ahead (PREFETCH), a candidate not yet timed: the
-    # prefetched sub-tile's registers beside AdamW's update
+    ("ws8 64x128x64 st4 w16 rows16 mma96 r96 sl cur", "adamw"): 104,  # a candidate: its ring one stage deeper
+    # the default with its state loads one sub-tile ahead (PREFETCH), a candidate (session 30: 0.88-0.91x the
+    # Triton tile at 2048 tokens): the prefetched sub-tile's registers beside AdamW's update
     ("ws8 64x128x64 st4 w8 rows16 mma104 r128 pf", "adamw"): 164,
 }
 

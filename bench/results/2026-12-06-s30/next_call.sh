@@ -11,9 +11,11 @@
 #   cl8b     8B 1x2048: forge_8bit+cl+graph beside flashoptim+cl
 #   ncu      the cursor tile at 14336x4096, 2048 tokens, under Nsight Compute: issue rate, stalls, and the
 #            executed instructions by SASS line (the epilogue's dynamic count, where registers.py counts static)
-#   k3072    the cursor tile beside the default at 3072 tokens
+#   k3072    the cursor tile beside the default at 3072 and 4096 tokens, and the cursor with four operand
+#            stages (a candidate since session 30, not yet run)
+#   cand4    that candidate's bits (tests/test_gpu_gluon.py, its 16 cases), in what time is left
 set -uo pipefail
-PART=${PART:-check,cl1b,cl8b,ncu,k3072}
+PART=${PART:-check,cl1b,cl8b,ncu,k3072,cand4}
 DEADLINE=$((SECONDS + ${CALL_BUDGET_S:-570}))
 budget() { local left=$((DEADLINE - SECONDS)); echo $(( $1 < left ? $1 : (left > 5 ? left : 5) )); }
 OUT=${OUT:-out}; R=/tmp/fn_call; rm -rf "$R"; mkdir -p "$R" "$OUT"
@@ -26,6 +28,7 @@ python3 -m pip install -q --no-index --no-deps .whl/execnet-*.whl .whl/pytest_xd
 'transformers', transformers.__version__)"; date -u; } 2>&1 | tee "$R/env.txt"
 DEF=ws8_64x128x64_st4_w8_rows16_mma104_r128
 CUR=ws8_64x128x64_st3_w16_rows16_mma96_r96_sl_cur
+CUR4=ws8_64x128x64_st4_w16_rows16_mma96_r96_sl_cur
 part_check() {
   echo "== check $(date -u +%T)"
   timeout "$(budget 120)" python3 -m pytest -v -rA -p no:cacheprovider -n 6 tests/test_loss.py tests/test_gpu_training.py \
@@ -61,9 +64,15 @@ part_ncu() {
 }
 part_k3072() {
   echo "== k3072 $(date -u +%T)"
-  timeout "$(budget 80)" python3 bench/kernels.py --precision 8bit --configs "$DEF,$CUR" --shapes 4096x14336,2048x8192,4096x4096 \
-    --tokens 3072 --out "$R/k3072.json" >"$R/k3072.log" 2>&1
+  timeout "$(budget 90)" python3 bench/kernels.py --precision 8bit --configs "$DEF,$CUR,$CUR4" \
+    --shapes 4096x14336,2048x8192,4096x4096 --tokens 3072,4096 --out "$R/k3072.json" >"$R/k3072.log" 2>&1
   echo "k3072 rc=$?"; grep -E "^8bit" "$R/k3072.log" | cut -c1-150
+}
+part_cand4() {
+  echo "== cand4 $(date -u +%T)"
+  timeout "$(budget 90)" python3 -m pytest -v -rA -p no:cacheprovider -n 6 tests/test_gpu_gluon.py \
+    -k "8bit and st4 and w16 and cur" >"$R/cand4.log" 2>&1
+  echo "cand4 rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$R/cand4.log" | cut -c1-300 | tail -6
 }
 for part in ${PART//,/ }; do "part_$part"; done
 echo "== done $(date -u +%T)"
