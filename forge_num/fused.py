@@ -530,7 +530,8 @@ class _StaticTokenRows:
     maps a padding index's tokens past D (index R, skipped by embedding_dense_backward as its padding
     index), where _TokenRows finds its slot on the host. The slots keep the tokens' order and equalities, as
     torch.unique's, so embedding_dense_backward sums each row's token gradients as it does there
-    (add_touched_rows)."""
+    (add_touched_rows). ``padding_idx`` is taken as _TokenRows takes it and not used: slot() is given the
+    embedding's at its backward."""
 
     __slots__ = ("touched", "mask", "indices", "position", "shape", "block_rows", "starts")
 
@@ -649,8 +650,9 @@ class _StaticSplitHeadUpdate(_SplitHeadUpdate):
     masks where the eager split slices by the host's block edges.
 
     * ``apply_head``: the kept rows' weight and state held once (they are every block's zeroed rows); each
-      block's product, its kept rows copied into ``head_rows`` (a gather of all R rows, those of the block
-      selected) and zeroed, the block updated; the held rows put back after the last block.
+      block's product, its kept rows copied into ``head_rows`` (gathers of _STATIC_GATHER_ROWS kept rows,
+      those in the block selected) and zeroed, the block updated; the held rows put back after the last
+      block.
     * ``finish``: ``head_rows`` + the embedding's gradient on D (zero on the filler rows: G_head + 0.0, as
       in a block), the R rows updated gathered, each with its own row's counters.
 
