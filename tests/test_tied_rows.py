@@ -38,13 +38,26 @@ def dense_sum(head_grad, grad, indices, padding_idx):
 SIZES = [("cpu", 37), ("cpu", 1024), ("cpu", 4096)] + [("cuda", t) for t in (1024, 4096) if "cuda" in DEVICES]
 
 
+def kept_rows_sum(head_grad, grad, indices, padding_idx):
+    """add_touched_rows's sum over a captured step's kept rows (fused._StaticTokenRows, as
+    _StaticSplitHeadUpdate.finish adds them): G_head + 0.0 everywhere, the kept rows D G_head[D] + the
+    embedding gradient summed over their slots (zero on the filler rows)."""
+    rows = fused._StaticTokenRows(indices, *head_grad.shape)
+    n = rows.touched.numel()
+    compact = torch.ops.aten.embedding_dense_backward(grad, rows.slot(padding_idx), n + 1, n, False)[:n]
+    summed = head_grad.index_select(0, rows.touched).add_(compact)
+    return head_grad.add_(0.0).index_copy_(0, rows.touched, summed)
+
+
 @pytest.mark.parametrize("device,tokens", SIZES, ids=[f"{d}-{t}" for d, t in SIZES])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("padding_idx", [-1, 3, 250], ids=["no-pad", "pad-touched", "pad-untouched"])
-def test_touched_rows_equal_the_dense_sum_bit_for_bit(device, tokens, dtype, padding_idx):
+@pytest.mark.parametrize("add", [add_touched_rows, kept_rows_sum], ids=["eager", "captured"])
+def test_touched_rows_equal_the_dense_sum_bit_for_bit(device, tokens, dtype, padding_idx, add):
     """Duplicated indices (a vocabulary of 251 for up to 4096 tokens: every touched row sums many token
     gradients, in an order the bits depend on), ±0.0 and subnormal entries in G_head, the padding row
-    touched or not; on CUDA both of its embedding backward kernels."""
+    touched or not; on CUDA both of its embedding backward kernels. The eager path's distinct tokens and a
+    captured step's kept rows (37 tokens: fillers among them; more tokens than rows: every row kept)."""
     g = torch.Generator().manual_seed(tokens + padding_idx)
     vocab, hidden = 251, 40
     indices = torch.randint(0, vocab - 1, (tokens,), generator=g)  # row 250 is never touched
@@ -58,7 +71,7 @@ def test_touched_rows_equal_the_dense_sum_bit_for_bit(device, tokens, dtype, pad
     # G_emb's touched rows must not all be exact: the bits then depend on the order of the sums
     assert indices.unique().numel() < tokens
     expected = dense_sum(head, grad, indices, padding_idx)
-    got = add_touched_rows(head.clone(), grad, indices, padding_idx)
+    got = add(head.clone(), grad, indices, padding_idx)
     assert torch.equal(got.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
                        expected.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
 
