@@ -878,8 +878,8 @@ def main(argv=None) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     meta = environment(cuda)
     meta.update({"device": "cuda" if cuda else "cpu", "isolation": isolation, "gc": args.gc, "sdpa": args.sdpa,
-                 "capture_attention": args.capture_attention, "warmup": args.warmup, "steps": args.steps, "floor_bytes_per_param": {m: floor_bytes_per_param(m)
-                                                               for m in METHODS}})
+                 "capture_attention": args.capture_attention, "warmup": args.warmup, "steps": args.steps,
+                 "floor_bytes_per_param": {m: floor_bytes_per_param(m) for m in METHODS}})
     print(f"# {meta['gpu'] or 'CPU'}  torch {meta['torch']}  transformers {meta['transformers']}  "
           f"bitsandbytes {meta['bitsandbytes']}  torchao {meta['torchao']}  flashoptim {meta['flashoptim']}",
           flush=True)

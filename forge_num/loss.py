@@ -268,10 +268,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         dy = torch.empty((hc.shape[0], weight.shape[0]), dtype=hc.dtype, device=hc.device)
         group_rows = _group_rows(hc.shape[0], ctx.chunk_rows, weight.shape[0], hc.element_size())
         for g0, g1 in _chunks(hc.shape[0], group_rows):
-            # the group's logits in dY's rows (aligned: _group_rows), or, one chunk a group where they cannot
-            # be, in a buffer of their own as in the forward
-            in_dy = (group_rows > ctx.chunk_rows
-                     or (g0 * dy.shape[1] * dy.element_size()) % _GEMM_ALIGNMENT == 0)
+            # the group's logits in dY's rows where they start aligned as a fresh buffer does (every group of
+            # several chunks: _group_rows), else in a buffer of their own as in the forward
+            in_dy = (g0 * dy.shape[1] * dy.element_size()) % _GEMM_ALIGNMENT == 0
             logits = _group_logits(hc, wc, g0, g1, out=dy[g0:g1] if in_dy else None)
             for r0, r1 in _chunks(g1 - g0, ctx.chunk_rows):
                 log_probs = _chunk_log_probs(logits[r0:r1])

@@ -433,12 +433,11 @@ WIDE_EPILOGUE_CONFIG = Q8WSConfig(num_warps=16, self_load=True, max_registers=96
 # operand stages (session 23, call 2: two starve the mainloop at 4096 tokens, 1.8x; three 1.00-1.04x
 # four's time); the loader-free design with the default's eight epilogue warps (12 warps at 168 registers,
 # no spill; call 4: 0.98-1.02x the default at 256-1024 tokens, 1.33-1.36x at 4096).
-# The sixteen-warp tile with load_and_advance's cursor (session 23, after the last call; compiled, not
-# run): call 4's 1.38x at 4096 tokens is, by this module's reading of the PTX, the three integer
-# divisions load_k_block runs a K block between one wgmma's retirement and the next one's issue.
-# The sixteen-warp tile with load_and_advance's cursor: each K block's load without load_k_block's integer
-# divisions. Session 30, call 2 (H100, 2048 tokens, AdamW): 0.81-0.84x the Triton 8bit tile's time on
-# 4096x4096, 14336x4096 and 4096x14336, 0.96x on 1024x4096; the sixteen-warp tile without it 0.94-0.98x.
+# The sixteen-warp tile with load_and_advance's cursor (session 23): each K block's load without the three
+# integer divisions load_k_block runs between one wgmma's retirement and the next one's issue, which by the
+# PTX were the sixteen-warp tile's 1.38x at 4096 tokens (call 4). Session 30, call 2 (H100, 2048 tokens,
+# AdamW): 0.81-0.84x the Triton 8bit tile's time on 4096x4096, 14336x4096 and 4096x14336, 0.96x on
+# 1024x4096; the sixteen-warp tile without it 0.94-0.98x.
 CURSOR_CONFIG = Q8WSConfig(num_warps=16, self_load=True, load_cursor=True, max_registers=96, mma_registers=96)
 Q8_WS_CANDIDATE_CONFIGS = (
     Q8WSConfig(STAGES=3),
