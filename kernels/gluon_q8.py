@@ -43,14 +43,18 @@ rows), no accumulation buffer. tests/test_gpu_gluon.py holds it to the Triton ke
 
 from __future__ import annotations
 
+import functools
 import os
+import types
 
 import torch
 import triton
 import triton.language as tl  # the Philox arguments' annotations (gluon_update says why)
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
+)
 
 from forge_num.rules import Rule
 
@@ -59,6 +63,9 @@ from .launch_cache import CachedLaunch
 from .quant8 import QBLOCK as _QBLOCK
 
 QBLOCK = int(_QBLOCK.value)  # elements a block of an 8-bit state's row (kernels/quant8.py), as a host int
+# stage_state tiles: shared-memory slots of a sub-tile's state, and how many sub-tiles ahead it is loaded
+# (a sub-tile's slot refilled, by TMA, once its update has read it: the copy lands under the next update)
+STAGING_SLOTS = gl.constexpr(2)
 
 
 @gluon.jit
@@ -183,9 +190,21 @@ def row_block_addresses(offs_m, offs_n, block, M, N, n_blocks):
     n_blocks] scales and their mask (linear_update.q8_addresses for [R, J] blocks, one scale a row here)."""
     in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     offs = offs_m[:, None].to(gl.int64) * N + offs_n[None, :]
-    soffs = offs_m.to(gl.int64) * n_blocks + block
-    smask = offs_m < M
+    soffs, smask = row_scale_addresses(offs_m, block, M, n_blocks)
     return offs, in_tile, soffs, smask
+
+
+@gluon.jit
+def row_scale_addresses(offs_m, block, M, n_blocks):
+    """(soffs, smask): rows offs_m's offsets into the [M, n_blocks] scales at block column ``block`` (one
+    block a row: one scale a row), and their mask."""
+    return offs_m.to(gl.int64) * n_blocks + block, offs_m < M
+
+
+@gluon.jit
+def load_row_scales(scale_ptr, soffs, smask):
+    """A state's fp32 scales at row_scale_addresses' (soffs, smask); rows past M read as 1.0."""
+    return gl.load(scale_ptr + soffs, mask=smask, other=1.0)
 
 
 @gluon.jit
@@ -202,10 +221,61 @@ def load_row_blocks(offs_m, offs_n, block, M, N, w_ptr, c0_ptr, scale0_ptr, c1_p
     scales1 = smask
     if N_STATE >= 1:
         codes0 = gl.load(c0_ptr + offs, mask=in_tile, other=0)
-        scales0 = gl.load(scale0_ptr + soffs, mask=smask, other=1.0)
+        scales0 = load_row_scales(scale0_ptr, soffs, smask)
     if N_STATE >= 2:
         codes1 = gl.load(c1_ptr + offs, mask=in_tile, other=0)
-        scales1 = gl.load(scale1_ptr + soffs, mask=smask, other=1.0)
+        scales1 = load_row_scales(scale1_ptr, soffs, smask)
+    return p, codes0, scales0, codes1, scales1
+
+
+@gluon.jit
+def load_scales(offs_m, block, M, scale0_ptr, scale1_ptr, n_blocks, N_STATE: gl.constexpr):
+    """(scales0, scales1): load_row_scales of each state of a row sub-tile (absent states: a placeholder)."""
+    soffs, smask = row_scale_addresses(offs_m, block, M, n_blocks)
+    scales0 = smask
+    scales1 = smask
+    if N_STATE >= 1:
+        scales0 = load_row_scales(scale0_ptr, soffs, smask)
+    if N_STATE >= 2:
+        scales1 = load_row_scales(scale1_ptr, soffs, smask)
+    return scales0, scales1
+
+
+@gluon.jit
+def stage_row_blocks(w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready, u, row0, col0,
+                     N_STATE: gl.constexpr):
+    """The state_stage candidate's loads (Q8WSConfig): W [ROWS, BN] bf16 and each state's uint8 codes of
+    the row sub-tile at (row0, col0), by TMA, into staging slot u % STAGING_SLOTS (the program's u-th sub-tile),
+    counted against st_ready[u % STAGING_SLOTS]. Rows and columns past M and N arrive as zeros, what load_row_blocks'
+    masked loads give (other=0). The slot's last reads (sub-tile u - STAGING_SLOTS's, by every epilogue warp, in the
+    generic proxy) come before the copy's writes (the async proxy): each thread's fence orders its own
+    reads, and the barrier of the partition that Gluon puts before the copy (one thread issues it) waits
+    for every warp's fence."""
+    s = u % STAGING_SLOTS
+    nbytes: gl.constexpr = w_desc.block_type.nbytes + N_STATE * c0_desc.block_type.nbytes
+    fence_async_shared()
+    mbarrier.expect(st_ready.index(s), nbytes)
+    tma.async_copy_global_to_shared(w_desc, [row0, col0], st_ready.index(s), st_w.index(s))
+    if N_STATE >= 1:
+        tma.async_copy_global_to_shared(c0_desc, [row0, col0], st_ready.index(s), st_c0.index(s))
+    if N_STATE >= 2:
+        tma.async_copy_global_to_shared(c1_desc, [row0, col0], st_ready.index(s), st_c1.index(s))
+
+
+@gluon.jit
+def staged_row_blocks(st_w, st_c0, st_c1, st_ready, u, scales0, scales1, layout: gl.constexpr,
+                      N_STATE: gl.constexpr):
+    """load_row_blocks' values of the program's u-th sub-tile from its staging slot, once its TMA loads
+    have landed (phase (u // STAGING_SLOTS) & 1 of st_ready[u % STAGING_SLOTS]), in ``layout``; its rows' scales as given."""
+    s = u % STAGING_SLOTS
+    mbarrier.wait(st_ready.index(s), (u // STAGING_SLOTS) & 1)
+    p = _ws._ROUNDING.bf16_to_f32(st_w.index(s).load(layout).to(gl.uint16, bitcast=True))
+    codes0 = p
+    codes1 = p
+    if N_STATE >= 1:
+        codes0 = st_c0.index(s).load(layout)
+    if N_STATE >= 2:
+        codes1 = st_c1.index(s).load(layout)
     return p, codes0, scales0, codes1, scales1
 
 
@@ -249,16 +319,20 @@ def update_loaded_row_blocks(g, loaded, offs_m, offs_n, block, M, N, w_ptr, c0_p
 
 @gluon.jit
 def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h, grad_scale,
-                seed, rand_stride, rand_base, norm_sq_ptr, nonfinite_ptr, GUARDED_UPDATE: gl.constexpr,
+                seed, rand_stride, rand_base, norm_sq_ptr, nonfinite_ptr, staging, GUARDED_UPDATE: gl.constexpr,
                 N_STATE: gl.constexpr, ROWS: gl.constexpr, GROUP_M: gl.constexpr, PREFETCH: gl.constexpr,
-                num_warps: gl.constexpr):
+                STAGE_STATE: gl.constexpr, num_warps: gl.constexpr):
     """Default partition: per tile, its BM / ROWS row sub-tiles of g from g buffer t % 2, each's state
     loaded (load_row_blocks) and updated (update_loaded_row_blocks; the buffer handed back once the
     last sub-tile of g is in registers); the sub-tiles' telemetry terms added element by element, in
     order, then reduced into the tile's slot pid_m * tiles_n + pid_n (the Triton 8bit epilogue's order).
     PREFETCH: each sub-tile's state loaded one sub-tile ahead (the first before the wait for g), so
     that its loads' latency passes under the previous sub-tile's update (a candidate: with eight
-    epilogue warps an SM, two a scheduler, little else hides it). The same values either way."""
+    epilogue warps an SM, two a scheduler, little else hides it). STAGE_STATE: instead, W and the codes
+    of the program's next sub-tile (this tile's, or the first of its next tile) put by TMA into the other
+    of two staging slots (staging = (w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready)) before
+    this one's update, its scales into registers: no register holds a value in flight, and no load's
+    address is computed a thread. The same values every way."""
     BM: gl.constexpr = g_bufs.type.shape[1]
     BN: gl.constexpr = g_bufs.type.shape[2]
     SUBTILES: gl.constexpr = BM // ROWS
@@ -270,11 +344,28 @@ def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_pt
     rows: gl.constexpr = gl.SliceLayout(1, epi)
     tiles_m = gl.cdiv(M, BM)
     tiles_n = gl.cdiv(N, BN)
+    tiles = tiles_m * tiles_n
+    w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready = staging
+    u = 0  # the program's sub-tiles so far (STAGE_STATE: the staging slots' uses)
+    if STAGE_STATE:
+        gl.static_assert(SUBTILES >= STAGING_SLOTS, "a tile's sub-tiles cover the staging distance")
+        first_m, first_n = _ws.tile_coords(gl.program_id(0), tiles_m, tiles_n, GROUP_M)  # every program has one
+        for a in gl.static_range(STAGING_SLOTS):
+            stage_row_blocks(w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready, a, first_m * BM + a * ROWS,
+                             first_n * BN, N_STATE)
+        next_scales = load_scales(first_m * BM + gl.arange(0, ROWS, layout=rows), first_n, M, scale0_ptr, scale1_ptr,
+                                  n_blocks, N_STATE)
     t = 0
-    for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
+    for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
         pid_m, pid_n = _ws.tile_coords(tile, tiles_m, tiles_n, GROUP_M)
         b = t % 2
         offs_n = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, epi))
+        if STAGE_STATE:
+            # the tile after this one, whose first sub-tiles this one's last stage; after the program's last
+            # tile this one again (unconditional copies: a branch around them cost ptxas ~350 B of spills at
+            # 96 registers), waited for after the loop
+            following = tile + gl.num_programs(0)
+            next_m, next_n = _ws.tile_coords(gl.where(following < tiles, following, tile), tiles_m, tiles_n, GROUP_M)
         if PREFETCH:
             loaded = load_row_blocks(pid_m * BM + gl.arange(0, ROWS, layout=rows), offs_n, pid_n, M, N, w_ptr,
                                      c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, N_STATE)
@@ -286,7 +377,10 @@ def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_pt
             if j == SUBTILES - 1:
                 mbarrier.arrive(g_empty.index(b), count=1)  # g is in registers: the MMA warps may refill it
             offs_m = pid_m * BM + j * ROWS + gl.arange(0, ROWS, layout=rows)
-            if PREFETCH:
+            if STAGE_STATE:
+                scales0, scales1 = next_scales
+                loaded = staged_row_blocks(st_w, st_c0, st_c1, st_ready, u, scales0, scales1, epi, N_STATE)
+            elif PREFETCH:
                 if j + 1 < SUBTILES:
                     ahead = load_row_blocks(offs_m + ROWS, offs_n, pid_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr,
                                             scale1_ptr, n_blocks, N_STATE)
@@ -299,27 +393,50 @@ def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_pt
             if PREFETCH:
                 if j + 1 < SUBTILES:
                     loaded = ahead
+            if STAGE_STATE:
+                # sub-tile u + STAGING_SLOTS into the slot this one's update has read (u's): this tile's, or
+                # the next's; it lands while the next sub-tile is updated
+                if j + STAGING_SLOTS < SUBTILES:
+                    stage_row_blocks(w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready, u + STAGING_SLOTS,
+                                     pid_m * BM + (j + STAGING_SLOTS) * ROWS, pid_n * BN, N_STATE)
+                else:
+                    stage_row_blocks(w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready, u + STAGING_SLOTS,
+                                     next_m * BM + (j + STAGING_SLOTS - SUBTILES) * ROWS, next_n * BN, N_STATE)
+                if j + 1 < SUBTILES:
+                    next_scales = load_scales(offs_m + ROWS, pid_n, M, scale0_ptr, scale1_ptr, n_blocks, N_STATE)
+                else:
+                    next_scales = load_scales(next_m * BM + gl.arange(0, ROWS, layout=rows), next_n, M, scale0_ptr,
+                                              scale1_ptr, n_blocks, N_STATE)
             sq += sq_j
             bad += bad_j
+            u += 1
         slot = pid_m * tiles_n + pid_n
         gl.store(norm_sq_ptr + slot, gl.sum(gl.sum(sq, axis=1), axis=0))
         gl.store(nonfinite_ptr + slot, gl.sum(gl.sum(bad, axis=1), axis=0))
         t += 1
+    if STAGE_STATE:
+        # the copies staged past the program's last tile (never read) land before it ends: no copy into its
+        # shared memory outlives it
+        for a in gl.static_range(STAGING_SLOTS):
+            mbarrier.wait(st_ready.index((u + a) % STAGING_SLOTS), ((u + a) // STAGING_SLOTS) & 1)
 
 
 # seed, rand_stride, rand_base typed and not specialized (gluon_update's kernel says why)
 @gluon.jit(do_not_specialize=["seed", "rand_stride", "rand_base"])
-def fused_linear_update_q8_ws_kernel(dy_desc, x_desc, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, norm_sq_ptr,
-                                     nonfinite_ptr, n_blocks, M, N, K, h, grad_scale, seed: tl.uint64,
-                                     rand_stride: tl.int64, rand_base: tl.int64, step_slot, GUARDED_UPDATE: gl.constexpr,
-                                     N_STATE: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr,
-                                     GROUP_M: gl.constexpr, MMA_REGS: gl.constexpr, SELF_LOAD: gl.constexpr,
-                                     LOAD_CURSOR: gl.constexpr, PREFETCH: gl.constexpr, num_warps: gl.constexpr):
+def fused_linear_update_q8_ws_kernel(dy_desc, x_desc, w_desc, c0_desc, c1_desc, w_ptr, c0_ptr, scale0_ptr, c1_ptr,
+                                     scale1_ptr, norm_sq_ptr, nonfinite_ptr, n_blocks, M, N, K, h, grad_scale,
+                                     seed: tl.uint64, rand_stride: tl.int64, rand_base: tl.int64, step_slot,
+                                     GUARDED_UPDATE: gl.constexpr, N_STATE: gl.constexpr, STAGES: gl.constexpr,
+                                     ROWS: gl.constexpr, GROUP_M: gl.constexpr, MMA_REGS: gl.constexpr,
+                                     SELF_LOAD: gl.constexpr, LOAD_CURSOR: gl.constexpr, PREFETCH: gl.constexpr,
+                                     STAGE_STATE: gl.constexpr, num_warps: gl.constexpr):
     """The operand ring, the double-buffered g and their barriers, then the three partitions (module
     docstring). dy_desc [K, M] block [BK, BM], x_desc [K, N] block [BK, BN]; w_ptr the bf16 weight
     [M, N]; c0/c1_ptr the states' uint8 codes [M, N], scale0/scale1_ptr their fp32 block scales
     [M, n_blocks] (N_STATE of them; the others any pointer, never read); step_slot None, or where h,
-    grad_scale and seed are read when the kernel runs (linear_update.step_scalars)."""
+    grad_scale and seed are read when the kernel runs (linear_update.step_scalars). STAGE_STATE: w_desc,
+    c0_desc, c1_desc the weight's and the states' codes' descriptors in blocks [ROWS, BN] (c1_desc None
+    for one state), and two staging slots of each in shared memory (q8_epilogue); else all three None."""
     h, grad_scale, seed = _ws._LINEAR.step_scalars(step_slot, h, grad_scale, seed)
     BM: gl.constexpr = dy_desc.block_type.shape[1]
     BN: gl.constexpr = x_desc.block_type.shape[1]
@@ -337,21 +454,33 @@ def fused_linear_update_q8_ws_kernel(dy_desc, x_desc, w_ptr, c0_ptr, scale0_ptr,
     for b in gl.static_range(2):
         mbarrier.init(g_ready.index(b), count=1)
         mbarrier.init(g_empty.index(b), count=1)
+    staging = (w_desc, c0_desc, c1_desc, None, None, None, None)
+    if STAGE_STATE:
+        st_w = gl.allocate_shared_memory(w_desc.dtype, [STAGING_SLOTS] + w_desc.block_type.shape, w_desc.layout)
+        st_c0 = gl.allocate_shared_memory(c0_desc.dtype, [STAGING_SLOTS] + c0_desc.block_type.shape, c0_desc.layout)
+        st_c1 = st_c0
+        if N_STATE >= 2:
+            st_c1 = gl.allocate_shared_memory(c1_desc.dtype, [STAGING_SLOTS] + c1_desc.block_type.shape,
+                                              c1_desc.layout)
+        st_ready = gl.allocate_shared_memory(gl.int64, [STAGING_SLOTS, 1], mbarrier.MBarrierLayout())
+        for b in gl.static_range(STAGING_SLOTS):
+            mbarrier.init(st_ready.index(b), count=1)
+        staging = (w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready)
     # (the epilogue partition's entry is written out in both branches: a tuple holding a jit function
     # cannot be a variable in Gluon)
     if SELF_LOAD:
         gl.warp_specialize([
             (q8_epilogue, (g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks,
-                           h, grad_scale, seed, rand_stride, rand_base, norm_sq_ptr, nonfinite_ptr, GUARDED_UPDATE,
-                           N_STATE, ROWS, GROUP_M, PREFETCH, num_warps)),
+                           h, grad_scale, seed, rand_stride, rand_base, norm_sq_ptr, nonfinite_ptr, staging,
+                           GUARDED_UPDATE, N_STATE, ROWS, GROUP_M, PREFETCH, STAGE_STATE, num_warps)),
             (mma_self_loaded_tiles, (dy_desc, x_desc, dy_bufs, x_bufs, op_ready, g_bufs, g_ready, g_empty, M, N, K,
                                      GROUP_M, LOAD_CURSOR)),
         ], [4], [MMA_REGS])
     else:
         gl.warp_specialize([
             (q8_epilogue, (g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks,
-                           h, grad_scale, seed, rand_stride, rand_base, norm_sq_ptr, nonfinite_ptr, GUARDED_UPDATE,
-                           N_STATE, ROWS, GROUP_M, PREFETCH, num_warps)),
+                           h, grad_scale, seed, rand_stride, rand_base, norm_sq_ptr, nonfinite_ptr, staging,
+                           GUARDED_UPDATE, N_STATE, ROWS, GROUP_M, PREFETCH, STAGE_STATE, num_warps)),
             (_ws.operand_loader, (dy_desc, x_desc, dy_bufs, x_bufs, op_ready, op_empty, M, N, K, GROUP_M)),
             (mma_whole_tiles, (dy_bufs, x_bufs, op_ready, op_empty, g_bufs, g_ready, g_empty, M, N, K, GROUP_M)),
         ], [1, 4], [24, MMA_REGS])
@@ -369,10 +498,10 @@ class Q8WSConfig(_ws.ValueConfig):
     tile rows per group; one program an SM (the operand ring and the two g buffers: 136 KB)."""
 
     __slots__ = ("BM", "BN", "BK", "STAGES", "ROWS", "GROUP_M", "num_warps", "mma_registers", "max_registers",
-                 "self_load", "load_cursor", "prefetch")
+                 "self_load", "load_cursor", "prefetch", "stage_state")
 
     def __init__(self, BM=64, BN=128, BK=64, STAGES=3, ROWS=16, GROUP_M=8, num_warps=8, mma_registers=104,
-                 max_registers=128, self_load=False, load_cursor=False, prefetch=False):
+                 max_registers=128, self_load=False, load_cursor=False, prefetch=False, stage_state=False):
         if BM != 64 or BN != QBLOCK:
             raise ValueError(f"Q8WSConfig: BM must be 64 (one MMA warp group) and BN {QBLOCK} (one block a row), "
                              f"got {BM}x{BN}")
@@ -394,7 +523,10 @@ class Q8WSConfig(_ws.ValueConfig):
         if load_cursor and not self_load:
             raise ValueError("Q8WSConfig: load_cursor keeps the self-loading MMA warps' load coordinates "
                              "(self_load=True)")
-        self.self_load, self.load_cursor, self.prefetch = self_load, load_cursor, prefetch
+        if prefetch and stage_state:
+            raise ValueError("Q8WSConfig: prefetch (into registers) and stage_state (into shared memory) are two "
+                             "ways of loading a sub-tile ahead; choose one")
+        self.self_load, self.load_cursor, self.prefetch, self.stage_state = self_load, load_cursor, prefetch, stage_state
         self.BM, self.BN, self.BK, self.STAGES, self.ROWS, self.GROUP_M = BM, BN, BK, STAGES, ROWS, GROUP_M
         self.num_warps, self.mma_registers, self.max_registers = num_warps, mma_registers, max_registers
         if self.shared_bytes() + 1024 > 227 * 1024:
@@ -406,11 +538,14 @@ class Q8WSConfig(_ws.ValueConfig):
         return (f"ws8 {self.BM}x{self.BN}x{self.BK} st{self.STAGES} w{self.num_warps} rows{self.ROWS}"
                 + (f" g{self.GROUP_M}" if self.GROUP_M != 8 else "")
                 + f" mma{self.mma_registers} r{self.max_registers}" + (" sl" if self.self_load else "")
-                + (" cur" if self.load_cursor else "") + (" pf" if self.prefetch else ""))
+                + (" cur" if self.load_cursor else "") + (" pf" if self.prefetch else "")
+                + (" stg" if self.stage_state else ""))
 
-    def shared_bytes(self) -> int:
-        """Shared memory of one program: the operand ring and the two g buffers (barriers aside)."""
-        return self.STAGES * self.BK * (self.BM + self.BN) * 2 + 2 * self.BM * self.BN * 4
+    def shared_bytes(self, n_state: int = 2) -> int:
+        """Shared memory of one program: the operand ring, the two g buffers and (stage_state) the staging
+        slots of a sub-tile's W (bf16) and its n_state states' codes (uint8), barriers aside."""
+        staging = int(STAGING_SLOTS.value) * self.ROWS * self.BN * (2 + n_state) if self.stage_state else 0
+        return self.STAGES * self.BK * (self.BM + self.BN) * 2 + 2 * self.BM * self.BN * 4 + staging
 
 
 # ptxas (sm_90, Triton 3.6, AdamW): eight epilogue warps on 16-row sub-tiles (8 elements a thread)
@@ -454,6 +589,14 @@ Q8_WS_CANDIDATE_CONFIGS = (
     # default's time (session 30, call 3), its self-loading mainloop behind; a deeper ring may hide more of its
     # loads' latency. The same spills as the cursor (ptxas of Triton 3.6); not yet run.
     Q8WSConfig(num_warps=16, STAGES=4, self_load=True, load_cursor=True, max_registers=96, mma_registers=96),
+    # v38 (session 31): the state of the next sub-tile staged by TMA into shared memory (q8_epilogue's
+    # STAGE_STATE). Why: ncu on the cursor tile at 14336x4096, 2048 tokens (H100, session 31): 52% of the
+    # issue rate, 5 warps a scheduler, and the epilogue's first stalls the long scoreboard of the byte
+    # extraction (PRMT) from the codes' loads and W's (~17% of the samples): their latency exposed
+    # sub-tile by sub-tile. Staging holds no register in flight (the register prefetch spilled 540 B).
+    Q8WSConfig(num_warps=16, STAGES=4, self_load=True, load_cursor=True, max_registers=96, mma_registers=96,
+               stage_state=True),
+    Q8WSConfig(STAGES=4, stage_state=True),
 )
 
 
@@ -503,6 +646,8 @@ def launch(weight, x, dy, states, rule: Rule, h: tuple, grad_scale: float, confi
     M, N = weight.shape
     if x.shape[0] == 0:  # the mainloop divides by its K blocks (and a zero-token update is the launcher's)
         raise ValueError("gluon_q8.launch: K = 0 tokens; kernels.fused_linear_update handles them")
+    if config.stage_state and N % 16:
+        config = unstaged(config)
     tiles = triton.cdiv(M, config.BM) * triton.cdiv(N, config.BN)
     norm_sq, nonfinite = kernels._telemetry_buffers(max(tiles, 1), weight.device, launched=bool(M and N))
     if M and N:
@@ -533,8 +678,8 @@ def _launch_arguments(weight, x, dy, states, rule, h, grad_scale, c: Q8WSConfig,
            None if step_slot is None else step_slot.data_ptr() % 16 == 0)
     seed, rand_stride, rand_base = rand
     args = (_ws._nvmma_desc(dy, (c.BK, c.BM), gl.bfloat16), _ws._nvmma_desc(x, (c.BK, c.BN), gl.bfloat16),
-            weight, codes[0], scales[0], codes[1], scales[1], norm_sq, nonfinite, n_blocks, M, N, K, h, grad_scale,
-            seed, rand_stride, rand_base, step_slot)
+            *_staging_descs(weight, states, c), weight, codes[0], scales[0], codes[1], scales[1], norm_sq, nonfinite,
+            n_blocks, M, N, K, h, grad_scale, seed, rand_stride, rand_base, step_slot)
     return key, (rule, c), (programs,), args, lambda: _launch_constants(rule, c, len(states))
 
 
@@ -543,8 +688,32 @@ def _launch_constants(rule: Rule, c: Q8WSConfig, n_state: int) -> tuple[dict, di
     number of states."""
     constexprs = dict(GUARDED_UPDATE=_ws.guarded_update_gluon(rule), N_STATE=n_state, STAGES=c.STAGES, ROWS=c.ROWS,
                       GROUP_M=c.GROUP_M, MMA_REGS=c.mma_registers, SELF_LOAD=c.self_load,
-                      LOAD_CURSOR=c.load_cursor, PREFETCH=c.prefetch, num_warps=c.num_warps)
+                      LOAD_CURSOR=c.load_cursor, PREFETCH=c.prefetch, STAGE_STATE=c.stage_state,
+                      num_warps=c.num_warps)
     return constexprs, dict(maxnreg=c.max_registers, enable_fp_fusion=False)
+
+
+def _staging_descs(weight, states, c: Q8WSConfig) -> tuple:
+    """(w_desc, c0_desc, c1_desc) of a stage_state tile, blocks [ROWS, BN] (None for an absent state), or
+    three Nones. The codes' rows are N bytes apart, a multiple of 16 (TMA's row pitch: launch's fallback)."""
+    if not c.stage_state:
+        return None, None, None
+    codes = [_ws._nvmma_desc(s.codes, (c.ROWS, c.BN), gl.uint8, _PLAIN_8) for s in states] + [None, None]
+    return _ws._nvmma_desc(weight, (c.ROWS, c.BN), gl.bfloat16, _PLAIN_16), codes[0], codes[1]
+
+
+# The staging slots' layout: rows as they lie in memory, no swizzle (the epilogue reads a row a warp,
+# contiguous: no bank conflict to avoid)
+_PLAIN_8 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
+_PLAIN_16 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+
+
+@functools.lru_cache(maxsize=None)
+def unstaged(config: Q8WSConfig) -> Q8WSConfig:
+    """A stage_state tile without its staging, for weights whose codes' rows TMA cannot address (N not a
+    multiple of 16: a row pitch of N bytes): the same update, its state loaded by pointer. One object per
+    tile (the launch key names a config by id)."""
+    return Q8WSConfig(**{k: getattr(config, k) for k in Q8WSConfig.__slots__ if k != "stage_state"})
 
 
 _LAUNCH = CachedLaunch(fused_linear_update_q8_ws_kernel)
@@ -561,9 +730,12 @@ def compile_for_sm90(rule: Rule, config: Q8WSConfig = DEFAULT_Q8_WS_CONFIG, M: i
     dy = torch.empty(K, M, dtype=torch.bfloat16)
     x = torch.empty(K, N, dtype=torch.bfloat16)
     n_blocks = triton.cdiv(N, QBLOCK)
+    w = torch.empty(M, N, dtype=torch.bfloat16)
+    codes = [torch.empty(M, N, dtype=torch.uint8) for _ in range(2)]
+    w_desc, c0_desc, c1_desc = _staging_descs(w, [types.SimpleNamespace(codes=t) for t in codes[:n_state]], c)
     args = dict(dy_desc=_ws._nvmma_desc(dy, (c.BK, c.BM), gl.bfloat16), x_desc=_ws._nvmma_desc(x, (c.BK, c.BN), gl.bfloat16),
-                w_ptr=torch.empty(M, N, dtype=torch.bfloat16), c0_ptr=torch.empty(M, N, dtype=torch.uint8),
-                scale0_ptr=torch.empty(M, n_blocks), c1_ptr=torch.empty(M, N, dtype=torch.uint8),
+                w_desc=w_desc, c0_desc=c0_desc, c1_desc=c1_desc,
+                w_ptr=w, c0_ptr=codes[0], scale0_ptr=torch.empty(M, n_blocks), c1_ptr=codes[1],
                 scale1_ptr=torch.empty(M, n_blocks), norm_sq_ptr=torch.empty(4, dtype=torch.float64),
                 nonfinite_ptr=torch.empty(4, dtype=torch.int32), n_blocks=n_blocks, M=M, N=N, K=K,
                 h=tuple(1.0 for _ in rule.scalar_names), grad_scale=1.0, seed=2**63 + 1, rand_stride=N, rand_base=0,

@@ -748,15 +748,16 @@ _DESC_FIELDS = ("base", "shape", "strides", "block_shape", "layout", "padding")
 _DESC_FIELDS_MATCH = tuple(f.name for f in dataclasses.fields(TensorDescriptor)) == _DESC_FIELDS
 
 
-def _nvmma_desc(t: torch.Tensor, block, dtype):
-    """Triton's host-side TMA descriptor of t in blocks of ``block`` (the NVMMA shared layout).
+def _nvmma_desc(t: torch.Tensor, block, dtype, layout=None):
+    """Triton's host-side TMA descriptor of t in blocks of ``block`` (the NVMMA shared layout: the widest
+    swizzle the block allows, or ``layout``).
 
     Its fields are set directly, without the constructor's __post_init__: that re-checks in Python
     what every caller here has checked already (route_config, _check_ws_operands: contiguous,
     16-byte aligned base and row pitch, a known dtype, every dimension > 0; the blocks are the
     configs' powers of two), at about 4 of the 5 us a descriptor took on this machine's CPU, five
     descriptors a launch. tests/test_gluon_route.py checks the result equals the constructor's."""
-    layout = _nvmma_layout(tuple(block), dtype)
+    layout = _nvmma_layout(tuple(block), dtype) if layout is None else layout
     if not _DESC_FIELDS_MATCH:
         return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), layout)
     d = object.__new__(TensorDescriptor)

@@ -39,6 +39,7 @@ def test_its_tiles_fit_an_sm():
     (dict(num_warps=16, ROWS=8), "dividing the sub-tile's 8 rows"), (dict(num_warps=16, ROWS=16), "exceed the SM's 65536"),
     (dict(STAGES=1), "at least 2 operand stages"), (dict(BK=40), "multiple of 16"),
     (dict(STAGES=7), "exceed the 227 KB"), (dict(load_cursor=True), "self_load=True"),
+    (dict(prefetch=True, stage_state=True), "choose one"),
 ])
 def test_a_config_names_what_it_cannot_run(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -114,16 +115,20 @@ def test_the_launch_key_determines_its_specialization(monkeypatch):
     monkeypatch.setattr(kernels, "_sm_count", lambda device: 132)
     lion = rules.LION.scalars({"lr": 1e-4, "betas": (0.9, 0.99), "weight_decay": 0.0}, 1)
     by_key, shared = {}, 0
-    for (M, N, K), (rule, h, n_state), rand, slot in itertools.product(
+    staged = next(c for c in gluon_q8.Q8_WS_CANDIDATE_CONFIGS if c.stage_state)
+    for (M, N, K), (rule, h, n_state), rand, slot, config in itertools.product(
             ((64, 128, 64), (72, 136, 17), (128, 2048, 1), (200, 264, 150), (64, 16 * 128, 32), (8, 8, 16)),
             ((rules.ADAMW, H, 2), (rules.LION, lion, 1)),
-            ((1, 128, 0), (2**63 + 5, 2**31 + 16, 2**40), (2**64 - 1, 3, 17)), (None, 0, 1)):
+            ((1, 128, 0), (2**63 + 5, 2**31 + 16, 2**40), (2**64 - 1, 3, 17)), (None, 0, 1),
+            (gluon_q8.DEFAULT_Q8_WS_CONFIG, staged)):
+        if config.stage_state and N % 16:
+            continue  # launch takes the unstaged twin there (test_a_staged_tile_loads_by_pointer_where_...)
         w, x, dy, q = _problem(M, N, K, n_state)
         norm_sq, nonfinite = torch.zeros(4, dtype=torch.float64), torch.zeros(4, dtype=torch.int32)
         if slot is not None:  # a slot at word `slot` of a 16-byte aligned buffer
             slot = torch.zeros(kernels.step_slot_size(rule) + 4, dtype=torch.int32)[slot:][:kernels.step_slot_size(rule)]
         key, pins, grid, args, constants = gluon_q8._launch_arguments(
-            w, x, dy, q, rule, h, 1.0, gluon_q8.DEFAULT_Q8_WS_CONFIG, norm_sq, nonfinite, rand, slot)
+            w, x, dy, q, rule, h, 1.0, config, norm_sq, nonfinite, rand, slot)
         constexprs, options = constants()
         assert args[-4:-1] == rand and args[-1] is slot and grid[0] <= 132
         spec = _binder_specialization(args, constexprs, {k: v for k, v in options.items() if v is not None})
@@ -132,6 +137,33 @@ def test_the_launch_key_determines_its_specialization(monkeypatch):
             assert by_key[key] == spec, (M, N, K, rule.name, rand)
         by_key[key] = spec
     assert shared > 0
+
+
+def test_a_staged_tile_loads_by_pointer_where_tma_cannot_address_the_codes(monkeypatch):
+    """A stage_state tile's TMA loads need the codes' rows 16-byte apart (N bytes: N a multiple of 16);
+    elsewhere launch takes its unstaged twin (the same fields but stage_state, one object, so one launch
+    key), whose state is loaded by pointer; where it can, the staged tile with its three descriptors."""
+    staged = next(c for c in gluon_q8.Q8_WS_CANDIDATE_CONFIGS if c.stage_state)
+    twin = gluon_q8.unstaged(staged)
+    assert twin is gluon_q8.unstaged(staged) and not twin.stage_state
+    assert {k: getattr(twin, k) for k in twin.__slots__ if k != "stage_state"} == \
+        {k: getattr(staged, k) for k in staged.__slots__ if k != "stage_state"}
+    monkeypatch.setattr(kernels, "_sm_count", lambda device: 132)
+    launched = []
+    monkeypatch.setattr(gluon_q8._LAUNCH, "launch", lambda key, pins, grid, args, constants: launched.append(
+        (pins[1], args)))
+    for N, n_state in ((264, 2), (256, 2), (256, 1)):
+        w, x, dy, q = _problem(M=72, N=N, K=16, n_state=n_state)
+        gluon_q8.launch(w, x, dy, q, rules.ADAMW, H, 1.0, staged, (1, N, 0))
+        config, args = launched[-1]
+        assert config is (twin if N % 16 else staged)
+        descs = args[2:5]
+        if N % 16:
+            assert descs == (None, None, None)
+        else:
+            assert [d.block_shape for d in descs[:1 + n_state]] == [[staged.ROWS, staged.BN]] * (1 + n_state)
+            assert [d.base for d in descs[:1 + n_state]] == [w, *(s.codes for s in q)]
+            assert descs[1 + n_state:] == (None,) * (2 - n_state)
 
 
 def test_a_tile_is_switched_on_by_its_label(monkeypatch):

@@ -422,6 +422,25 @@ def test_ws_kernel_8bit_shards_walks_and_nonfinite():
             _check_q8("sgd", 320, 384, 40, seed=25, config=config)  # one K block a tile (fewer than the stages)
 
 
+def test_ws_kernel_8bit_staged_state_at_the_edges():
+    """The stage_state tiles (v38: the next sub-tiles' W and codes by TMA, two slots) where the shapes above
+    take their unstaged twins (N not a multiple of 16): tiles past M and N (200 = 3 x 64 + 8 rows, 400 = 3 x
+    128 + 16 columns: the TMA boxes' zeros), one program walking every tile (the slots' phases across tiles,
+    the copies past the last tile waited for), one state (Lion) and two, a shard's counter map."""
+    from forge_num.kernels import gluon_q8
+
+    for config in (c for c in _q8_configs() if c.stage_state):
+        assert gluon_q8.unstaged(config) != config
+        _check_q8("adamw", 200, 400, 150, seed=41, config=config)
+        _check_q8("lion", 200, 400, 150, seed=42, config=config, counter=(400, 3 * 400, 400 + 2**33))
+        _check_q8("adamw", 200, 400, 150, seed=43, config=config, bad_rows=3)
+        with mock.patch.object(kernels, "_sm_count", lambda device: 1):
+            _check_q8("adamw", 200, 400, 150, seed=44, config=config)
+            _check_q8("sgd", 8 * 37, 16 * 23, 70, seed=45, config=config)
+        with mock.patch.object(kernels, "_sm_count", lambda device: 3):  # programs ending on different tiles
+            _check_q8("lion", 320, 384, 64, seed=46, config=config)
+
+
 def test_ws_kernel_8bit_refuses_what_it_does_not_cover():
     from forge_num.kernels.gluon_q8 import fused_linear_update_q8_ws
 

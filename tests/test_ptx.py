@@ -196,6 +196,13 @@ GLUON_Q8_SPILL_EXCEPTIONS = {
     # the default with its state loads one sub-tile ahead (PREFETCH), a candidate (session 30: 0.88-0.91x the
     # Triton tile at 2048 tokens): the prefetched sub-tile's registers beside AdamW's update
     ("ws8 64x128x64 st4 w8 rows16 mma104 r128 pf", "adamw"): 164,
+    # v38's candidates, the next sub-tile's state staged by TMA (STAGE_STATE, session 31): the staging copies
+    # in the sub-tile loop cost the sixteen-warp tile ~50 B for AdamW (with them under a branch, ~350 B),
+    # the eight-warp one 84 B; not yet timed
+    ("ws8 64x128x64 st4 w16 rows16 mma96 r96 sl cur stg", "adamw"): 148,
+    ("ws8 64x128x64 st4 w16 rows16 mma96 r96 sl cur stg", "lion"): 60,
+    ("ws8 64x128x64 st4 w16 rows16 mma96 r96 sl cur stg", "sgd"): 44,
+    ("ws8 64x128x64 st4 w8 rows16 mma104 r128 stg", "adamw"): 84,
 }
 
 
