@@ -574,26 +574,32 @@ WIDE_EPILOGUE_CONFIG = Q8WSConfig(num_warps=16, self_load=True, max_registers=96
 # AdamW): 0.81-0.84x the Triton 8bit tile's time on 4096x4096, 14336x4096 and 4096x14336, 0.96x on
 # 1024x4096; the sixteen-warp tile without it 0.94-0.98x.
 CURSOR_CONFIG = Q8WSConfig(num_warps=16, self_load=True, load_cursor=True, max_registers=96, mma_registers=96)
+# The cursor with four operand stages (the default's ring), written after session 30's call 3 found the cursor
+# at 1.10-1.12x the default's time at 4096 tokens, its self-loading mainloop behind. Session 31 (H100): at 3072
+# tokens 0.90-0.92x the cursor's time, at 4096 0.92-0.95x the default's; at 2048 1.01-1.03x the cursor's. The
+# same spills as the cursor (ptxas of Triton 3.6).
+DEEP_CURSOR_CONFIG = Q8WSConfig(num_warps=16, STAGES=4, self_load=True, load_cursor=True, max_registers=96,
+                                mma_registers=96)
 Q8_WS_CANDIDATE_CONFIGS = (
     Q8WSConfig(STAGES=3),
     Q8WSConfig(STAGES=2),
     Q8WSConfig(self_load=True, max_registers=168),
     WIDE_EPILOGUE_CONFIG,
     CURSOR_CONFIG,
+    DEEP_CURSOR_CONFIG,
     # the default with each sub-tile's state loaded one sub-tile ahead (q8_epilogue's PREFETCH): AdamW spills
     # 164 B for it (none without), SGD none; session 30, call 2: 0.88-0.91x the Triton tile at 2048 tokens on
     # the large shapes (the default 0.97-1.01x), behind the cursor's 0.81-0.84x. (The cursor with PREFETCH
     # spills 540 B for AdamW at its 96 registers: not kept.)
     Q8WSConfig(STAGES=4, prefetch=True),
-    # the cursor with four operand stages (the default's ring): at 4096 tokens the cursor takes 1.10-1.12x the
-    # default's time (session 30, call 3), its self-loading mainloop behind; a deeper ring may hide more of its
-    # loads' latency. The same spills as the cursor (ptxas of Triton 3.6); not yet run.
-    Q8WSConfig(num_warps=16, STAGES=4, self_load=True, load_cursor=True, max_registers=96, mma_registers=96),
     # v38 (session 31): the state of the next sub-tile staged by TMA into shared memory (q8_epilogue's
     # STAGE_STATE). Why: ncu on the cursor tile at 14336x4096, 2048 tokens (H100, session 31): 52% of the
     # issue rate, 5 warps a scheduler, and the epilogue's first stalls the long scoreboard of the byte
     # extraction (PRMT) from the codes' loads and W's (~17% of the samples): their latency exposed
-    # sub-tile by sub-tile. Staging holds no register in flight (the register prefetch spilled 540 B).
+    # sub-tile by sub-tile. Staging holds no register in flight (the register prefetch spilled 540 B). Session
+    # 31, call 2 (H100): bit-exact (33 cases), but slower: the staged cursor 1.03-1.10x the unstaged one's time
+    # at 1024-4096 tokens, the staged default 1.07-1.14x the default's (four partition barriers a sub-tile
+    # keep the sixteen warps in step, and ptxas spills more).
     Q8WSConfig(num_warps=16, STAGES=4, self_load=True, load_cursor=True, max_registers=96, mma_registers=96,
                stage_state=True),
     Q8WSConfig(STAGES=4, stage_state=True),
@@ -760,36 +766,33 @@ def compile_for_sm90(rule: Rule, config: Q8WSConfig = DEFAULT_Q8_WS_CONFIG, M: i
 #     tile on 4096x4096, 14336x4096 and 4096x14336 (default 0.97-1.01x, sixteen-warp 0.94-0.98x there);
 #     at 1024 tokens 0.98-1.01x the sixteen-warp tile, at 4096 1.10-1.12x the default. Llama-8B's 1x2048
 #     step (captured, checkpointing) 0.395 -> 0.364-0.371 s.
-# So the default from ROUTE_MIN_K to below ROUTE_MAX_K tokens (more than 4096 not measured: there the
-# mainloop's share grows, and the Triton tiles' mainloops are the faster), the sixteen-warp tile from
-# ROUTE_WIDE_MIN_K to below ROUTE_WIDE_MAX_K, the cursor from ROUTE_CURSOR_MIN_K to below ROUTE_CURSOR_MAX_K
-# (3072 not measured: the cursor's mainloop loses to the default's as K grows), and with at least
-# MIN_TILES tiles. FORGE_NUM_GLUON_Q8 in the environment (read at each call): 0 never, 1
-# or unset the ranges above, a tile's label ('_' for ' ') that tile wherever the kernel applies (an A/B
-# switch for benchmarks).
+#   DEEP_CURSOR_CONFIG (session 31, H100, bench/results/2026-12-06-s31/): at 3072 tokens 0.90-0.92x the
+#     cursor on 4096x14336, 2048x8192 and 4096x4096, at 4096 0.92-0.95x the default on 4096x14336, 14336x4096
+#     and 4096x4096; at 2048 1.01-1.03x the cursor, at 1024 1.00-1.02x. Llama-1B's 4x1024 step (captured,
+#     checkpointing) 0.129 -> 0.124 s with it forced.
+# So each tile of ROUTE_BY_K from its first K to the next one's (3072 the first measured point where the
+# deep cursor leads), the last to below ROUTE_MAX_K (more than 4096 not measured: there the mainloop's share
+# grows, and the Triton tiles' mainloops are the faster), with at least MIN_TILES tiles; the default (the
+# loader partition's eight epilogue warps, routed at 4096-8191 until session 31) nowhere.
+# FORGE_NUM_GLUON_Q8 in the environment (read at each call): 0 never, 1 or unset the ranges above, a tile's
+# label ('_' for ' ') that tile wherever the kernel applies (an A/B switch for benchmarks).
 ROUTED = True
 MIN_TILES = 132  # below one tile an SM of an H100/H200 the one-program-an-SM grid idles SMs
-ROUTE_MIN_K = 4096
+ROUTE_BY_K = ((1024, WIDE_EPILOGUE_CONFIG), (2048, CURSOR_CONFIG), (3072, DEEP_CURSOR_CONFIG))  # (first K, tile)
 ROUTE_MAX_K = 8192
-ROUTE_WIDE_MIN_K = 1024
-ROUTE_WIDE_MAX_K = 2048
-ROUTE_CURSOR_MIN_K = 2048
-ROUTE_CURSOR_MAX_K = 4096
-ROUTE_CONFIGS = (DEFAULT_Q8_WS_CONFIG, WIDE_EPILOGUE_CONFIG, CURSOR_CONFIG)  # every tile config_for returns
+ROUTE_CONFIGS = tuple(c for _, c in ROUTE_BY_K)  # every tile config_for returns
 
 
 def config_for(M: int, N: int, K: int) -> Q8WSConfig | None:
     """The tile the launcher routes a (M, N, K) 8bit update to, or None (the Triton kernel): the measured
     ranges above; M and N multiples of 8 (TMA's 16-byte rows of bf16 operands)."""
-    if M % 8 or N % 8 or triton.cdiv(M, 64) * triton.cdiv(N, QBLOCK) < MIN_TILES:
+    if M % 8 or N % 8 or triton.cdiv(M, 64) * triton.cdiv(N, QBLOCK) < MIN_TILES or K >= ROUTE_MAX_K:
         return None
-    if ROUTE_MIN_K <= K < ROUTE_MAX_K:
-        return DEFAULT_Q8_WS_CONFIG
-    if ROUTE_WIDE_MIN_K <= K < ROUTE_WIDE_MAX_K:
-        return WIDE_EPILOGUE_CONFIG
-    if ROUTE_CURSOR_MIN_K <= K < ROUTE_CURSOR_MAX_K:
-        return CURSOR_CONFIG
-    return None
+    tile = None
+    for first_k, c in ROUTE_BY_K:
+        if K >= first_k:
+            tile = c
+    return tile
 
 
 def _config_by_label(label: str) -> Q8WSConfig:
