@@ -768,25 +768,31 @@ def compile_for_sm90(rule: Rule, config: Q8WSConfig = DEFAULT_Q8_WS_CONFIG, M: i
 #     step (captured, checkpointing) 0.395 -> 0.364-0.371 s.
 #   DEEP_CURSOR_CONFIG (session 31, H100, bench/results/2026-12-06-s31/): at 3072 tokens 0.90-0.92x the
 #     cursor on 4096x14336, 2048x8192 and 4096x4096, at 4096 0.92-0.95x the default on 4096x14336, 14336x4096
-#     and 4096x4096; at 2048 1.01-1.03x the cursor, at 1024 1.00-1.02x. Llama-1B's 4x1024 step (captured,
-#     checkpointing) 0.129 -> 0.124 s with it forced.
+#     and 4096x4096, but at 6144 1.05-1.09x the default; at 2048 1.01-1.03x the cursor, at 1024 1.00-1.03x.
+#     Llama-1B's 4x1024 step (captured, checkpointing) 0.129 -> 0.124 s with it forced.
+#   DEFAULT_Q8_WS_CONFIG above 8192 tokens (session 31): 0.78-0.84x the Triton tile's time at 8192 on the same
+#     three shapes, 0.77-0.86x at 12288, 0.70-0.87x at 16384; Llama-1B's and -3B's 8x2048 steps 0.98x and
+#     0.97x with it forced there.
 # So each tile of ROUTE_BY_K from its first K to the next one's (3072 the first measured point where the
-# deep cursor leads), the last to below ROUTE_MAX_K (more than 4096 not measured: there the mainloop's share
-# grows, and the Triton tiles' mainloops are the faster), with at least MIN_TILES tiles; the default (the
-# loader partition's eight epilogue warps, routed at 4096-8191 until session 31) nowhere.
-# FORGE_NUM_GLUON_Q8 in the environment (read at each call): 0 never, 1 or unset the ranges above, a tile's
-# label ('_' for ' ') that tile wherever the kernel applies (an A/B switch for benchmarks).
+# deep cursor leads; 5120 halfway between 4096, where it leads the default, and 6144, where it trails), the
+# last to ROUTE_MAX_K tokens inclusive (the most measured: above it the mainloop's share grows, where the
+# Triton tiles' mainloops were the faster before the Gluon default led at 8192-16384), with at least
+# MIN_TILES tiles. FORGE_NUM_GLUON_Q8 in the environment (read at each call): 0 never, 1 or unset the
+# ranges above, a tile's label ('_' for ' ') that tile wherever the kernel applies (an A/B switch for
+# benchmarks).
 ROUTED = True
 MIN_TILES = 132  # below one tile an SM of an H100/H200 the one-program-an-SM grid idles SMs
-ROUTE_BY_K = ((1024, WIDE_EPILOGUE_CONFIG), (2048, CURSOR_CONFIG), (3072, DEEP_CURSOR_CONFIG))  # (first K, tile)
-ROUTE_MAX_K = 8192
+# (first K, tile), in order of K
+ROUTE_BY_K = ((1024, WIDE_EPILOGUE_CONFIG), (2048, CURSOR_CONFIG), (3072, DEEP_CURSOR_CONFIG),
+              (5120, DEFAULT_Q8_WS_CONFIG))
+ROUTE_MAX_K = 16384
 ROUTE_CONFIGS = tuple(c for _, c in ROUTE_BY_K)  # every tile config_for returns
 
 
 def config_for(M: int, N: int, K: int) -> Q8WSConfig | None:
     """The tile the launcher routes a (M, N, K) 8bit update to, or None (the Triton kernel): the measured
     ranges above; M and N multiples of 8 (TMA's 16-byte rows of bf16 operands)."""
-    if M % 8 or N % 8 or triton.cdiv(M, 64) * triton.cdiv(N, QBLOCK) < MIN_TILES or K >= ROUTE_MAX_K:
+    if M % 8 or N % 8 or triton.cdiv(M, 64) * triton.cdiv(N, QBLOCK) < MIN_TILES or K > ROUTE_MAX_K:
         return None
     tile = None
     for first_k, c in ROUTE_BY_K:

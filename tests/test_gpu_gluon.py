@@ -461,7 +461,7 @@ def test_ws_kernel_8bit_refuses_what_it_does_not_cover():
         fused_linear_update_q8_ws(w.bfloat16(), x.t().contiguous().t(), dy, q, rule, h, seed=1)
 
 
-@pytest.mark.parametrize("K", [1024, 2048, 3072, 4096])  # the sixteen-warp tile's range, the cursor's, the deep cursor's
+@pytest.mark.parametrize("K", [1024, 2048, 3072, 4096, 8192])  # each routed tile's range
 def test_the_launcher_routes_8bit_where_measured_faster(K):
     """kernels.fused_linear_update with no tile given, 8bit states: gluon_q8.config_for's tile (with
     FORGE_NUM_GLUON_Q8 unset, and =1), none with =0 (the Triton kernel); the same bits, and a cached
