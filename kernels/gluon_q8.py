@@ -230,7 +230,9 @@ def load_row_blocks(offs_m, offs_n, block, M, N, w_ptr, c0_ptr, scale0_ptr, c1_p
 
 @gluon.jit
 def load_scales(offs_m, block, M, scale0_ptr, scale1_ptr, n_blocks, N_STATE: gl.constexpr):
-    """(scales0, scales1): load_row_scales of each state of a row sub-tile (absent states: a placeholder)."""
+    """(scales0, scales1): load_row_scales of each state of a row sub-tile (absent states: a placeholder).
+    load_row_blocks loads them itself, each beside its state's codes: in that order ptxas spills nothing in
+    the default tile, which with this function's order spilled 4 B."""
     soffs, smask = row_scale_addresses(offs_m, block, M, n_blocks)
     scales0 = smask
     scales1 = smask
@@ -244,13 +246,13 @@ def load_scales(offs_m, block, M, scale0_ptr, scale1_ptr, n_blocks, N_STATE: gl.
 @gluon.jit
 def stage_row_blocks(w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready, u, row0, col0,
                      N_STATE: gl.constexpr):
-    """The state_stage candidate's loads (Q8WSConfig): W [ROWS, BN] bf16 and each state's uint8 codes of
-    the row sub-tile at (row0, col0), by TMA, into staging slot u % STAGING_SLOTS (the program's u-th sub-tile),
-    counted against st_ready[u % STAGING_SLOTS]. Rows and columns past M and N arrive as zeros, what load_row_blocks'
-    masked loads give (other=0). The slot's last reads (sub-tile u - STAGING_SLOTS's, by every epilogue warp, in the
-    generic proxy) come before the copy's writes (the async proxy): each thread's fence orders its own
-    reads, and the barrier of the partition that Gluon puts before the copy (one thread issues it) waits
-    for every warp's fence."""
+    """The stage_state candidate's loads (Q8WSConfig): W [ROWS, BN] bf16 and each state's uint8 codes of
+    the row sub-tile at (row0, col0), by TMA, into staging slot u % STAGING_SLOTS (the program's u-th
+    sub-tile), counted against st_ready[u % STAGING_SLOTS]. Rows and columns past M and N arrive as zeros,
+    what load_row_blocks' masked loads give (other=0). The slot's last reads (sub-tile u - STAGING_SLOTS's,
+    by every epilogue warp, in the generic proxy) come before the copy's writes (the async proxy): each
+    thread's fence orders its own reads, and the barrier of the partition that Gluon puts before the copy
+    (one thread issues it) waits for every warp's fence."""
     s = u % STAGING_SLOTS
     nbytes: gl.constexpr = w_desc.block_type.nbytes + N_STATE * c0_desc.block_type.nbytes
     fence_async_shared()
@@ -266,7 +268,8 @@ def stage_row_blocks(w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready, u, 
 def staged_row_blocks(st_w, st_c0, st_c1, st_ready, u, scales0, scales1, layout: gl.constexpr,
                       N_STATE: gl.constexpr):
     """load_row_blocks' values of the program's u-th sub-tile from its staging slot, once its TMA loads
-    have landed (phase (u // STAGING_SLOTS) & 1 of st_ready[u % STAGING_SLOTS]), in ``layout``; its rows' scales as given."""
+    have landed (phase (u // STAGING_SLOTS) & 1 of st_ready[u % STAGING_SLOTS]), in ``layout``; its rows'
+    scales as given."""
     s = u % STAGING_SLOTS
     mbarrier.wait(st_ready.index(s), (u // STAGING_SLOTS) & 1)
     p = _ws._ROUNDING.bf16_to_f32(st_w.index(s).load(layout).to(gl.uint16, bitcast=True))
@@ -329,10 +332,10 @@ def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_pt
     PREFETCH: each sub-tile's state loaded one sub-tile ahead (the first before the wait for g), so
     that its loads' latency passes under the previous sub-tile's update (a candidate: with eight
     epilogue warps an SM, two a scheduler, little else hides it). STAGE_STATE: instead, W and the codes
-    of the program's next sub-tile (this tile's, or the first of its next tile) put by TMA into the other
-    of two staging slots (staging = (w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready)) before
-    this one's update, its scales into registers: no register holds a value in flight, and no load's
-    address is computed a thread. The same values every way."""
+    by TMA into STAGING_SLOTS shared-memory slots (staging = (w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1,
+    st_ready)): the program's first sub-tiles before its loop, then after each sub-tile u's update the one
+    STAGING_SLOTS ahead (this tile's, or its next tile's first) into the slot u has read; the scales by
+    pointer one sub-tile ahead. No register holds W or the codes in flight. The same values every way."""
     BM: gl.constexpr = g_bufs.type.shape[1]
     BN: gl.constexpr = g_bufs.type.shape[2]
     SUBTILES: gl.constexpr = BM // ROWS
@@ -526,7 +529,8 @@ class Q8WSConfig(_ws.ValueConfig):
         if prefetch and stage_state:
             raise ValueError("Q8WSConfig: prefetch (into registers) and stage_state (into shared memory) are two "
                              "ways of loading a sub-tile ahead; choose one")
-        self.self_load, self.load_cursor, self.prefetch, self.stage_state = self_load, load_cursor, prefetch, stage_state
+        self.self_load, self.load_cursor = self_load, load_cursor
+        self.prefetch, self.stage_state = prefetch, stage_state
         self.BM, self.BN, self.BK, self.STAGES, self.ROWS, self.GROUP_M = BM, BN, BK, STAGES, ROWS, GROUP_M
         self.num_warps, self.mma_registers, self.max_registers = num_warps, mma_registers, max_registers
         if self.shared_bytes() + 1024 > 227 * 1024:
@@ -595,7 +599,7 @@ Q8_WS_CANDIDATE_CONFIGS = (
     # v38 (session 31): the state of the next sub-tile staged by TMA into shared memory (q8_epilogue's
     # STAGE_STATE). Why: ncu on the cursor tile at 14336x4096, 2048 tokens (H100, session 31): 52% of the
     # issue rate, 5 warps a scheduler, and the epilogue's first stalls the long scoreboard of the byte
-    # extraction (PRMT) from the codes' loads and W's (~17% of the samples): their latency exposed
+    # extraction (PRMT) from the codes' loads and W's (~14% of the samples): their latency exposed
     # sub-tile by sub-tile. Staging holds no register in flight (the register prefetch spilled 540 B). Session
     # 31, call 2 (H100): bit-exact (33 cases), but slower: the staged cursor 1.03-1.10x the unstaged one's time
     # at 1024-4096 tokens, the staged default 1.07-1.14x the default's (four partition barriers a sub-tile
