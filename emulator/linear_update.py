@@ -23,7 +23,7 @@ import numpy as np
 from forge_num.rules import Rule
 
 from . import fp32
-from .philox import CounterMap, rounding_bits
+from .philox import CounterMap, q8_rounding_bits, rounding_bits
 from .quant8 import QBLOCK, dequantize, quantize_block_sr
 from .rounding import bf16_sr_bits, bf16_to_f32
 from .rules import bind_guarded
@@ -102,7 +102,7 @@ def update_in_place(p_stored, states_stored, offs, g, guarded, h, grad_scale, se
     s = [load_f32(t, bf16) for t in states_stored] + [p, p]
     p, s0, s1, finite = guarded(p, g, s[0], s[1], h, np.float32(grad_scale))
     if bf16:
-        r_p, r_s0, r_s1, _, _ = rounding_bits(seed, offs)
+        r_p, r_s0, r_s1 = rounding_bits(seed, offs)
     else:
         r_p = r_s0 = r_s1 = None
     new_states = [store_f32(x, r, bf16) for x, r, _ in zip((s0, s1), (r_s0, r_s1), states_stored)]
@@ -117,7 +117,7 @@ def update_in_place_q8(p_bits, states_q8, offs, g, guarded, h, grad_scale, seed)
     signed = (True, False)
     s = [dequantize(c, sc, signed[i]) for i, (c, sc) in enumerate(states_q8)] + [p, p]
     p, s0, s1, finite = guarded(p, g, s[0], s[1], h, np.float32(grad_scale))
-    r_p, _, _, r_m24, r_v24 = rounding_bits(seed, offs)
+    r_p, r_m24, r_v24 = q8_rounding_bits(seed, offs)
     new_states = [quantize_block_sr(x, r, sg) for x, r, sg, _ in zip((s0, s1), (r_m24, r_v24), signed, states_q8)]
     return bf16_sr_bits(p, r_p), new_states, finite
 

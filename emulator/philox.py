@@ -22,31 +22,45 @@ exactly. tests/test_emulator_random.py holds the Random123 and Triton known-answ
 tests/test_interpreter_rounding.py holds this module against ``tl.randint4x`` bit for bit.
 
 Which 16- or 24-bit slice of which word rounds which stored value is the *random-slice table*; it
-is defined once, in ``rounding_bits`` below (the Triton twin in kernels/random.py has the same
-table):
+is defined once, in ``rounding_bits`` and ``q8_rounding_bits`` below (the Triton twins in
+kernels/random.py have the same tables). Every element has a Philox counter n (``CounterMap``:
+its flat row-major index in the whole, unsharded parameter, as int64); seed = derive_seed(user
+seed, step, parameter id).
 
-    one call  randint4x(seed, offset)  per element,  offset = the element's flat row-major index
-              in the whole (unsharded) parameter, as int64;  seed = derive_seed(user seed, step,
-              parameter id)
+bf16-sr regime: one call ``randint4x(seed, n)`` an element, 48 of its 128 bits used:
 
      word  bits     name      rounds                                         random input
      ----  -------  --------  ---------------------------------------------  -----------------
      c0    15..0    r_p       the weight p, fp32 -> bf16 (SR)                 16 bits
-     c0    31..16   r_m16     m, fp32 -> bf16 (SR)      ("bf16-sr" regime)    16 bits
-     c1    15..0    r_v16     v, fp32 -> bf16 (SR)      ("bf16-sr" regime)    16 bits
+     c0    31..16   r_m16     m, fp32 -> bf16 (SR)                            16 bits
+     c1    15..0    r_v16     v, fp32 -> bf16 (SR)                            16 bits
      c1    31..16   -         reserved (a third bf16 state, e.g. AMSGrad's max v)
-     c2    31..8    r_m24     m, fp32 -> 8-bit code (SR) ("8bit" regime)      24 bits
-     c3    31..8    r_v24     v, fp32 -> 8-bit code (SR) ("8bit" regime)      24 bits
-     c2, c3 7..0    -         unused
+     c2, c3         -         unused
 
-       c0: |31      r_m16       16|15       r_p        0|
-       c1: |31     (reserved)   16|15       r_v16      0|
-       c2: |31             r_m24             8|7 unused 0|
-       c3: |31             r_v24             8|7 unused 0|
+8bit regime: one call ``randint4x(seed, n >> 1)`` a *pair* of elements (counters 2k and 2k + 1
+share call k), each element 64 of its 128 bits: the words (a, b) = (c0, c1) for the even counter,
+(c2, c3) for the odd one (``q8_slices``):
+
+     word  bits     name      rounds                                         random input
+     ----  -------  --------  ---------------------------------------------  -----------------
+     a     15..0    r_p       the weight p, fp32 -> bf16 (SR)                 16 bits
+     b     31..8    r_m24     m, fp32 -> 8-bit code (SR)                      24 bits
+     a     31..16   r_v24     v, fp32 -> 8-bit code (SR): bits 23..8          24 bits
+     b     7..0               and bits 7..0
+
+       a: |31   r_v24 23..8   16|15       r_p        0|
+       b: |31             r_m24             8|7 r_v24 0|
+
+Why pairs (bench/NOTES.md, session 32): the 8bit epilogue is bound by its instructions, Philox's
+ten rounds were ~44 of its ~280 an element, and the regime uses 64 bits an element; one call a pair
+halves them. Kernels whose threads hold both elements of a pair (the Gluon 8bit tiles, where a row
+base R(r) row_stride + base is even) compute each call once; the others compute it for each
+element and keep their half (the same bits either way).
 
 Every stored value of one element in one step has its own bits, so the roundings of p, m and v
-are independent of each other; distinct elements have distinct counters and distinct steps or
-parameters have distinct keys (see ``derive_seed``), so no two roundings share random bits.
+are independent of each other; distinct elements have distinct counters (8bit: distinct (call,
+half) pairs: disjoint bits of one call, or distinct calls) and distinct steps or parameters have
+distinct keys (see ``derive_seed``), so no two roundings share random bits.
 
 Key derivation (``derive_seed``), run on the host for the kernels and the emulator alike:
 
@@ -85,11 +99,20 @@ __all__ = [
     "randint4x",
     "randint",
     "rounding_bits",
+    "q8_rounding_bits",
+    "q8_slices",
     "mix64",
     "derive_seed",
     "CounterMap",
     "check_counter_rows",
+    "STREAM_REVISION",
 ]
+
+# The random stream's revision, written into optimizer checkpoints (forge_num.optim): 1, the 8bit regime one
+# call an element (to session 31); 2, one call a pair of elements (the 8bit table above, session 32). A run
+# resumed from a checkpoint of another revision trains on, with other (equally valid) random bits than the
+# version that wrote it would have drawn; the optimizer warns.
+STREAM_REVISION = 2
 
 PHILOX_ROUND_A = 0xD2511F53
 PHILOX_ROUND_B = 0xCD9E8D57
@@ -160,18 +183,36 @@ def randint(seed, offset, n_rounds: int = N_ROUNDS_DEFAULT):
 
 
 def rounding_bits(seed, offset):
-    """The random-slice table (module docstring): ``(r_p, r_m16, r_v16, r_m24, r_v24)``, uint32.
+    """The bf16-sr regime's random-slice table (module docstring): ``(r_p, r_m16, r_v16)``, uint32
+    in [0, 2^16), each feeding ``bf16_sr_bits``, from one call an element."""
+    c0, c1, _, _ = randint4x(seed, offset)
+    return c0 & np.uint32(0xFFFF), c0 >> np.uint32(16), c1 & np.uint32(0xFFFF)
 
-    r_p, r_m16, r_v16 lie in [0, 2^16) and feed ``bf16_sr_bits``; r_m24, r_v24 lie in [0, 2^24)
-    and feed ``quantize_block_sr``.
-    """
-    c0, c1, c2, c3 = randint4x(seed, offset)
-    r_p = c0 & np.uint32(0xFFFF)
-    r_m16 = c0 >> np.uint32(16)
-    r_v16 = c1 & np.uint32(0xFFFF)
-    r_m24 = c2 >> np.uint32(8)
-    r_v24 = c3 >> np.uint32(8)
-    return r_p, r_m16, r_v16, r_m24, r_v24
+
+def q8_slices(a, b):
+    """The 8bit regime's slices of an element's two words (a, b): ``(r_p, r_m24, r_v24)``, uint32;
+    r_p in [0, 2^16) feeds ``bf16_sr_bits``, r_m24 and r_v24 in [0, 2^24) ``quantize_block_sr``."""
+    a = np.asarray(a, np.uint32)
+    b = np.asarray(b, np.uint32)
+    r_p = a & np.uint32(0xFFFF)
+    r_m24 = b >> np.uint32(8)
+    r_v24 = ((a >> np.uint32(16)) << np.uint32(8)) | (b & np.uint32(0xFF))
+    return r_p, r_m24, r_v24
+
+
+def q8_rounding_bits(seed, offset):
+    """The 8bit regime's random-slice table (module docstring): ``(r_p, r_m24, r_v24)`` of the
+    elements with counters ``offset`` (integers >= 0): call ``randint4x(seed, offset >> 1)``, words
+    (c0, c1) for an even counter and (c2, c3) for an odd one, sliced by ``q8_slices``."""
+    off = np.asarray(offset)
+    if off.dtype.kind not in "iu":
+        raise TypeError(f"offsets must be integers, got {off.dtype}")
+    off = off.astype(np.int64)
+    if np.any(off < 0):
+        raise ValueError("8bit counters must be >= 0")
+    c0, c1, c2, c3 = randint4x(seed, off >> 1)
+    odd = (off & 1).astype(bool)
+    return q8_slices(np.where(odd, c2, c0), np.where(odd, c3, c1))
 
 
 # ---------------------------------------------------------------------------------------------

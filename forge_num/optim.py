@@ -70,6 +70,7 @@ complete. Two settings read them at once: ``nonfinite="raise"`` in ``step()`` (i
 from __future__ import annotations
 
 import math
+import warnings
 import weakref
 from typing import Iterable
 
@@ -79,7 +80,7 @@ import torch
 
 from forge_num import rules as _rules
 from forge_num import torch_backend
-from forge_num.emulator.philox import derive_seed_of_param, step_key
+from forge_num.emulator.philox import STREAM_REVISION, derive_seed_of_param, step_key
 
 __all__ = ["AdamW", "Adam", "SGD", "Lion", "ForgeOptimizer"]
 
@@ -1089,7 +1090,7 @@ class ForgeOptimizer(torch.optim.Optimizer):
     def state_dict(self):
         sd = super().state_dict()
         sd["forge_num"] = {"global_step": self._global_step, "prev_norm": self._prev_norm,
-                           "precision": self.precision, "seed": self.seed}
+                           "precision": self.precision, "seed": self.seed, "stream": STREAM_REVISION}
         return sd
 
     def load_state_dict(self, state_dict):
@@ -1111,6 +1112,12 @@ class ForgeOptimizer(torch.optim.Optimizer):
             raise ValueError(
                 f"this checkpoint was written with precision={extra.get('precision')!r}, seed={extra.get('seed')!r}; "
                 f"the optimizer has precision={self.precision!r}, seed={self.seed!r} (the rounding stream would differ)")
+        written = extra.get("stream", 1)  # checkpoints from before the revision was written: revision 1
+        if self.precision == "8bit" and extra and written != STREAM_REVISION:
+            warnings.warn(f"forge_num: this checkpoint was written with random stream revision {written}, this "
+                          f"version draws revision {STREAM_REVISION} (the 8bit regime's Philox table, "
+                          "emulator/philox.py): the resumed run is as valid, but not bit for bit the run the "
+                          "writing version would have continued", stacklevel=2)
         self._global_step = int(extra.get("global_step", 0))
         self._prev_norm = extra.get("prev_norm")
         self._index_groups()  # torch's load_state_dict replaces the group dicts

@@ -14,5 +14,5 @@ def sr_draws_kernel(x_ptr, out_ptr, key, d0, n, total, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = i < total
     x = tl.load(x_ptr + i % n, mask=inside, other=0.0)
-    r_p, _, _, _, _ = rounding_bits(key, d0 * n + i)
+    r_p, _, _ = rounding_bits(key, d0 * n + i)
     tl.store(out_ptr + i, bf16_sr_bits(x, r_p).to(tl.int16, bitcast=True), mask=inside)

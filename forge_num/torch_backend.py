@@ -351,7 +351,7 @@ def _apply(fn, p, g, states, hs, scale, seed=None, offsets=None):
     if bf16:
         from forge_num.emulator.philox import rounding_bits
 
-        r_p, r_s0, r_s1, _, _ = rounding_bits(int(seed), offsets.detach().cpu().numpy().reshape(p.shape))
+        r_p, r_s0, r_s1 = rounding_bits(int(seed), offsets.detach().cpu().numpy().reshape(p.shape))
         p_new = _bf16_sr(p_new, r_p)
         s0_new = _bf16_sr(s0_new, r_s0) if len(states) > 0 else s0_new
         s1_new = _bf16_sr(s1_new, r_s1) if len(states) > 1 else s1_new

@@ -19,7 +19,8 @@ different warps of one program, and the accumulator goes between them through sh
                             a block's absmax is a reduction within a warp), the buffer handed back
                             after the last one; on each, the Triton 8bit epilogue's steps
                             (linear_update.update_rows_q8's: load W and the codes and scales by
-                            pointer, the guarded rule, Philox, stochastic rounding, store); the
+                            pointer, the guarded rule, Philox, stochastic rounding, store), Philox
+                            first and once a pair of elements (row_block_rounding_bits); the
                             tile's telemetry into its slot
 
 The bits are the Triton 8bit kernel's: the mainloop is the same chain of k16 wgmma block FMAs in K
@@ -27,7 +28,9 @@ order as `tl.dot` in that kernel's TMA mode (BK = 64, zeros past the edges: gluo
 docstring), and the epilogue runs the same functions (the guarded rule, linear_update's loads, stores,
 counters and telemetry terms, quant8's block functions, random's Philox rounds, compiled in Gluon's
 language by gluon_update._modules_in_gluon), only its addressing its own (row_block_addresses: one
-scale a row), element-wise given an element's 128-column block, and every sub-tile row holds whole
+scale a row) and its Philox calls shared by the two elements of a pair in one thread (the 8bit
+table's calls, which the Triton tile computes for each element), element-wise given an element's
+128-column block, and every sub-tile row holds whole
 blocks (BN = QBLOCK = 128, tiles at multiples of 128). The
 telemetry's sums are bounded, not bit-exact (proofs/telemetry.md), as between the Triton tiles.
 
@@ -284,16 +287,16 @@ def staged_row_blocks(st_w, st_c0, st_c1, st_ready, u, scales0, scales1, layout:
 
 @gluon.jit
 def update_loaded_row_blocks(g, loaded, offs_m, offs_n, block, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr,
-                             n_blocks, h, grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE: gl.constexpr,
-                             N_STATE: gl.constexpr):
+                             n_blocks, h, grad_scale, rand_bits, GUARDED_UPDATE: gl.constexpr, N_STATE: gl.constexpr):
     """The 8bit epilogue on a row sub-tile g [R, QBLOCK] of one block a row whose state load_row_blocks
     loaded: kernels/linear_update.py's update_rows_q8 (load_q8, update_in_place_q8, telemetry_terms)
     step for step, with this tile's addressing (q8_addresses' there: a scale per row here, not [R, J])
     and the block functions on the last axis (quant8's quantize_blocks_sr and dequantize_blocks, which
     quantize_block_sr and dequantize call on [R, J, QBLOCK]): W bf16, stored with stochastic rounding
     (slice r_p); state 0 signed E4M3 codes (slice r_m24), state 1 unsigned E5M3 codes (slice r_v24),
-    each under its block's power-of-two scale; Philox counter r rand_stride + c + rand_base of element
-    (r, c). Returns its telemetry terms."""
+    each under its block's power-of-two scale; rand_bits = (r_p, r_m24, r_v24), the sub-tile's slices
+    (row_block_rounding_bits). Returns its telemetry terms."""
+    r_p, r_m24, r_v24 = rand_bits
     offs, in_tile, soffs, smask = row_block_addresses(offs_m, offs_n, block, M, N, n_blocks)
     p, codes0, scales0, codes1, scales1 = loaded
     s0 = p
@@ -303,11 +306,6 @@ def update_loaded_row_blocks(g, loaded, offs_m, offs_n, block, M, N, w_ptr, c0_p
     if N_STATE >= 2:
         s1 = _ws._QUANT8.dequantize_blocks(codes1, scales1, False)
     p, s0, s1, finite = GUARDED_UPDATE(p, g, s0, s1, h, grad_scale)
-    counters = _ws._LINEAR.element_counters(offs_m, offs_n, M, rand_stride, rand_base, None)
-    # rounding_bits' words without its tl.randint4x branch (FORGE_NUM_PHILOX_WIDE=0), which Gluon lacks:
-    # philox4x32_10 gives tl.randint4x's words either way (kernels/random.py)
-    c0, c1, c2, c3 = _ws._RANDOM.philox4x32_10(seed, counters)
-    r_p, _, _, r_m24, r_v24 = _ws._RANDOM.random_slices(c0, c1, c2, c3)
     _ws._LINEAR.store_f32(w_ptr, offs, in_tile, p, r_p, True)
     if N_STATE >= 1:
         new_codes0, new_scales0 = _ws._QUANT8.quantize_blocks_sr(s0.to(gl.uint32, bitcast=True), r_m24, True)
@@ -321,10 +319,46 @@ def update_loaded_row_blocks(g, loaded, offs_m, offs_n, block, M, N, w_ptr, c0_p
 
 
 @gluon.jit
+def row_block_rounding_bits(offs_m, col0, seed, rand_stride, rand_base, layout: gl.constexpr,
+                            RAND_PAIRS: gl.constexpr, num_warps: gl.constexpr):
+    """The 8bit table's slices (r_p, r_m24, r_v24) of a row sub-tile [R, BN] in ``layout`` (q8_epilogue's:
+    4 consecutive columns a thread), rows offs_m, columns col0 + [0, BN): element (r, c) has Philox counter
+    n = r rand_stride + c + rand_base and draws call n >> 1, words (c0, c1) if n is even, (c2, c3) if odd
+    (kernels/random.py's table). RAND_PAIRS (the launch's when rand_stride and rand_base are even, so that
+    each row's counters start even and a thread's columns 2k, 2k + 1 are one pair): each call once, on the
+    sub-tile's [R, BN / 2] pairs, its words joined to both elements' registers (a join and a reshape that
+    keep every value in its thread: no data moves); else each element's own call (random.py's
+    q8_rounding_bits). The same bits either way."""
+    R: gl.constexpr = offs_m.shape[0]
+    BN: gl.constexpr = _QBLOCK  # a row sub-tile is one block a row
+    if RAND_PAIRS:
+        # the pairs two to a thread where the elements are four: the join's new axis is a thread's
+        # consecutive pair of elements, which the reshape lays back on the columns
+        pairs: gl.constexpr = gl.BlockedLayout([R // num_warps, BN // 64], [1, 32], [num_warps, 1], [1, 0])
+        rows = gl.convert_layout(offs_m, gl.SliceLayout(1, pairs))
+        row_pair0 = (rows.to(gl.int64) * rand_stride + rand_base) >> 1
+        pair_cols = col0 // 2 + gl.arange(0, BN // 2, layout=gl.SliceLayout(0, pairs))
+        counters = row_pair0[:, None] + pair_cols[None, :]
+        c0, c1, c2, c3 = _ws._RANDOM.philox4x32_10(seed, counters)
+        a = gl.convert_layout(gl.reshape(gl.join(c0, c2), [R, BN]), layout)
+        b = gl.convert_layout(gl.reshape(gl.join(c1, c3), [R, BN]), layout)
+    else:
+        offs_n = col0 + gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
+        n = offs_m[:, None].to(gl.int64) * rand_stride + offs_n[None, :] + rand_base
+        # random.py's q8_rounding_bits without its tl.randint4x branch (FORGE_NUM_PHILOX_WIDE=0), which
+        # Gluon lacks: philox4x32_10 gives tl.randint4x's words either way
+        c0, c1, c2, c3 = _ws._RANDOM.philox4x32_10(seed, n >> 1)
+        odd = (n & 1) != 0
+        a = gl.where(odd, c2, c0)
+        b = gl.where(odd, c3, c1)
+    return _ws._RANDOM.q8_slices(a, b)
+
+
+@gluon.jit
 def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h, grad_scale,
                 seed, rand_stride, rand_base, norm_sq_ptr, nonfinite_ptr, staging, GUARDED_UPDATE: gl.constexpr,
                 N_STATE: gl.constexpr, ROWS: gl.constexpr, GROUP_M: gl.constexpr, PREFETCH: gl.constexpr,
-                STAGE_STATE: gl.constexpr, num_warps: gl.constexpr):
+                STAGE_STATE: gl.constexpr, RAND_PAIRS: gl.constexpr, num_warps: gl.constexpr):
     """Default partition: per tile, its BM / ROWS row sub-tiles of g from g buffer t % 2, each's state
     loaded (load_row_blocks) and updated (update_loaded_row_blocks; the buffer handed back once the
     last sub-tile of g is in registers); the sub-tiles' telemetry terms added element by element, in
@@ -376,6 +410,10 @@ def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_pt
         sq = gl.zeros((ROWS, BN), dtype=gl.float64, layout=epi)
         bad = gl.zeros((ROWS, BN), dtype=gl.int32, layout=epi)
         for j in gl.static_range(SUBTILES):
+            # the random bits first, while the registers hold little else (after the rule, the rounds'
+            # temporaries beside the state spilled 228 B at 96 registers, against 92 here)
+            rand_bits = row_block_rounding_bits(pid_m * BM + j * ROWS + gl.arange(0, ROWS, layout=rows), pid_n * BN,
+                                                seed, rand_stride, rand_base, epi, RAND_PAIRS, num_warps)
             g = g_bufs.index(b).slice(j * ROWS, ROWS, dim=0).load(epi)
             if j == SUBTILES - 1:
                 mbarrier.arrive(g_empty.index(b), count=1)  # g is in registers: the MMA warps may refill it
@@ -392,7 +430,7 @@ def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_pt
                                          n_blocks, N_STATE)
             sq_j, bad_j = update_loaded_row_blocks(
                 g, loaded, offs_m, offs_n, pid_n, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h,
-                grad_scale, seed, rand_stride, rand_base, GUARDED_UPDATE, N_STATE)
+                grad_scale, rand_bits, GUARDED_UPDATE, N_STATE)
             if PREFETCH:
                 if j + 1 < SUBTILES:
                     loaded = ahead
@@ -432,14 +470,15 @@ def fused_linear_update_q8_ws_kernel(dy_desc, x_desc, w_desc, c0_desc, c1_desc, 
                                      GUARDED_UPDATE: gl.constexpr, N_STATE: gl.constexpr, STAGES: gl.constexpr,
                                      ROWS: gl.constexpr, GROUP_M: gl.constexpr, MMA_REGS: gl.constexpr,
                                      SELF_LOAD: gl.constexpr, LOAD_CURSOR: gl.constexpr, PREFETCH: gl.constexpr,
-                                     STAGE_STATE: gl.constexpr, num_warps: gl.constexpr):
+                                     STAGE_STATE: gl.constexpr, RAND_PAIRS: gl.constexpr, num_warps: gl.constexpr):
     """The operand ring, the double-buffered g and their barriers, then the three partitions (module
     docstring). dy_desc [K, M] block [BK, BM], x_desc [K, N] block [BK, BN]; w_ptr the bf16 weight
     [M, N]; c0/c1_ptr the states' uint8 codes [M, N], scale0/scale1_ptr their fp32 block scales
     [M, n_blocks] (N_STATE of them; the others any pointer, never read); step_slot None, or where h,
     grad_scale and seed are read when the kernel runs (linear_update.step_scalars). STAGE_STATE: w_desc,
     c0_desc, c1_desc the weight's and the states' codes' descriptors in blocks [ROWS, BN] (c1_desc None
-    for one state), and two staging slots of each in shared memory (q8_epilogue); else all three None."""
+    for one state), and two staging slots of each in shared memory (q8_epilogue); else all three None.
+    RAND_PAIRS: rand_stride and rand_base are even (row_block_rounding_bits)."""
     h, grad_scale, seed = _ws._LINEAR.step_scalars(step_slot, h, grad_scale, seed)
     BM: gl.constexpr = dy_desc.block_type.shape[1]
     BN: gl.constexpr = x_desc.block_type.shape[1]
@@ -475,7 +514,7 @@ def fused_linear_update_q8_ws_kernel(dy_desc, x_desc, w_desc, c0_desc, c1_desc, 
         gl.warp_specialize([
             (q8_epilogue, (g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks,
                            h, grad_scale, seed, rand_stride, rand_base, norm_sq_ptr, nonfinite_ptr, staging,
-                           GUARDED_UPDATE, N_STATE, ROWS, GROUP_M, PREFETCH, STAGE_STATE, num_warps)),
+                           GUARDED_UPDATE, N_STATE, ROWS, GROUP_M, PREFETCH, STAGE_STATE, RAND_PAIRS, num_warps)),
             (mma_self_loaded_tiles, (dy_desc, x_desc, dy_bufs, x_bufs, op_ready, g_bufs, g_ready, g_empty, M, N, K,
                                      GROUP_M, LOAD_CURSOR)),
         ], [4], [MMA_REGS])
@@ -483,7 +522,7 @@ def fused_linear_update_q8_ws_kernel(dy_desc, x_desc, w_desc, c0_desc, c1_desc, 
         gl.warp_specialize([
             (q8_epilogue, (g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks,
                            h, grad_scale, seed, rand_stride, rand_base, norm_sq_ptr, nonfinite_ptr, staging,
-                           GUARDED_UPDATE, N_STATE, ROWS, GROUP_M, PREFETCH, STAGE_STATE, num_warps)),
+                           GUARDED_UPDATE, N_STATE, ROWS, GROUP_M, PREFETCH, STAGE_STATE, RAND_PAIRS, num_warps)),
             (_ws.operand_loader, (dy_desc, x_desc, dy_bufs, x_bufs, op_ready, op_empty, M, N, K, GROUP_M)),
             (mma_whole_tiles, (dy_bufs, x_bufs, op_ready, op_empty, g_bufs, g_ready, g_empty, M, N, K, GROUP_M)),
         ], [1, 4], [24, MMA_REGS])
@@ -683,23 +722,35 @@ def _launch_arguments(weight, x, dy, states, rule, h, grad_scale, c: Q8WSConfig,
     # and seed, rand_stride, rand_base are typed and not specialized; the step slot None or an int32
     # tensor (and its alignment).
     n_blocks = triton.cdiv(N, QBLOCK)
-    key = (id(rule), id(c), len(states), weight.device.index, M == 1, N == 1, K == 1, n_blocks == 1,
+    seed, rand_stride, rand_base = rand
+    pairs = rand_pairs(rand_stride, rand_base)
+    key = (id(rule), id(c), len(states), pairs, weight.device.index, M == 1, N == 1, K == 1, n_blocks == 1,
            M % 16 == 0, N % 16 == 0, K % 16 == 0, n_blocks % 16 == 0,
            None if step_slot is None else step_slot.data_ptr() % 16 == 0)
-    seed, rand_stride, rand_base = rand
     args = (_ws._nvmma_desc(dy, (c.BK, c.BM), gl.bfloat16), _ws._nvmma_desc(x, (c.BK, c.BN), gl.bfloat16),
             *_staging_descs(weight, states, c), weight, codes[0], scales[0], codes[1], scales[1], norm_sq, nonfinite,
             n_blocks, M, N, K, h, grad_scale, seed, rand_stride, rand_base, step_slot)
-    return key, (rule, c), (programs,), args, lambda: _launch_constants(rule, c, len(states))
+    return key, (rule, c), (programs,), args, lambda: _launch_constants(rule, c, len(states), pairs)
 
 
-def _launch_constants(rule: Rule, c: Q8WSConfig, n_state: int) -> tuple[dict, dict]:
-    """(constexprs in the kernel's parameter order, compile options) of a rule, a config and its
-    number of states."""
+# FORGE_NUM_Q8_PAIRS=0 in the environment: every launch computes each element's Philox call itself
+# (RAND_PAIRS off; the same bits, ~18-20 more instructions an element), for timing the pairs against it
+RAND_PAIRS_ENABLED = os.environ.get("FORGE_NUM_Q8_PAIRS", "1") != "0"
+
+
+def rand_pairs(rand_stride: int, rand_base: int) -> bool:
+    """Whether a launch computes each Philox call once for a pair of elements (RAND_PAIRS): where every
+    row's counters start even (rand_stride and rand_base even)."""
+    return RAND_PAIRS_ENABLED and rand_stride % 2 == 0 and rand_base % 2 == 0
+
+
+def _launch_constants(rule: Rule, c: Q8WSConfig, n_state: int, pairs: bool = True) -> tuple[dict, dict]:
+    """(constexprs in the kernel's parameter order, compile options) of a rule, a config, its number of
+    states and RAND_PAIRS."""
     constexprs = dict(GUARDED_UPDATE=_ws.guarded_update_gluon(rule), N_STATE=n_state, STAGES=c.STAGES, ROWS=c.ROWS,
                       GROUP_M=c.GROUP_M, MMA_REGS=c.mma_registers, SELF_LOAD=c.self_load,
                       LOAD_CURSOR=c.load_cursor, PREFETCH=c.prefetch, STAGE_STATE=c.stage_state,
-                      num_warps=c.num_warps)
+                      RAND_PAIRS=pairs, num_warps=c.num_warps)
     return constexprs, dict(maxnreg=c.max_registers, enable_fp_fusion=False)
 
 
@@ -730,13 +781,13 @@ _LAUNCH = CachedLaunch(fused_linear_update_q8_ws_kernel)
 
 
 def compile_for_sm90(rule: Rule, config: Q8WSConfig = DEFAULT_Q8_WS_CONFIG, M: int = 256, N: int = 256, K: int = 128,
-                     slot: bool = False):
+                     slot: bool = False, pairs: bool = True):
     """The kernel compiled for sm_90 without a GPU (descriptors built on CPU tensors, for their types
     only): the CompiledKernel, whose .asm holds "ttgir", "ptx" and (with ptxas) "cubin"; slot: the
-    launch that reads its scalars from a step slot."""
+    launch that reads its scalars from a step slot; pairs: RAND_PAIRS (rand_pairs)."""
     c = config
     n_state = len(rule.state)
-    constexprs, launch_options = _launch_constants(rule, c, n_state)
+    constexprs, launch_options = _launch_constants(rule, c, n_state, pairs)
     dy = torch.empty(K, M, dtype=torch.bfloat16)
     x = torch.empty(K, N, dtype=torch.bfloat16)
     n_blocks = triton.cdiv(N, QBLOCK)

@@ -131,7 +131,8 @@ NAMESPACE = {**{name: getattr(_IEEE, fn_name) for name, fn_name in _IEEE_OPS.ite
 # (the bf16-sr regime), and the 8bit regime's block quantization on blocks along a tile's last axis,
 # with the epilogue's loads, stores, counters and telemetry terms (kernels/gluon_q8.py)
 _RANDOM, _ROUNDING, _QUANT8, _LINEAR = _modules_in_gluon([
-    (_random, ("wide_products_a", "wide_products_b", "products_a", "products_b", "philox4x32_10", "random_slices")),
+    (_random, ("wide_products_a", "wide_products_b", "products_a", "products_b", "philox4x32_10", "random_slices",
+               "q8_slices")),
     (_rounding, ("_is_nan", "bf16_sr_bits", "bf16_to_f32")),
     (_quant8, ("magnitude_key", "block_exponent", "sr_threshold", "sr_code", "quantize_blocks_sr", "code_unit_value",
                "dequantize_blocks")),
@@ -331,7 +332,7 @@ def update_subtile(g, j, coord, M, N, descs, bufs, bars, h, grad_scale, rand, GU
     mbarrier.arrive(st_empty.index(s), count=1)
     p, s0, s1, finite = GUARDED_UPDATE(p, g, s0, s1, h, grad_scale)
     if BF16_STORAGE:
-        r_p, r_s0, r_s1, _, _ = _RANDOM.random_slices(c0, c1, c2, c3)
+        r_p, r_s0, r_s1 = _RANDOM.random_slices(c0, c1)
         p = _ROUNDING.bf16_sr_bits(p, r_p).to(gl.bfloat16, bitcast=True)
         s0 = _ROUNDING.bf16_sr_bits(s0, r_s0).to(gl.bfloat16, bitcast=True)
         s1 = _ROUNDING.bf16_sr_bits(s1, r_s1).to(gl.bfloat16, bitcast=True)

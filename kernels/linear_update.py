@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 
 from .quant8 import QBLOCK, dequantize, quantize_block_sr
-from .random import rounding_bits
+from .random import q8_rounding_bits, rounding_bits
 from .rounding import bf16_sr_bits, bf16_to_f32
 
 
@@ -542,7 +542,7 @@ def apply_and_store(p, s0, s1, w_ptr, s0_ptr, s1_ptr, offs, mask, g, h, grad_sca
     slice of the elements' Philox bits (update_in_place)."""
     p, s0, s1, finite = GUARDED_UPDATE(p, g, s0, s1, h, grad_scale)
     if BF16_STORAGE:
-        r_p, r_s0, r_s1, _, _ = rounding_bits(seed, counters)
+        r_p, r_s0, r_s1 = rounding_bits(seed, counters)
     else:
         r_p = offs
         r_s0 = offs
@@ -609,7 +609,8 @@ def update_in_place_q8(loaded, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_
                        N_STATE: tl.constexpr):
     """update_in_place for the 8bit regime on a tile [R, BN] of whole quantization blocks, from the
     values load_q8 loaded there: W is bf16 (stochastic rounding, slice r_p); state 0 is signed E4M3
-    codes (m: slice r_m24), state 1 unsigned E5M3 codes (v >= 0: slice r_v24), each with an fp32
+    codes (m: slice r_m24), state 1 unsigned E5M3 codes (v >= 0: slice r_v24; the 8bit table, one Philox
+    call a pair of counters: random.q8_rounding_bits), each with an fp32
     power-of-two scale per block of QBLOCK elements of a row (kernels/quant8.py). The rule runs on the
     dequantized fp32 state and the fp32 gradient; the new scale comes from the updated block. An
     element whose gradient was not finite keeps its dequantized value, which is then requantized under
@@ -618,7 +619,7 @@ def update_in_place_q8(loaded, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_
     p, s0, s1 = loaded
     p, s0, s1, finite = GUARDED_UPDATE(p, g, s0, s1, h, grad_scale)
     counters = element_counters(offs_m, offs_n, M, rand_stride, rand_base, rand_rows)  # Philox counters
-    r_p, _, _, r_m24, r_v24 = rounding_bits(seed, counters)
+    r_p, r_m24, r_v24 = q8_rounding_bits(seed, counters)
     store_f32(w_ptr, offs, in_tile, p, r_p, True)
     if N_STATE >= 1:
         codes0, scales0 = quantize_block_sr(s0, r_m24, True)

@@ -1,29 +1,29 @@
 """The project's random stream on the GPU: Triton's Philox4x32-10 and the random-slice table.
 
 Twin of emulator/philox.py (which holds the algorithm, its known-answer vectors and
-``derive_seed``, the host-side key derivation both twins use). The random-slice table is the one
-in that module's docstring, repeated here because both twins implement it:
+``derive_seed``, the host-side key derivation both twins use). The random-slice tables are the ones
+in that module's docstring, repeated here because both twins implement them:
 
-    one call  tl.randint4x(seed, offset)  per element; offset = the element's flat row-major
-              index in the whole (unsharded) parameter, int64 (counter = (lo32, hi32, 0, 0));
-              seed = derive_seed(user seed, step, parameter id), a Python int < 2^64
+    bf16-sr  one call tl.randint4x(seed, n) an element; n = the element's Philox counter (its flat
+             row-major index in the whole, unsharded parameter, int64; counter = (lo32, hi32, 0, 0));
+             seed = derive_seed(user seed, step, parameter id), a Python int < 2^64
 
-     word  bits     name      rounds                                         random input
-     ----  -------  --------  ---------------------------------------------  -----------------
-     c0    15..0    r_p       the weight p, fp32 -> bf16 (SR)                 16 bits
-     c0    31..16   r_m16     m, fp32 -> bf16 (SR)      ("bf16-sr" regime)    16 bits
-     c1    15..0    r_v16     v, fp32 -> bf16 (SR)      ("bf16-sr" regime)    16 bits
-     c1    31..16   -         reserved (a third bf16 state, e.g. AMSGrad's max v)
-     c2    31..8    r_m24     m, fp32 -> 8-bit code (SR) ("8bit" regime)      24 bits
-     c3    31..8    r_v24     v, fp32 -> 8-bit code (SR) ("8bit" regime)      24 bits
-     c2, c3 7..0    -         unused
+                 c0: |31      r_m16       16|15       r_p        0|
+                 c1: |31     (reserved)   16|15       r_v16      0|
+
+    8bit     one call tl.randint4x(seed, n >> 1) a pair of elements (counters 2k, 2k + 1); the
+             element's words (a, b) = (c0, c1) for an even n, (c2, c3) for an odd one
+
+                 a: |31   r_v24 23..8   16|15       r_p        0|
+                 b: |31             r_m24             8|7 r_v24 0|
 
 Tile functions only (no pointers, no program ids): the kernels compute the offsets of their tile
 and call these. Triton 3.6's ``tl.randint4x`` returns uint32 words; all slices stay uint32.
 
 The Gluon kernel (kernels/gluon_update.py) cannot call ``tl.randint4x`` (a Triton-language
 function); it runs ``philox4x32_10`` below, the same rounds written out in ops both languages have
-(its text bound to Gluon's language, as kernels/ieee.py's ops are), and the same ``random_slices``.
+(its text bound to Gluon's language, as kernels/ieee.py's ops are), and the same ``random_slices`` and
+``q8_slices``.
 tests/test_interpreter_rounding.py holds ``philox4x32_10`` against ``tl.randint4x`` and the
 emulator bit for bit (interpreter and GPU); tests/test_gpu_gluon.py the Gluon kernel's bits.
 
@@ -43,8 +43,8 @@ import triton.language as tl
 from forge_num.emulator import philox as _philox
 from forge_num.interpreter import is_interpreter
 
-__all__ = ["randint4x", "randint", "rounding_bits", "random_slices", "philox4x32_10", "products_a",
-           "products_b", "wide_products_a", "wide_products_b"]
+__all__ = ["randint4x", "randint", "rounding_bits", "random_slices", "q8_rounding_bits", "q8_slices",
+           "philox4x32_10", "products_a", "products_b", "wide_products_a", "wide_products_b"]
 
 
 @triton.jit
@@ -61,25 +61,39 @@ def randint(seed, offset):
 
 
 @triton.jit
-def random_slices(c0, c1, c2, c3):
-    """The random-slice table on one element's four words: ``(r_p, r_m16, r_v16, r_m24, r_v24)``."""
-    r_p = c0 & 0xFFFF
-    r_m16 = c0 >> 16
-    r_v16 = c1 & 0xFFFF
-    r_m24 = c2 >> 8
-    r_v24 = c3 >> 8
-    return r_p, r_m16, r_v16, r_m24, r_v24
+def random_slices(c0, c1):
+    """The bf16-sr table on one element's words c0, c1: ``(r_p, r_m16, r_v16)``."""
+    return c0 & 0xFFFF, c0 >> 16, c1 & 0xFFFF
 
 
 @triton.jit
 def rounding_bits(seed, offset):
-    """The random-slice table: ``(r_p, r_m16, r_v16, r_m24, r_v24)`` as uint32 tiles, of
-    ``tl.randint4x``'s words (with WIDE_PRODUCTS: philox4x32_10's, the same words)."""
+    """The bf16-sr table: ``(r_p, r_m16, r_v16)`` as uint32 tiles, of ``tl.randint4x``'s words (with
+    WIDE_PRODUCTS: philox4x32_10's, the same words), one call an element."""
     if WIDE_PRODUCTS:
-        c0, c1, c2, c3 = philox4x32_10(seed, offset)
+        c0, c1, _, _ = philox4x32_10(seed, offset)
     else:
-        c0, c1, c2, c3 = tl.randint4x(seed, offset)
-    return random_slices(c0, c1, c2, c3)
+        c0, c1, _, _ = tl.randint4x(seed, offset)
+    return random_slices(c0, c1)
+
+
+@triton.jit
+def q8_slices(a, b):
+    """The 8bit table on one element's words (a, b): ``(r_p, r_m24, r_v24)``."""
+    return a & 0xFFFF, b >> 8, ((a >> 16) << 8) | (b & 0xFF)
+
+
+@triton.jit
+def q8_rounding_bits(seed, offset):
+    """The 8bit table for elements of any counters ``offset`` (int64 >= 0): the call of each element's
+    pair, offset >> 1, computed for the element itself, and its half by the counter's parity."""
+    pair = offset >> 1
+    if WIDE_PRODUCTS:
+        c0, c1, c2, c3 = philox4x32_10(seed, pair)
+    else:
+        c0, c1, c2, c3 = tl.randint4x(seed, pair)
+    odd = (offset & 1) != 0
+    return q8_slices(tl.where(odd, c2, c0), tl.where(odd, c3, c1))
 
 
 # Philox4x32's constants, the emulator's (emulator/philox.py states where they come from)

@@ -109,18 +109,48 @@ def test_seed_is_taken_mod_2_64():
 
 
 def test_rounding_bits_table():
-    """The slices are exactly the documented bit ranges of the four words, and lie in range."""
+    """The bf16-sr slices are exactly the documented bit ranges of words c0, c1 of one call an
+    element, and lie in range."""
     seed = philox.derive_seed(7, 3, 11)
     off = np.arange(5000, dtype=np.int64) + 2**32 - 2500
-    c0, c1, c2, c3 = philox.randint4x(seed, off)
-    r_p, r_m16, r_v16, r_m24, r_v24 = philox.rounding_bits(seed, off)
+    c0, c1, _, _ = philox.randint4x(seed, off)
+    r_p, r_m16, r_v16 = philox.rounding_bits(seed, off)
     assert np.array_equal(r_p, c0 & 0xFFFF) and np.array_equal(r_m16, c0 >> 16)
     assert np.array_equal(r_v16, c1 & 0xFFFF)
-    assert np.array_equal(r_m24, c2 >> 8) and np.array_equal(r_v24, c3 >> 8)
-    for r, width in ((r_p, 16), (r_m16, 16), (r_v16, 16), (r_m24, 24), (r_v24, 24)):
+    for r, width in ((r_p, 16), (r_m16, 16), (r_v16, 16)):
         assert r.dtype == np.uint32 and int(r.max()) < 2**width
         # every slice uses its full width on 5000 draws (a wrong shift would leave top bits 0)
         assert int(r.max()) >= 2 ** (width - 1)
+
+
+def test_q8_rounding_bits_table():
+    """The 8bit slices: counters 2k and 2k + 1 share call k, the even one words (c0, c1), the odd one
+    (c2, c3), each sliced as documented; an element's three slices are disjoint bits of its two
+    words (together all 64 of them), so the two elements of a pair share no bit."""
+    seed = philox.derive_seed(7, 3, 11)
+    off = np.arange(5000, dtype=np.int64) + 2**33 - 2500  # both halves of every pair, across 2^32
+    c0, c1, c2, c3 = philox.randint4x(seed, off >> 1)
+    r_p, r_m24, r_v24 = philox.q8_rounding_bits(seed, off)
+    odd = (off & 1) == 1
+    a = np.where(odd, c2, c0)
+    b = np.where(odd, c3, c1)
+    assert np.array_equal(r_p, a & 0xFFFF) and np.array_equal(r_m24, b >> 8)
+    assert np.array_equal(r_v24, ((a >> 16) << 8) | (b & 0xFF))
+    # the slices, put back in place, give the two words whole: disjoint, and every bit used
+    a_back = r_p | ((r_v24 >> 8) << 16)
+    b_back = (r_m24 << 8) | (r_v24 & 0xFF)
+    assert np.array_equal(a_back, a) and np.array_equal(b_back, b)
+    # the even element of a pair reads the call's first two words, the odd one its last two
+    words = [int(w) for w in philox.randint4x(seed, 3)]
+    assert int(philox.q8_rounding_bits(seed, np.array([6]))[0][0]) == words[0] & 0xFFFF
+    assert int(philox.q8_rounding_bits(seed, np.array([7]))[0][0]) == words[2] & 0xFFFF
+    for r, width in ((r_p, 16), (r_m24, 24), (r_v24, 24)):
+        assert r.dtype == np.uint32 and int(r.max()) < 2**width
+        assert int(r.max()) >= 2 ** (width - 1)
+    with pytest.raises(ValueError):
+        philox.q8_rounding_bits(seed, np.array([-1]))
+    with pytest.raises(TypeError):
+        philox.q8_rounding_bits(seed, np.array([0.5]))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ other test modules may import the kernels compiled. The parent writes the inputs
 every kernel output to an .npz, and the tests compare with the emulator here.
 
 Wrapper kernels only load, call one tile function, and store; the last one runs the whole
-rounding path of one optimizer tile (offsets -> rounding_bits -> bf16 SR of p, m, v and 8-bit
-codes of m, v), so the random-slice table is checked end to end.
+rounding path of one optimizer tile (offsets -> rounding_bits / q8_rounding_bits -> bf16 SR of p, m,
+v and 8-bit codes of m, v), so the random-slice tables are checked end to end.
 """
 
 from __future__ import annotations
@@ -48,6 +48,9 @@ def make_inputs(path: Path):
     off64 = np.array([0, 1, 2, 3, 5, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**32 + 5, 2**40 + 7, 2**63 - 1, -1, -(2**40)], dtype=np.int64)
     d["off64"] = np.concatenate([off64, rng.integers(0, 2**62, 64 - off64.size, dtype=np.int64)])
     d["off32"] = np.concatenate([np.array([0, 1, 2**31 - 1, -1, -(2**31)], dtype=np.int32), rng.integers(-(2**31), 2**31 - 1, 59, dtype=np.int32)])
+    # the 8bit table's counters (>= 0): both halves of pairs, across 2^32 and at the top
+    q8 = np.array([0, 1, 2, 3, 2**32 - 2, 2**32 - 1, 2**32, 2**32 + 1, 2**33 + 3, 2**63 - 2, 2**63 - 1], dtype=np.int64)
+    d["q8_off"] = np.concatenate([q8, rng.integers(0, 2**62, 64 - q8.size, dtype=np.int64)])
     bits = rng.integers(0, 2**32, 4096, dtype=np.uint64).astype(np.uint32)
     bits[: len(BF16_SPECIALS)] = BF16_SPECIALS
     bits[len(BF16_SPECIALS) : 2 * len(BF16_SPECIALS)] = BF16_SPECIALS
@@ -139,12 +142,18 @@ if __name__ == "__main__":
     def k_rounding_bits(seed: tl.uint64, off_ptr, out_ptr, N: tl.constexpr):
         i = tl.arange(0, N)
         off = tl.load(off_ptr + i)
-        a, b, c, d, e = KRand.rounding_bits(seed, off)
+        a, b, c = KRand.rounding_bits(seed, off)
         tl.store(out_ptr + i, a)
         tl.store(out_ptr + N + i, b)
         tl.store(out_ptr + 2 * N + i, c)
-        tl.store(out_ptr + 3 * N + i, d)
-        tl.store(out_ptr + 4 * N + i, e)
+
+    @triton.jit(do_not_specialize=["seed"])
+    def k_q8_rounding_bits(seed: tl.uint64, off_ptr, out_ptr, N: tl.constexpr):
+        i = tl.arange(0, N)
+        a, b, c = KRand.q8_rounding_bits(seed, tl.load(off_ptr + i))
+        tl.store(out_ptr + i, a)
+        tl.store(out_ptr + N + i, b)
+        tl.store(out_ptr + 2 * N + i, c)
 
     @triton.jit
     def k_bf16(x_ptr, r_ptr, rne_ptr, sr_ptr, back_ptr, N: tl.constexpr):
@@ -179,7 +188,8 @@ if __name__ == "__main__":
         rows = row0 + tl.arange(0, BM)
         cols = col0 + tl.arange(0, BN)
         off = rows.to(tl.int64)[:, None] * NCOLS + cols[None, :]  # flat element index, int64
-        r_p, r_m16, r_v16, r_m24, r_v24 = KRand.rounding_bits(seed, off)
+        r_p, r_m16, r_v16 = KRand.rounding_bits(seed, off)
+        _, r_m24, r_v24 = KRand.q8_rounding_bits(seed, off)
         p = tl.load(p_ptr + off)
         m = tl.load(m_ptr + off)
         v = tl.load(v_ptr + off)
@@ -206,14 +216,19 @@ if __name__ == "__main__":
                 o = torch.zeros(5 * off.size, dtype=torch.uint32, device=dev)
                 k_randint4x[(1,)](int(seed), T(off), o, off.size)
                 res[f"r4_{name}_{k}"] = o.cpu().numpy().reshape(5, off.size)
-                o = torch.zeros(5 * off.size, dtype=torch.uint32, device=dev)
+                o = torch.zeros(3 * off.size, dtype=torch.uint32, device=dev)
                 k_rounding_bits[(1,)](int(seed), T(off), o, off.size)
-                res[f"rb_{name}_{k}"] = o.cpu().numpy().reshape(5, off.size)
+                res[f"rb_{name}_{k}"] = o.cpu().numpy().reshape(3, off.size)
                 # philox4x32_10 on int64 counters (the kernels' kind) and int32 ones (tl.randint4x's
                 # second word 0), as rounding_bits takes them with WIDE_PRODUCTS
                 o = torch.zeros(4 * off.size, dtype=torch.uint32, device=dev)
                 k_philox_written_out[(1,)](int(seed), T(off), o, off.size)
                 res[f"px_{name}_{k}"] = o.cpu().numpy().reshape(4, off.size)
+        for k, seed in enumerate(d["seeds"].tolist()):
+            off = d["q8_off"]
+            o = torch.zeros(3 * off.size, dtype=torch.uint32, device=dev)
+            k_q8_rounding_bits[(1,)](int(seed), T(off), o, off.size)
+            res[f"q8rb_{k}"] = o.cpu().numpy().reshape(3, off.size)
         if device == "cuda":  # mul.wide.u32 is PTX: the interpreter cannot run it
             x = d["mul_x"]
             o = torch.zeros(4 * x.size, dtype=torch.uint32, device=dev)
@@ -315,6 +330,14 @@ def test_randint4x_and_slices(run):
             assert np.array_equal(res[f"rb_{name}_{k}"], np.stack(philox.rounding_bits(seed, d[name]))), (name, hex(seed))
 
 
+def test_q8_slices_per_element(run):
+    """kernels/random.py's q8_rounding_bits (each element's own call of its pair, the Triton 8bit tiles'
+    path) is the emulator's table, both halves of pairs, across the counter's high word."""
+    d, res = run
+    for k, seed in enumerate(d["seeds"].tolist()):
+        assert np.array_equal(res[f"q8rb_{k}"], np.stack(philox.q8_rounding_bits(int(seed), d["q8_off"]))), hex(seed)
+
+
 def test_philox_written_out_is_randint4x(run):
     """kernels/random.py's philox4x32_10 (the Gluon kernel's Philox) gives tl.randint4x's words and
     the emulator's, for every seed and int64 offset of the inputs (negative and >= 2^32 included), and
@@ -374,13 +397,15 @@ def test_quantize_and_dequantize(run, key, signed):
 
 
 def test_optimizer_tile_rounding_path(run):
-    """offsets -> rounding_bits -> bf16 SR (p, m, v) and 8-bit codes (m, v), as the table says."""
+    """offsets -> rounding_bits -> bf16 SR (p, m, v), offsets -> q8_rounding_bits -> 8-bit codes (m, v), as
+    the tables say."""
     d, res = run
     seed = int(d["seeds"][-2])
     rows = np.arange(PIPE_ROW0, PIPE_ROW0 + 4)
     cols = np.arange(PIPE_COL0, PIPE_COL0 + 256)
     off = (rows[:, None] * PIPE_COLS + cols[None, :]).astype(np.int64)
-    r_p, r_m16, r_v16, r_m24, r_v24 = philox.rounding_bits(seed, off)
+    r_p, r_m16, r_v16 = philox.rounding_bits(seed, off)
+    _, r_m24, r_v24 = philox.q8_rounding_bits(seed, off)
     tile = np.ix_(rows, cols)
     p, m, v = d["pipe_p"][tile], d["pipe_m"][tile], d["pipe_v"][tile]
     assert np.array_equal(res["pipe_pb"], rounding.bf16_sr_bits(p, r_p))

@@ -143,6 +143,33 @@ def test_8bit_optimizers_train_reproducibly_and_resume(opt_cls, kw):
         assert torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 
+def test_a_checkpoint_of_another_stream_revision_warns_in_8bit():
+    """Checkpoints name the random stream's revision; an 8bit optimizer resuming one of another revision (or
+    one written before revisions were, revision 1: one Philox call an element) warns, the other regimes and
+    the same revision do not."""
+    import warnings
+
+    from forge_num.emulator.philox import STREAM_REVISION
+
+    for precision in ("8bit", "bf16-sr"):
+        p = torch.nn.Parameter(torch.randn(4, 128).bfloat16())
+        opt = fn.AdamW([p], precision=precision, seed=5, **HYPER)
+        sd = opt.state_dict()
+        assert sd["forge_num"]["stream"] == STREAM_REVISION
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            opt.load_state_dict(copy.deepcopy(sd))
+        old = copy.deepcopy(sd)
+        del old["forge_num"]["stream"]
+        if precision == "8bit":
+            with pytest.warns(UserWarning, match="stream revision 1"):
+                opt.load_state_dict(old)
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                opt.load_state_dict(old)
+
+
 def test_8bit_plain_step_kernels_equal_torch_backend():
     g = torch.Generator().manual_seed(2)
     w = torch.randn(5, 140, generator=g).bfloat16()

@@ -5,9 +5,10 @@ whole range (exponent fields 0 (subnormal), 11, 22, ..., 254), alternating signs
 halves; for the 8-bit codes, an m value (E4M3, signed) and a v value (E5M3) from 0 to 18 (m) or
 34 (v) binades below their block maximum (so subnormal codes are included), under block scales
 from 2^-60 to 2^60. Value i draws its random bits from the project's stream exactly as an
-optimizer step would: seed_i = derive_seed(USER_SEED, step=i, param_id=PARAM_ID), one
-``randint4x(seed_i, offset)`` per element, offsets 0 .. N-1 (N = 1,008,000), and the slices of the
-random-slice table (r_p, r_m16, r_v16 for bf16; r_m24, r_v24 for the codes). So every value gets
+optimizer step would: seed_i = derive_seed(USER_SEED, step=i, param_id=PARAM_ID), counters
+0 .. N-1 (N = 1,008,000) and the slices of the random-slice tables: bf16, one ``randint4x(seed_i, n)``
+an element (r_p, r_m16, r_v16); the codes, one ``randint4x(seed_i, n >> 1)`` a pair of elements
+(r_m24, r_v24 of ``q8_rounding_bits``), so that the codes' draws are both halves of every call. So every value gets
 >= 10^6 draws per slice (the 8-bit tiles hold 127 copies of the value and the block maximum per
 128-element block: 1,000,125 draws).
 
@@ -109,7 +110,8 @@ def expected(vals):
 def emulator_counts(i, v):
     """Number of upward roundings per slice for value i, on the emulator, with the bound checks."""
     seed = philox.derive_seed(USER_SEED, i, PARAM_ID)
-    r_p, r_m16, r_v16, r_m24, r_v24 = philox.rounding_bits(seed, np.arange(N, dtype=np.int64))
+    r_p, r_m16, r_v16 = philox.rounding_bits(seed, np.arange(N, dtype=np.int64))
+    _, r_m24, r_v24 = philox.q8_rounding_bits(seed, np.arange(N, dtype=np.int64))
     counts = {}
     b = v["bf16"]
     x = np.array([b], dtype=np.uint32).view(np.float32)
@@ -206,7 +208,7 @@ def _define_gpu_kernels():
     def _k_sr(seed, x_ptr, p_ptr, m_ptr, v_ptr, N, BLOCK: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < N
-        r_p, r_m16, r_v16, _, _ = KRand.rounding_bits(seed, offs.to(tl.int64))
+        r_p, r_m16, r_v16 = KRand.rounding_bits(seed, offs.to(tl.int64))
         x = tl.load(x_ptr + offs * 0)
         tl.store(p_ptr + offs, KR.bf16_sr_bits(x, r_p), mask=mask)
         tl.store(m_ptr + offs, KR.bf16_sr_bits(x, r_m16), mask=mask)
@@ -217,7 +219,7 @@ def _define_gpu_kernels():
         rows = tl.program_id(0) * BR + tl.arange(0, BR)
         inside = rows[:, None] < NROWS
         off = rows.to(tl.int64)[:, None] * 128 + tl.arange(0, 128)[None, :]
-        _, _, _, r_m24, r_v24 = KRand.rounding_bits(seed, off)
+        _, r_m24, r_v24 = KRand.q8_rounding_bits(seed, off)
         if SIGNED:
             r = r_m24
         else:
