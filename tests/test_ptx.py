@@ -126,7 +126,7 @@ def test_the_warp_specialized_gluon_kernel_compiles_to_ieee_ops_for_sm_90(report
             # round 10's c2; 17 an element in Triton 3.6's PTX), plus a few for addressing; each a
             # mul.hi.u32, or with WIDE_PRODUCTS (the GPU's default) a mul.wide.u32 with its low half
             products = r["mul_hi"] + r["mul_wide"]
-            assert 19 * r["per_thread"] // 2 <= products <= 10 * r["per_thread"] + 8, r
+            assert 16 * r["per_thread"] <= products <= 20 * r["per_thread"] + 8, r
             key = (*key, "bf16-sr")
             seen.add(key)
         else:
@@ -233,8 +233,10 @@ SPILL_EXCEPTIONS = {
     # 2026-12-05-h200-s15/call1, call2); 220 B then, 248 B since the stochastic rounding's threshold
     # became one shift pair (session 16: 7 instructions an element fewer, 13 more local loads/stores),
     # 272 B since the telemetry is reduced once a tile (session 17, v29: 20 instructions an element fewer),
-    # 308 B with the Philox products as one mul.wide.u32 (session 20: 1.26-1.29x faster so, at K <= 4096)
-    ("64x128x64 w8 s3 e4 r128", "8bit"): 308,
+    # 308 B with the Philox products as one mul.wide.u32 (session 20: 1.26-1.29x faster so, at K <= 4096),
+    # 324 B since each element draws its pair's Philox call and keeps its half (session 32, v41: the 8bit
+    # stream's revision 2; 7-8 instructions an element more in the Triton tiles)
+    ("64x128x64 w8 s3 e4 r128", "8bit"): 324,
     # the 8bit default where TMA loads the operands (session 20, v24): the same cap, 0.80-0.93x the
     # pointer default's time from 4096 tokens, 0.64-0.92x below 4096 on weights of 256 tiles or more
     # (bench/results/2026-12-05-s20/followup); 280 B
