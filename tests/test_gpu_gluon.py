@@ -344,8 +344,12 @@ Q8_TRITON_TWIN = kernels.DEFAULT_Q8_CONFIGS["tma"]
 
 
 def _q8_configs():
-    from forge_num.kernels.gluon_q8 import DEFAULT_Q8_WS_CONFIG, Q8_WS_CANDIDATE_CONFIGS
+    """The default tile and the candidates; with FORGE_NUM_TEST_Q8_ROUTED=1 in the environment the routed
+    tiles only (a device call short of time)."""
+    from forge_num.kernels.gluon_q8 import DEFAULT_Q8_WS_CONFIG, Q8_WS_CANDIDATE_CONFIGS, ROUTE_CONFIGS
 
+    if os.environ.get("FORGE_NUM_TEST_Q8_ROUTED") == "1":
+        return list(dict.fromkeys(ROUTE_CONFIGS))
     return [DEFAULT_Q8_WS_CONFIG, *Q8_WS_CANDIDATE_CONFIGS]
 
 
@@ -422,7 +426,8 @@ def test_ws_kernel_8bit_shards_walks_and_nonfinite():
             _check_q8("sgd", 320, 384, 40, seed=25, config=config)  # one K block a tile (fewer than the stages)
 
 
-def test_ws_kernel_8bit_pairs_and_single_calls_give_the_same_bits():
+@pytest.mark.parametrize("config", _q8_configs(), ids=lambda c: c.label)
+def test_ws_kernel_8bit_pairs_and_single_calls_give_the_same_bits(config):
     """The 8bit table draws one Philox call a pair of counters (2k, 2k + 1). Where every row's counters
     start even the tiles compute each call once for both elements (RAND_PAIRS); where a counter map's
     row stride or base is odd (a row then starts mid-pair) each element computes its own pair's call:
@@ -430,11 +435,10 @@ def test_ws_kernel_8bit_pairs_and_single_calls_give_the_same_bits():
     from forge_num.kernels import gluon_q8
 
     assert gluon_q8.rand_pairs(264, 2**33) and not gluon_q8.rand_pairs(265, 0) and not gluon_q8.rand_pairs(264, 1)
-    for config in _q8_configs():
-        _check_q8("adamw", 200, 264, 150, seed=31, config=config, counter=(264, 3 * 264 + 1, 2**33))
-        _check_q8("lion", 200, 264, 150, seed=32, config=config, counter=(264, 264, 2**33 + 1))
-        with mock.patch.object(gluon_q8, "RAND_PAIRS_ENABLED", False):
-            _check_q8("adamw", 200, 264, 150, seed=33, config=config)
+    _check_q8("adamw", 200, 264, 150, seed=31, config=config, counter=(264, 3 * 264 + 1, 2**33))
+    _check_q8("lion", 200, 264, 150, seed=32, config=config, counter=(264, 264, 2**33 + 1))
+    with mock.patch.object(gluon_q8, "RAND_PAIRS_ENABLED", False):
+        _check_q8("adamw", 200, 264, 150, seed=33, config=config)
 
 
 def test_ws_kernel_8bit_staged_state_at_the_edges():
