@@ -23,12 +23,12 @@ python3 -m pip install -q --no-index --no-deps .whl/execnet-*.whl .whl/pytest_xd
 'transformers', transformers.__version__)"; date -u; git log --oneline -1; } 2>&1 | tee "$R/env.txt"
 part_bits() {
   echo "== bits $(date -u +%T)"
-  timeout "$(budget 100)" python3 -m pytest -q -rfE -p no:cacheprovider -n 6 -m "gpu or exactness or statistical" \
+  timeout "$(budget 80)" python3 -m pytest -q -rfE -p no:cacheprovider -n 6 -m "gpu or exactness or statistical" \
     tests/test_interpreter_rounding.py tests/test_statistical_rounding.py tests/test_gathered_rows.py \
     tests/test_tied_rows.py >"$R/bits_tables.log" 2>&1
   echo "bits (tables, rows) rc=$?"
   grep -E "^(FAILED|ERROR)|passed|failed" "$R/bits_tables.log" | cut -c1-300 | tail -8
-  FORGE_NUM_TEST_Q8_ROUTED=1 timeout "$(budget 170)" python3 -m pytest -q -rfE -p no:cacheprovider -n 6 \
+  FORGE_NUM_TEST_Q8_ROUTED=1 timeout "$(budget 150)" python3 -m pytest -q -rfE -p no:cacheprovider -n 6 \
     -m "gpu or exactness" \
     tests/test_gpu_gluon.py tests/test_gpu_exactness.py tests/test_gpu_training.py tests/test_gpu_graphs.py \
     -k "8bit or q8" >"$R/bits_8bit.log" 2>&1
@@ -37,7 +37,7 @@ part_bits() {
   cat "$R"/bits_*.log | grep -E "^E  .*(Error|assert)" | sort | uniq -c | sort -rn | head -4 | cut -c1-300
 }
 kern() {  # $1 tag, $2 FORGE_NUM_Q8_PAIRS
-  FORGE_NUM_Q8_PAIRS=$2 timeout "$(budget 70)" python3 bench/kernels.py --precision 8bit \
+  FORGE_NUM_Q8_PAIRS=$2 timeout "$(budget 60)" python3 bench/kernels.py --precision 8bit \
     --shapes 4096x14336,14336x4096 --tokens 2048,4096 --out "$R/kern_$1.json" >"$R/kern_$1.log" 2>&1
   echo "kern $1 (FORGE_NUM_Q8_PAIRS=$2) rc=$?"
 }
@@ -61,8 +61,8 @@ PY
 }
 part_train8b() {
   echo "== train8b $(date -u +%T)"
-  PYTHONPATH=/tmp/site timeout "$(budget 120)" python3 bench/train_step.py --checkpointing on --warmup 3 --steps 4 \
-    --budget-s "$(( $(budget 120) - 20 ))" --out "$R/train8b.json" --methods forge_8bit+graph,flashoptim+cl \
+  PYTHONPATH=/tmp/site timeout "$(budget 110)" python3 bench/train_step.py --checkpointing on --warmup 3 --steps 4 \
+    --budget-s "$(( $(budget 110) - 20 ))" --out "$R/train8b.json" --methods forge_8bit+graph,flashoptim+cl \
     --models llama-8b --tokens 1x2048 >"$R/train8b.log" 2>&1
   echo "train8b rc=$?"; grep -E "^(forge|flash|torch)|rror|ran;" "$R/train8b.log" | cut -c1-200
 }
