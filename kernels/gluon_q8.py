@@ -828,6 +828,9 @@ def compile_for_sm90(rule: Rule, config: Q8WSConfig = DEFAULT_Q8_WS_CONFIG, M: i
 #   DEFAULT_Q8_WS_CONFIG above 8192 tokens (session 31): 0.78-0.84x the Triton tile's time at 8192 on the same
 #     three shapes, 0.77-0.86x at 12288, 0.70-0.87x at 16384; Llama-1B's and -3B's 8x2048 steps 0.98x and
 #     0.97x with it forced there.
+#   v41 (session 32, H100, bench/results/2026-12-06-s32/): every tile computing each Philox call once for a
+#     pair of elements (RAND_PAIRS) against each element's own call: 0.91-0.94x at 2048 tokens (the cursor),
+#     0.95-0.97x at 4096 (the deep cursor) on 4096x14336 and 14336x4096; the routes unchanged.
 # So each tile of ROUTE_BY_K from its first K to the next one's (3072 the first measured point where the
 # deep cursor leads; 5120 halfway between 4096, where it leads the default, and 6144, where it trails), the
 # last to ROUTE_MAX_K tokens inclusive (the most measured: above it the mainloop's share grows, where the
