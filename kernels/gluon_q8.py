@@ -646,6 +646,16 @@ Q8_WS_CANDIDATE_CONFIGS = (
     Q8WSConfig(num_warps=16, STAGES=4, self_load=True, load_cursor=True, max_registers=96, mma_registers=96,
                stage_state=True),
     Q8WSConfig(STAGES=4, stage_state=True),
+    # The cursor with K blocks of 128 (session 32, not yet run on a GPU). Why: ncu's source page of the paired
+    # cursor at 14336x4096, 2048 tokens (H100, session 32) put ~45 of its 255 thread instructions an element in
+    # the MMA warp group, paid once a K block: the descriptors' uniform arithmetic around each K block's four
+    # HGMMA (~30 a warp), the two TMA copies (each after a warp-group barrier) and the ring's waits; they take
+    # issue slots from the epilogue's warps on the same schedulers. K blocks of 128 pay them half as often
+    # (three stages: 144 KB of operands and 64 KB of g). ptxas (Triton 3.6, AdamW): the cursor's 96 B of
+    # spills. Launched only where K is a multiple of 128 (twin_k_blocks); predicted 0.95-0.97x the cursor's time
+    # at 2048 tokens.
+    Q8WSConfig(num_warps=16, BK=128, STAGES=3, self_load=True, load_cursor=True, max_registers=96,
+               mma_registers=96),
 )
 
 
@@ -697,6 +707,8 @@ def launch(weight, x, dy, states, rule: Rule, h: tuple, grad_scale: float, confi
         raise ValueError("gluon_q8.launch: K = 0 tokens; kernels.fused_linear_update handles them")
     if config.stage_state and N % 16:
         config = unstaged(config)
+    if config.BK != TWIN_BK and x.shape[0] % config.BK:
+        config = twin_k_blocks(config)
     tiles = triton.cdiv(M, config.BM) * triton.cdiv(N, config.BN)
     norm_sq, nonfinite = kernels._telemetry_buffers(max(tiles, 1), weight.device, launched=bool(M and N))
     if M and N:
@@ -775,6 +787,21 @@ def unstaged(config: Q8WSConfig) -> Q8WSConfig:
     multiple of 16: a row pitch of N bytes): the same update, its state loaded by pointer. One object per
     tile (the launch key names a config by id)."""
     return Q8WSConfig(**{k: getattr(config, k) for k in Q8WSConfig.__slots__ if k != "stage_state"})
+
+
+# The K block of the Triton 8bit tile these tiles equal bit for bit (tests/test_gpu_gluon.py's twin).
+TWIN_BK = 64
+
+
+@functools.lru_cache(maxsize=None)
+def twin_k_blocks(config: Q8WSConfig) -> Q8WSConfig:
+    """A tile of K blocks wider than TWIN_BK with the twin's K block, for a K that is not a multiple of its
+    own. Why: both run one chain of k16 wgmma block products in K order, zeros past K (TMA's padding), and
+    where K is a multiple of the wider block the chains are the same; elsewhere the wider block adds k16
+    blocks of zeros past K that the twin's lacks, and an accumulator that is exactly -0.0 becomes +0.0 when a
+    zero block is added (an SGD or Adam update of a -0.0 gradient differs from a +0.0 one's). One object per
+    tile (the launch key names a config by id)."""
+    return Q8WSConfig(**{k: (TWIN_BK if k == "BK" else getattr(config, k)) for k in Q8WSConfig.__slots__})
 
 
 _LAUNCH = CachedLaunch(fused_linear_update_q8_ws_kernel)

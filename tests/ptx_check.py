@@ -148,7 +148,7 @@ def check_gluon_ws(rule_name: str, config, precision: str = "fp32", slot: bool =
             "shared_model": config.shared_bytes(len(rule.state), 2 if bf16 else 4), **resource_usage(ptx)}
 
 
-def check_gluon_q8(rule_name: str, config, slot: bool = False) -> dict:
+def check_gluon_q8(rule_name: str, config, slot: bool = False, pairs: bool = True) -> dict:
     """The 8bit Gluon kernel (kernels/gluon_q8.py) for sm_90 with one tile: IEEE op counts (each op of
     the rule once per element an epilogue thread updates, and dequantization's two products a state:
     a code's bit fields times 2^(127 - TOP) and q * scale), the wgmma chain, TMA loads, the register
@@ -158,12 +158,13 @@ def check_gluon_q8(rule_name: str, config, slot: bool = False) -> dict:
     from forge_num.kernels.gluon_q8 import compile_for_sm90
 
     rule = rules.get_rule(rule_name)
-    compiled = compile_for_sm90(rule, config, slot=slot)
+    compiled = compile_for_sm90(rule, config, slot=slot, pairs=pairs)
     ptx = compiled.asm["ptx"]
     calls = vocabulary_calls(rule.update) + vocabulary_calls(rules.guarded_update)
     calls["mul"] += 2 * len(rule.state)
     per_thread = config.BM * config.BN // (32 * config.num_warps)
-    return {"rule": rule_name, "config": config.label, "slot": slot, "ptx": count(ptx), "forbidden": forbidden(ptx),
+    return {"rule": rule_name, "config": config.label, "slot": slot, "pairs": pairs, "BK": config.BK, "ptx": count(ptx),
+            "forbidden": forbidden(ptx),
             "expected": {op: calls.get(op, 0) * per_thread for op in PTX_OP}, "per_thread": per_thread,
             "mul_hi": len(re.findall(r"mul\.hi\.u32", ptx)), "mul_wide": len(re.findall(r"mul\.wide\.u32", ptx)),
             "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "tma": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
@@ -254,6 +255,8 @@ def main() -> int:
            "gluon_ws": [check_gluon_ws(r, c) for r in ("adamw", "lion", "sgd") for c in _gluon_ws_configs()]
                        + [check_gluon_ws(r, c, "bf16-sr") for r in ("adamw", "sgd") for c in _gluon_ws_bf16_sr_configs()],
            "gluon_q8": [check_gluon_q8(r, c) for r in ("adamw", "lion", "sgd") for c in _gluon_q8_configs()],
+           # the 8bit default with each element's own Philox call (RAND_PAIRS off: odd counter maps)
+           "gluon_q8_single": [check_gluon_q8(r, _gluon_q8_configs()[0], pairs=False) for r in ("adamw", "lion")],
            # the routed Gluon tiles reading their scalars from a step slot (a captured step's launches)
            "gluon_slot": [check_gluon_ws("adamw", c, slot=True) for c in _gluon_route_configs()]
                          + [check_gluon_q8("adamw", c, slot=True) for c in _gluon_q8_route_configs()],

@@ -166,6 +166,27 @@ def test_a_staged_tile_loads_by_pointer_where_tma_cannot_address_the_codes(monke
             assert descs[1 + n_state:] == (None,) * (2 - n_state)
 
 
+def test_a_wide_k_block_tile_launches_only_on_whole_k_blocks(monkeypatch):
+    """A tile of K blocks wider than its Triton twin's 64 gives the twin's bits where K is a multiple of its
+    block (the same k16 chain); elsewhere launch takes the tile with the twin's K block (twin_k_blocks: the
+    same fields but BK, one object, so one launch key)."""
+    wide = next(c for c in gluon_q8.Q8_WS_CANDIDATE_CONFIGS if c.BK > gluon_q8.TWIN_BK)
+    twin = gluon_q8.twin_k_blocks(wide)
+    assert twin is gluon_q8.twin_k_blocks(wide) and twin.BK == gluon_q8.TWIN_BK
+    assert {k: getattr(twin, k) for k in twin.__slots__ if k != "BK"} == \
+        {k: getattr(wide, k) for k in wide.__slots__ if k != "BK"}
+    monkeypatch.setattr(kernels, "_sm_count", lambda device: 132)
+    launched = []
+    monkeypatch.setattr(gluon_q8._LAUNCH, "launch", lambda key, pins, grid, args, constants: launched.append(
+        (pins[1], args)))
+    for K in (wide.BK, 2 * wide.BK, 64, wide.BK + 64, 150, 8):
+        w, x, dy, q = _problem(M=72, N=256, K=K, n_state=2)
+        gluon_q8.launch(w, x, dy, q, rules.ADAMW, H, 1.0, wide, (1, 256, 0))
+        config, args = launched[-1]
+        assert config is (twin if K % wide.BK else wide), K
+        assert args[0].block_shape == [config.BK, config.BM] and args[1].block_shape == [config.BK, config.BN]
+
+
 def test_a_tile_is_switched_on_by_its_label(monkeypatch):
     """FORGE_NUM_GLUON_Q8=<label> names the tile the route takes ('_' for ' '); an unknown one is an
     error naming the known labels (checked before the device is looked at)."""
@@ -173,7 +194,7 @@ def test_a_tile_is_switched_on_by_its_label(monkeypatch):
     assert gluon_q8._config_by_label(gluon_q8.Q8_WS_CANDIDATE_CONFIGS[0].label.replace(" ", "_")) \
         == gluon_q8.Q8_WS_CANDIDATE_CONFIGS[0]
     monkeypatch.setenv("FORGE_NUM_GLUON_Q8", "ws8_nonesuch")
-    with pytest.raises(ValueError, match="neither 0, 1 nor a tile's label; known: ws8_64x128x64"):
+    with pytest.raises(ValueError, match="neither 0, 1 nor a tile's label; known: ws8_64x128x"):
         gluon_q8.route_config(w, x, dy, q)
 
 
