@@ -139,6 +139,18 @@ def test_the_launch_key_determines_its_specialization(monkeypatch):
     assert shared > 0
 
 
+def _twin_and_launches(monkeypatch, tile, twin, field):
+    """Check that ``twin`` is one object for ``tile`` and equals it in every field but ``field``; then mock
+    the launch (132 SMs) and return the list each launch appends its (config, arguments) to."""
+    assert {k: getattr(twin, k) for k in twin.__slots__ if k != field} == \
+        {k: getattr(tile, k) for k in tile.__slots__ if k != field}
+    monkeypatch.setattr(kernels, "_sm_count", lambda device: 132)
+    launched = []
+    monkeypatch.setattr(gluon_q8._LAUNCH, "launch", lambda key, pins, grid, args, constants: launched.append(
+        (pins[1], args)))
+    return launched
+
+
 def test_a_staged_tile_loads_by_pointer_where_tma_cannot_address_the_codes(monkeypatch):
     """A stage_state tile's TMA loads need the codes' rows 16-byte apart (N bytes: N a multiple of 16);
     elsewhere launch takes its unstaged twin (the same fields but stage_state, one object, so one launch
@@ -146,12 +158,7 @@ def test_a_staged_tile_loads_by_pointer_where_tma_cannot_address_the_codes(monke
     staged = next(c for c in gluon_q8.Q8_WS_CANDIDATE_CONFIGS if c.stage_state)
     twin = gluon_q8.unstaged(staged)
     assert twin is gluon_q8.unstaged(staged) and not twin.stage_state
-    assert {k: getattr(twin, k) for k in twin.__slots__ if k != "stage_state"} == \
-        {k: getattr(staged, k) for k in staged.__slots__ if k != "stage_state"}
-    monkeypatch.setattr(kernels, "_sm_count", lambda device: 132)
-    launched = []
-    monkeypatch.setattr(gluon_q8._LAUNCH, "launch", lambda key, pins, grid, args, constants: launched.append(
-        (pins[1], args)))
+    launched = _twin_and_launches(monkeypatch, staged, twin, "stage_state")
     for N, n_state in ((264, 2), (256, 2), (256, 1)):
         w, x, dy, q = _problem(M=72, N=N, K=16, n_state=n_state)
         gluon_q8.launch(w, x, dy, q, rules.ADAMW, H, 1.0, staged, (1, N, 0))
@@ -173,12 +180,7 @@ def test_a_wide_k_block_tile_launches_only_on_whole_k_blocks(monkeypatch):
     wide = next(c for c in gluon_q8.Q8_WS_CANDIDATE_CONFIGS if c.BK > gluon_q8.TWIN_BK)
     twin = gluon_q8.twin_k_blocks(wide)
     assert twin is gluon_q8.twin_k_blocks(wide) and twin.BK == gluon_q8.TWIN_BK
-    assert {k: getattr(twin, k) for k in twin.__slots__ if k != "BK"} == \
-        {k: getattr(wide, k) for k in wide.__slots__ if k != "BK"}
-    monkeypatch.setattr(kernels, "_sm_count", lambda device: 132)
-    launched = []
-    monkeypatch.setattr(gluon_q8._LAUNCH, "launch", lambda key, pins, grid, args, constants: launched.append(
-        (pins[1], args)))
+    launched = _twin_and_launches(monkeypatch, wide, twin, "BK")
     for K in (wide.BK, 2 * wide.BK, 64, wide.BK + 64, 150, 8):
         w, x, dy, q = _problem(M=72, N=256, K=K, n_state=2)
         gluon_q8.launch(w, x, dy, q, rules.ADAMW, H, 1.0, wide, (1, 256, 0))
