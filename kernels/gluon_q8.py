@@ -342,16 +342,15 @@ def row_block_rounding_bits(offs_m, col0, seed, rand_stride, rand_base, layout: 
         c0, c1, c2, c3 = _ws._RANDOM.philox4x32_10(seed, counters)
         a = gl.convert_layout(gl.reshape(gl.join(c0, c2), [R, BN]), layout)
         b = gl.convert_layout(gl.reshape(gl.join(c1, c3), [R, BN]), layout)
+        bits = _ws._RANDOM.q8_slices(a, b)
     else:
         offs_n = col0 + gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
         n = offs_m[:, None].to(gl.int64) * rand_stride + offs_n[None, :] + rand_base
         # random.py's q8_rounding_bits without its tl.randint4x branch (FORGE_NUM_PHILOX_WIDE=0), which
         # Gluon lacks: philox4x32_10 gives tl.randint4x's words either way
         c0, c1, c2, c3 = _ws._RANDOM.philox4x32_10(seed, n >> 1)
-        odd = (n & 1) != 0
-        a = gl.where(odd, c2, c0)
-        b = gl.where(odd, c3, c1)
-    return _ws._RANDOM.q8_slices(a, b)
+        bits = _ws._RANDOM.q8_half_slices(n, c0, c1, c2, c3)
+    return bits
 
 
 @gluon.jit

@@ -132,7 +132,7 @@ NAMESPACE = {**{name: getattr(_IEEE, fn_name) for name, fn_name in _IEEE_OPS.ite
 # with the epilogue's loads, stores, counters and telemetry terms (kernels/gluon_q8.py)
 _RANDOM, _ROUNDING, _QUANT8, _LINEAR = _modules_in_gluon([
     (_random, ("wide_products_a", "wide_products_b", "products_a", "products_b", "philox4x32_10", "random_slices",
-               "q8_slices")),
+               "q8_slices", "q8_half_slices")),
     (_rounding, ("_is_nan", "bf16_sr_bits", "bf16_to_f32")),
     (_quant8, ("magnitude_key", "block_exponent", "sr_threshold", "sr_code", "quantize_blocks_sr", "code_unit_value",
                "dequantize_blocks")),

@@ -609,9 +609,9 @@ def update_in_place_q8(loaded, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_
                        N_STATE: tl.constexpr):
     """update_in_place for the 8bit regime on a tile [R, BN] of whole quantization blocks, from the
     values load_q8 loaded there: W is bf16 (stochastic rounding, slice r_p); state 0 is signed E4M3
-    codes (m: slice r_m24), state 1 unsigned E5M3 codes (v >= 0: slice r_v24; the 8bit table, one Philox
-    call a pair of counters: random.q8_rounding_bits), each with an fp32
-    power-of-two scale per block of QBLOCK elements of a row (kernels/quant8.py). The rule runs on the
+    codes (m: slice r_m24), state 1 unsigned E5M3 codes (v >= 0: slice r_v24), each with an fp32
+    power-of-two scale per block of QBLOCK elements of a row (kernels/quant8.py); the slices from the 8bit
+    table, one Philox call a pair of counters (random.q8_rounding_bits). The rule runs on the
     dequantized fp32 state and the fp32 gradient; the new scale comes from the updated block. An
     element whose gradient was not finite keeps its dequantized value, which is then requantized under
     its block's new scale."""

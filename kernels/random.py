@@ -44,7 +44,7 @@ from forge_num.emulator import philox as _philox
 from forge_num.interpreter import is_interpreter
 
 __all__ = ["randint4x", "randint", "rounding_bits", "random_slices", "q8_rounding_bits", "q8_slices",
-           "philox4x32_10", "products_a", "products_b", "wide_products_a", "wide_products_b"]
+           "q8_half_slices", "philox4x32_10", "products_a", "products_b", "wide_products_a", "wide_products_b"]
 
 
 @triton.jit
@@ -92,6 +92,13 @@ def q8_rounding_bits(seed, offset):
         c0, c1, c2, c3 = philox4x32_10(seed, pair)
     else:
         c0, c1, c2, c3 = tl.randint4x(seed, pair)
+    return q8_half_slices(offset, c0, c1, c2, c3)
+
+
+@triton.jit
+def q8_half_slices(offset, c0, c1, c2, c3):
+    """The 8bit table's slices of the elements with counters ``offset`` from the words of their pairs'
+    calls (offset >> 1): the half that the counter's parity picks, (c0, c1) or (c2, c3)."""
     odd = (offset & 1) != 0
     return q8_slices(tl.where(odd, c2, c0), tl.where(odd, c3, c1))
 
