@@ -415,3 +415,15 @@ def test_method_suffixes_pick_the_loss_and_the_captured_step():
     assert train_step.unavailable_reason("forge_8bit+cl+graph", cuda=True) is None
     assert "captures forge's step only" in train_step.unavailable_reason("torch_adamw+graph", cuda=True)
     assert "unknown method" in train_step.unavailable_reason("forge_9bit+graph", cuda=True)
+
+
+def test_alive_after_counts_a_block_freed_at_its_free_request():
+    """The capture history's residue (train_step.alive_after): a block is freed where its free is requested
+    (torch.cuda.memory_allocated drops there), an address reused after a free is a new block, and what
+    no event frees is left, largest first."""
+    trace = [{"action": "alloc", "addr": 1, "size": 10}, {"action": "alloc", "addr": 2, "size": 30},
+             {"action": "free_requested", "addr": 1, "size": 10}, {"action": "alloc", "addr": 1, "size": 20},
+             {"action": "alloc", "addr": 3, "size": 5}, {"action": "free_requested", "addr": 3, "size": 5},
+             {"action": "free_completed", "addr": 3, "size": 5}, {"action": "segment_alloc", "addr": 9, "size": 99}]
+    left = train_step.alive_after([trace])
+    assert [(e["addr"], e["size"]) for e in left] == [(2, 30), (1, 20)]
