@@ -176,6 +176,27 @@ def _spied_gluon_launches(routes: list):
     return stack
 
 
+def test_what_a_capture_holds_does_not_grow_with_its_warm_ups():
+    """The memory allocated after the capturing call is the same after one warm-up step and after three
+    (forge_num.graphs, "Memory": the warm-ups run on one stream and torch's cuBLAS workspaces are cleared
+    before the capture). Before session 33 each warm-up's own stream kept a cuBLAS and a cuBLASLt
+    workspace beside the capture's (32 MiB each on Hopper): three warm-ups held 128 MiB more than one."""
+    held = []
+    for warmup in (1, 3):
+        model, opt = _model("narrow", "8bit")
+        torch._C._cuda_clearCublasWorkspaces()
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        step = fn.capture_step(opt, _loss_fn(model, "hf"), warmup=warmup)
+        for ids in _batches(64)[:warmup + 1]:
+            step(ids)
+        torch.cuda.synchronize()
+        held.append(torch.cuda.memory_allocated() - before)
+        step.close()
+        del step, model, opt
+    assert held[0] == held[1], held
+
+
 def test_replays_refuse_replaced_state_and_close_gives_eager_steps_back():
     """A replay after the optimizer's state tensors were replaced (load_state_dict) is refused; close()
     gives the optimizer back to eager steps, which train on."""
