@@ -622,6 +622,17 @@ CURSOR_CONFIG = Q8WSConfig(num_warps=16, self_load=True, load_cursor=True, max_r
 # same spills as the cursor (ptxas of Triton 3.6).
 DEEP_CURSOR_CONFIG = Q8WSConfig(num_warps=16, STAGES=4, self_load=True, load_cursor=True, max_registers=96,
                                 mma_registers=96)
+# The cursor with K blocks of 128 (v42, session 32). Why: ncu's source page of the paired cursor at 14336x4096,
+# 2048 tokens (H100, session 32) put ~45 of its 255 thread instructions an element in the MMA warp group, paid
+# once a K block: the descriptors' uniform arithmetic around each K block's four HGMMA (~30 a warp), the two
+# TMA copies (each after a warp-group barrier) and the ring's waits; they take issue slots from the epilogue's
+# warps on the same schedulers. K blocks of 128 pay them half as often (three stages: 144 KB of operands and
+# 64 KB of g, as many K elements in flight as six stages of 64). ptxas (Triton 3.6, AdamW): the cursor's 96 B
+# of spills. Launched only where K is a multiple of 128 (twin_k_blocks; config_for routes it only there).
+# Session 33 (H100): at 4096 tokens 0.93-0.97x the deep cursor's time on 4096x14336, 14336x4096 and 4096x4096;
+# at 3072 0.96-1.02x; at 2048 0.98-1.01x the cursor's (predicted 0.95-0.97x: the MMA side was not the bound).
+K128_CURSOR_CONFIG = Q8WSConfig(num_warps=16, BK=128, STAGES=3, self_load=True, load_cursor=True, max_registers=96,
+                                mma_registers=96)
 Q8_WS_CANDIDATE_CONFIGS = (
     Q8WSConfig(STAGES=3),
     Q8WSConfig(STAGES=2),
@@ -645,16 +656,7 @@ Q8_WS_CANDIDATE_CONFIGS = (
     Q8WSConfig(num_warps=16, STAGES=4, self_load=True, load_cursor=True, max_registers=96, mma_registers=96,
                stage_state=True),
     Q8WSConfig(STAGES=4, stage_state=True),
-    # The cursor with K blocks of 128 (session 32, not yet run on a GPU). Why: ncu's source page of the paired
-    # cursor at 14336x4096, 2048 tokens (H100, session 32) put ~45 of its 255 thread instructions an element in
-    # the MMA warp group, paid once a K block: the descriptors' uniform arithmetic around each K block's four
-    # HGMMA (~30 a warp), the two TMA copies (each after a warp-group barrier) and the ring's waits; they take
-    # issue slots from the epilogue's warps on the same schedulers. K blocks of 128 pay them half as often
-    # (three stages: 144 KB of operands and 64 KB of g). ptxas (Triton 3.6, AdamW): the cursor's 96 B of
-    # spills. Launched only where K is a multiple of 128 (twin_k_blocks); predicted 0.95-0.97x the cursor's time
-    # at 2048 tokens.
-    Q8WSConfig(num_warps=16, BK=128, STAGES=3, self_load=True, load_cursor=True, max_registers=96,
-               mma_registers=96),
+    K128_CURSOR_CONFIG,
 )
 
 
@@ -875,13 +877,15 @@ ROUTE_CONFIGS = tuple(c for _, c in ROUTE_BY_K)  # every tile config_for returns
 
 def config_for(M: int, N: int, K: int) -> Q8WSConfig | None:
     """The tile the launcher routes a (M, N, K) 8bit update to, or None (the Triton kernel): the measured
-    ranges above; M and N multiples of 8 (TMA's 16-byte rows of bf16 operands)."""
+    ranges above (where K is not a multiple of a range's K block wider than TWIN_BK, the range's before
+    it: the measured tile, not the wider one's untimed twin); M and N multiples of 8 (TMA's 16-byte rows of
+    bf16 operands)."""
     if M % 8 or N % 8 or triton.cdiv(M, 64) * triton.cdiv(N, QBLOCK) < MIN_TILES or K > ROUTE_MAX_K:
         return None
     tile = None
     for first_k, c in ROUTE_BY_K:
-        if K >= first_k:
-            tile = c
+        if K >= first_k and (c.BK == TWIN_BK or K % c.BK == 0):
+            tile = c  # a tile of wider K blocks only on whole ones (twin_k_blocks), else the range's before it
     return tile
 
 

@@ -189,6 +189,17 @@ def test_a_wide_k_block_tile_launches_only_on_whole_k_blocks(monkeypatch):
         assert args[0].block_shape == [config.BK, config.BM] and args[1].block_shape == [config.BK, config.BN]
 
 
+def test_a_range_of_wider_k_blocks_routes_only_whole_ones(monkeypatch):
+    """config_for gives a range's tile of K blocks wider than TWIN_BK only where K is a multiple of its
+    block; elsewhere the range's before it (the measured tile, not the wider one's twin)."""
+    wide = gluon_q8.K128_CURSOR_CONFIG
+    monkeypatch.setattr(gluon_q8, "ROUTE_BY_K", ((2048, gluon_q8.CURSOR_CONFIG), (4096, wide)))
+    assert gluon_q8.config_for(4096, 14336, 4096) is wide
+    assert gluon_q8.config_for(4096, 14336, 4096 + 128) is wide
+    assert gluon_q8.config_for(4096, 14336, 4096 + 64) is gluon_q8.CURSOR_CONFIG
+    assert gluon_q8.config_for(4096, 14336, 4095) is gluon_q8.CURSOR_CONFIG
+
+
 def test_a_tile_is_switched_on_by_its_label(monkeypatch):
     """FORGE_NUM_GLUON_Q8=<label> names the tile the route takes ('_' for ' '); an unknown one is an
     error naming the known labels (checked before the device is looked at)."""

@@ -5,8 +5,10 @@
 #   residue  Llama-1B 4x1024: forge_8bit+cl eager beside forge_8bit+cl+graph, the capturing call's residue
 #   train3b  Llama-3B 4x1024 (every update at K = 4096): forge_8bit+graph routed (the deep cursor), with the
 #            K-block-128 cursor forced, and flashoptim+cl, side by side
+#   train1b  Llama-1B 4x1024: forge_8bit+cl+graph with the K-block-128 cursor forced beside flashoptim+cl (the
+#            routed step: residue's)
 set -uo pipefail
-PART=${PART:-graphs,residue,train3b}
+PART=${PART:-graphs,residue,train3b,train1b}
 DEADLINE=$((SECONDS + ${CALL_BUDGET_S:-570}))
 budget() { local left=$((DEADLINE - SECONDS)); echo $(( $1 < left ? $1 : (left > 5 ? left : 5) )); }
 OUT=${OUT:-out}; R=/tmp/fn_call; rm -rf "$R"; mkdir -p "$R" "$OUT"
@@ -20,7 +22,7 @@ python3 -m pip install -q --no-index --no-deps .whl/execnet-*.whl .whl/pytest_xd
 BK128=ws8_64x128x128_st3_w16_rows16_mma96_r96_sl_cur
 part_graphs() {
   echo "== graphs $(date -u +%T)"
-  timeout "$(budget 150)" python3 -m pytest -v -p no:cacheprovider -n 4 -m "gpu or exactness" tests/test_gpu_graphs.py \
+  timeout "$(budget 120)" python3 -m pytest -v -p no:cacheprovider -n 4 -m "gpu or exactness" tests/test_gpu_graphs.py \
     >"$R/graphs.log" 2>&1
   echo "graphs rc=$?"
   grep -E " (FAILED|ERROR) |passed|failed|assert" "$R/graphs.log" | cut -c1-300 | tail -8
@@ -40,6 +42,10 @@ part_residue() {
 part_train3b() {
   train train3b_routed 150 - --methods forge_8bit+graph,flashoptim+cl --models llama-3b --tokens 4x1024 --steps 5
   train train3b_bk128 80 "$BK128" --methods forge_8bit+graph --models llama-3b --tokens 4x1024 --steps 5
+}
+part_train1b() {
+  train train1b_bk128 80 "$BK128" --methods forge_8bit+cl+graph,flashoptim+cl --models llama-1b --tokens 4x1024 \
+    --steps 5
 }
 for part in ${PART//,/ }; do "part_$part"; done
 echo "== done $(date -u +%T)"
