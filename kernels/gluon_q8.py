@@ -859,8 +859,13 @@ def compile_for_sm90(rule: Rule, config: Q8WSConfig = DEFAULT_Q8_WS_CONFIG, M: i
 #   v41 (session 32, H100, bench/results/2026-12-06-s32/): every tile computing each Philox call once for a
 #     pair of elements (RAND_PAIRS) against each element's own call: 0.91-0.94x at 2048 tokens (the cursor),
 #     0.95-0.97x at 4096 (the deep cursor) on 4096x14336 and 14336x4096; the routes unchanged.
+#   K128_CURSOR_CONFIG (session 33, H100, bench/results/2026-12-06-s33/call1): at 4096 tokens 0.93-0.97x the
+#     deep cursor's time on 4096x14336, 14336x4096 and 4096x4096; at 3072 0.96-1.02x (two timings of one tile
+#     in that run differed by 2-7% there: not settled); at 2048 0.98-1.01x the cursor's. Untimed above 4096.
 # So each tile of ROUTE_BY_K from its first K to the next one's (3072 the first measured point where the
-# deep cursor leads; 5120 halfway between 4096, where it leads the default, and 6144, where it trails), the
+# deep cursor leads; 4096 the one where the K-block-128 cursor leads it, on whole K blocks of 128 only, else
+# the deep cursor; 5120 halfway between 4096, where they lead the default, and 6144, where the deep cursor
+# trails it), the
 # last to ROUTE_MAX_K tokens inclusive (the most measured: above it the mainloop's share grows, where the
 # Triton tiles' mainloops were the faster before the Gluon default led at 8192-16384), with at least
 # MIN_TILES tiles. FORGE_NUM_GLUON_Q8 in the environment (read at each call): 0 never, 1 or unset the
@@ -870,7 +875,7 @@ ROUTED = True
 MIN_TILES = 132  # below one tile an SM of an H100/H200 the one-program-an-SM grid idles SMs
 # (first K, tile), in order of K
 ROUTE_BY_K = ((1024, WIDE_EPILOGUE_CONFIG), (2048, CURSOR_CONFIG), (3072, DEEP_CURSOR_CONFIG),
-              (5120, DEFAULT_Q8_WS_CONFIG))
+              (4096, K128_CURSOR_CONFIG), (5120, DEFAULT_Q8_WS_CONFIG))
 ROUTE_MAX_K = 16384
 ROUTE_CONFIGS = tuple(c for _, c in ROUTE_BY_K)  # every tile config_for returns
 

@@ -212,9 +212,10 @@ def test_a_tile_is_switched_on_by_its_label(monkeypatch):
 
 
 @pytest.mark.parametrize("M,N,K,expect", [
-    (4096, 14336, 4096, "deep"), (2048, 8192, 4096, "deep"), (4096, 14336, 5119, "deep"),
-    (1024, 2048, 4096, "deep"),                                     # 16 x 16 = 256 tiles
-    (4096, 14336, 3072, "deep"),                                    # the four-stage cursor from 3072
+    (4096, 14336, 4096, "k128"), (2048, 8192, 4096, "k128"), (4096, 14336, 4992, "k128"),
+    (1024, 2048, 4096, "k128"),                                     # 16 x 16 = 256 tiles
+    (4096, 14336, 5119, "deep"), (4096, 14336, 4160, "deep"),      # K blocks of 128 on whole ones only
+    (4096, 14336, 3072, "deep"), (4096, 14336, 4095, "deep"),      # the four-stage cursor from 3072
     (4096, 14336, 5120, "default"), (4096, 14336, 8192, "default"), (4096, 14336, 16384, "default"),
     (4096, 14336, 16385, None), (4096, 14336, 32768, None),         # the Triton tiles past the measured
     (4096, 14336, 1024, "wide"), (2048, 8192, 2047, "wide"),        # sixteen epilogue warps at 1024 tokens
@@ -225,6 +226,7 @@ def test_a_tile_is_switched_on_by_its_label(monkeypatch):
 ])
 def test_config_for_the_measured_ranges(M, N, K, expect):
     want = {"wide": gluon_q8.WIDE_EPILOGUE_CONFIG, "cursor": gluon_q8.CURSOR_CONFIG,
-            "deep": gluon_q8.DEEP_CURSOR_CONFIG, "default": gluon_q8.DEFAULT_Q8_WS_CONFIG, None: None}[expect]
+            "deep": gluon_q8.DEEP_CURSOR_CONFIG, "k128": gluon_q8.K128_CURSOR_CONFIG,
+            "default": gluon_q8.DEFAULT_Q8_WS_CONFIG, None: None}[expect]
     assert gluon_q8.config_for(M, N, K) == want
     assert want is None or want in gluon_q8.ROUTE_CONFIGS
