@@ -3,10 +3,10 @@
 #   graphs   tests/test_gpu_graphs.py with the capture's memory fix (one warm-up stream, cuBLAS workspaces
 #            cleared before the capture) and its new test
 #   residue  Llama-1B 4x1024: forge_8bit+cl eager beside forge_8bit+cl+graph, the capturing call's residue
-#   train3b  Llama-3B 4x1024 (every update at K = 4096): forge_8bit+graph routed (the deep cursor), with the
-#            K-block-128 cursor forced, and flashoptim+cl, side by side
-#   train1b  Llama-1B 4x1024: forge_8bit+cl+graph with the K-block-128 cursor forced beside flashoptim+cl (the
-#            routed step: residue's)
+#   train3b  Llama-3B 4x1024 (every update at K = 4096): forge_8bit+graph routed (since 8de977b the K-block-128
+#            cursor), with the deep cursor forced (the route before), and flashoptim+cl, side by side
+#   train1b  Llama-1B 4x1024: forge_8bit+cl+graph with the deep cursor forced beside flashoptim+cl (the routed
+#            step: residue's)
 set -uo pipefail
 PART=${PART:-graphs,residue,train3b,train1b}
 DEADLINE=$((SECONDS + ${CALL_BUDGET_S:-570}))
@@ -19,10 +19,10 @@ python3 -m pip install -q --no-index --no-deps .whl/execnet-*.whl .whl/pytest_xd
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, \
 'transformers', transformers.__version__)"; date -u; } 2>&1 | tee "$R/env.txt"
-BK128=ws8_64x128x128_st3_w16_rows16_mma96_r96_sl_cur
+DEEP=ws8_64x128x64_st4_w16_rows16_mma96_r96_sl_cur
 part_graphs() {
   echo "== graphs $(date -u +%T)"
-  timeout "$(budget 120)" python3 -m pytest -v -p no:cacheprovider -n 4 -m "gpu or exactness" tests/test_gpu_graphs.py \
+  timeout "$(budget 110)" python3 -m pytest -v -p no:cacheprovider -n 4 -m "gpu or exactness" tests/test_gpu_graphs.py \
     >"$R/graphs.log" 2>&1
   echo "graphs rc=$?"
   grep -E " (FAILED|ERROR) |passed|failed|assert" "$R/graphs.log" | cut -c1-300 | tail -8
@@ -36,15 +36,15 @@ train() {  # $1 tag, $2 seconds, $3 FORGE_NUM_GLUON_Q8 (- for unset), the rest: 
   echo "$tag rc=$?"; grep -vE "^#|^$|^ratios" "$R/$tag.log" | cut -c1-220 | tail -24
 }
 part_residue() {
-  train residue 120 - --methods forge_8bit+cl,forge_8bit+cl+graph --models llama-1b --tokens 4x1024 --steps 4 \
+  train residue 100 - --methods forge_8bit+cl,forge_8bit+cl+graph --models llama-1b --tokens 4x1024 --steps 4 \
     --capture-history sizes
 }
 part_train3b() {
-  train train3b_routed 150 - --methods forge_8bit+graph,flashoptim+cl --models llama-3b --tokens 4x1024 --steps 5
-  train train3b_bk128 80 "$BK128" --methods forge_8bit+graph --models llama-3b --tokens 4x1024 --steps 5
+  train train3b_routed 140 - --methods forge_8bit+graph,flashoptim+cl --models llama-3b --tokens 4x1024 --steps 5
+  train train3b_deep 70 "$DEEP" --methods forge_8bit+graph --models llama-3b --tokens 4x1024 --steps 5
 }
 part_train1b() {
-  train train1b_bk128 80 "$BK128" --methods forge_8bit+cl+graph,flashoptim+cl --models llama-1b --tokens 4x1024 \
+  train train1b_deep 80 "$DEEP" --methods forge_8bit+cl+graph,flashoptim+cl --models llama-1b --tokens 4x1024 \
     --steps 5
 }
 for part in ${PART//,/ }; do "part_$part"; done
