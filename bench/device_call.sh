@@ -1,0 +1,42 @@
+# Sourced by a device call's script (bench/results/<date>-s<N>/call*.sh), from the repository root on the
+# device machine: what every call does first and last, written once.
+#   budget S     seconds for the next part: S, or what is left of CALL_BUDGET_S (default 570) if less
+#   call_begin   installs forge_num (editable, no dependencies), flashoptim from .whl into /tmp/site (its
+#                baselines run with PYTHONPATH=/tmp/site), pytest-xdist; records the GPU and versions
+#   train TAG S FLAG ARGS...   bench/train_step.py (checkpointing on, 3 warm-up steps) with ARGS under S
+#                seconds of the budget, FORGE_NUM_GLUON_Q8=FLAG (- leaves it unset), into $R/TAG.{json,log};
+#                prints its rows
+#   call_end     the results folder $R packed into $OUT/results.tgz, env.txt beside it
+set -uo pipefail
+DEADLINE=$((SECONDS + ${CALL_BUDGET_S:-570}))
+OUT=${OUT:-out}
+R=/tmp/fn_call
+export PYTHONUNBUFFERED=1
+
+budget() { local left=$((DEADLINE - SECONDS)); echo $(( $1 < left ? $1 : (left > 5 ? left : 5) )); }
+
+call_begin() {
+  rm -rf "$R"; mkdir -p "$R" "$OUT"
+  python3 -m pip install -q --no-deps --no-build-isolation -e . >"$R/install.log" 2>&1 || { cat "$R/install.log"; exit 1; }
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/flashoptim-0.1.4-py3-none-any.whl \
+    >>"$R/install.log" 2>&1
+  python3 -m pip install -q --no-index --no-deps .whl/execnet-*.whl .whl/pytest_xdist-*.whl >>"$R/install.log" 2>&1
+  { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+    python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, \
+'transformers', transformers.__version__)"; date -u; } 2>&1 | tee "$R/env.txt"
+}
+
+train() {
+  local tag=$1 secs=$2 flag=$3; shift 3
+  echo "== $tag $(date -u +%T) FORGE_NUM_GLUON_Q8=$flag"
+  ( [ "$flag" != - ] && export FORGE_NUM_GLUON_Q8=$flag
+    PYTHONPATH=/tmp/site timeout "$(budget "$secs")" python3 bench/train_step.py --checkpointing on --warmup 3 \
+      --budget-s "$(( $(budget "$secs") - 20 ))" --out "$R/$tag.json" "$@" >"$R/$tag.log" 2>&1 )
+  echo "$tag rc=$?"; grep -vE "^#|^$|^ratios" "$R/$tag.log" | cut -c1-220 | tail -24
+}
+
+call_end() {
+  echo "== done $(date -u +%T)"
+  date -u >>"$R/env.txt"
+  tar czf "$OUT/results.tgz" -C "$R" . ; cp "$R/env.txt" "$OUT/"
+}
