@@ -180,9 +180,11 @@ def test_what_a_capture_holds_does_not_grow_with_its_warm_ups():
     """The memory allocated after the capturing call is the same after one warm-up step and after three
     (forge_num.graphs, "Memory": the warm-ups run on one stream and torch's cuBLAS workspaces are cleared
     before the capture). Before session 33 each warm-up's own stream kept a cuBLAS and a cuBLASLt
-    workspace beside the capture's (32 MiB each on Hopper): three warm-ups held 128 MiB more than one."""
+    workspace beside the capture's (32 MiB each on Hopper): three warm-ups held 128 MiB more than one. The
+    first capture is not compared: a process's first one also creates what forge caches for the process
+    (512 B more held after it on the H100 of session 33)."""
     held = []
-    for warmup in (1, 3):
+    for warmup in (1, 1, 3):
         model, opt = _model("narrow", "8bit")
         torch._C._cuda_clearCublasWorkspaces()
         torch.cuda.synchronize()
@@ -194,7 +196,7 @@ def test_what_a_capture_holds_does_not_grow_with_its_warm_ups():
         held.append(torch.cuda.memory_allocated() - before)
         step.close()
         del step, model, opt
-    assert held[0] == held[1], held
+    assert held[1] == held[2], held
 
 
 def test_replays_refuse_replaced_state_and_close_gives_eager_steps_back():
