@@ -165,7 +165,7 @@ def regime_problem(M: int, N: int, K: int, precision: str = "fp32"):
     return x, dy, w, states, h, SEED
 
 
-def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", only=None) -> dict:
+def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", only=None, rounds: int = 1) -> dict:
     x, dy, w, states, h, seed = regime_problem(M, N, K, precision)
 
     def forge(config=None):
@@ -195,15 +195,22 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", o
     candidates = Q8_CANDIDATES + _gluon_q8_tiles(M, N) if precision == "8bit" else CANDIDATES
     default = (kernels.default_q8_config(M, N, K, torch.bfloat16) if precision == "8bit"
                else kernels.default_config(M, N, K, torch.bfloat16, precision == "bf16-sr"))
-    for cfg in (*configs, *candidates):
-        if only is not None and cfg.label not in only:
-            continue
-        try:
-            per_config[str(cfg)] = triton.testing.do_bench(lambda: forge(cfg), warmup=10, rep=100,
-                                                           return_mode="median") * 1e-3
-            compiled[str(cfg)] = {} if _is_gluon_q8(cfg) else RECORDER.resources()
-        except Exception as e:  # a tile that does not compile here (shared memory): reported, not fatal
-            failed[str(cfg)] = f"{type(e).__name__}: {str(e)[:160]}"
+    # Each tile timed once a round, the rounds one after another (interleaved), its time the median of its
+    # rounds: a drift of the GPU's clocks falls on every tile alike (session 33: two timings of one tile
+    # minutes apart in one run differed by 2-7%).
+    rounds_ms = {}
+    selected = [cfg for cfg in (*configs, *candidates) if only is None or cfg.label in only]
+    for _ in range(rounds):
+        for cfg in selected:
+            if str(cfg) in failed:
+                continue
+            try:
+                t = triton.testing.do_bench(lambda: forge(cfg), warmup=10, rep=100, return_mode="median")
+                rounds_ms.setdefault(str(cfg), []).append(t)
+                compiled.setdefault(str(cfg), {} if _is_gluon_q8(cfg) else RECORDER.resources())
+            except Exception as e:  # a tile that does not compile here (shared memory): reported, not fatal
+                failed[str(cfg)] = f"{type(e).__name__}: {str(e)[:160]}"
+    per_config = {k: statistics.median(v) * 1e-3 for k, v in rounds_ms.items()}
     t_forge = triton.testing.do_bench(forge, warmup=25, rep=200, return_mode="median") * 1e-3
     t_unfused = triton.testing.do_bench(unfused, warmup=25, rep=200, return_mode="median") * 1e-3
     # The same two steps without the host: their launches replayed from a CUDA graph. do_bench's
@@ -253,6 +260,7 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", o
             "per_config_ms": {k: t * 1e3 for k, t in per_config.items()},
             # the same timings by label (64x128x64 w4 s4 e4 tma ...): stable when TileConfig gains a field
             "per_label_ms": {labels[k]: t * 1e3 for k, t in per_config.items()},
+            "rounds_ms_by_label": {labels[k]: v for k, v in rounds_ms.items()},
             "compiled": compiled, "failed": failed,
             "best_config": min(per_config, key=per_config.get),
             "best_label": labels[min(per_config, key=per_config.get)],
@@ -315,8 +323,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--configs", default=None, help="time only these tile labels ('_' for space, comma-separated) "
                     "beside the default (the launcher's pick)")
+    ap.add_argument("--rounds", type=int, default=1, help="time the tiles this many times, interleaved (each tile "
+                    "once a round); each tile's time is the median of its rounds")
     ap.add_argument("--mainloop", action="store_true", help="time the dW mainloop alone per tile (MAINLOOP_TILES)")
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.mainloop:
         rows = []
         for shape in args.shapes.split(","):
@@ -351,7 +363,7 @@ def main(argv=None) -> int:
         if precision not in STATE_BYTES:
             raise SystemExit(f"unknown precision {precision!r}; choose from {sorted(STATE_BYTES)}")
         only = None if args.configs is None else {c.replace("_", " ") for c in args.configs.split(",")}
-        rows.append(bench_one(M, N, K, ceilings, precision, only))
+        rows.append(bench_one(M, N, K, ceilings, precision, only, args.rounds))
         r = rows[-1]
         print(f"{precision:<7} {M:>6}x{N:<6} K={K:<6} forge {r['forge_ms']:8.3f} ms  unfused {r['unfused_ms']:8.3f} ms  "
               f"floor {r['floor_ms']:7.3f} ms  speedup {r['speedup_vs_unfused']:5.2f}x  "
