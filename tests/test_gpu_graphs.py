@@ -181,8 +181,9 @@ def test_what_a_capture_holds_does_not_grow_with_its_warm_ups():
     (forge_num.graphs, "Memory": the warm-ups run on one stream and torch's cuBLAS workspaces are cleared
     before the capture). Before session 33 each warm-up's own stream kept a cuBLAS and a cuBLASLt
     workspace beside the capture's (32 MiB each on Hopper): three warm-ups held 128 MiB more than one. The
-    first capture is not compared: a process's first one also creates what forge caches for the process
-    (512 B more held after it on the H100 of session 33)."""
+    first capture is not compared: a process's first one also allocates what is made once a process (512 B
+    more held after it on the H100 of session 33; torch's or forge's, not identified: a CUDA generator's
+    graph state is made at its first capture)."""
     held = []
     for warmup in (1, 1, 3):
         model, opt = _model("narrow", "8bit")
