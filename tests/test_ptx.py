@@ -192,6 +192,7 @@ STEP_SLOT_SPILLS = {
     "ws8 64x128x64 st3 w16 rows16 mma96 r96 sl": 96,  # as without a slot (GLUON_Q8_SPILL_EXCEPTIONS)
     "ws8 64x128x64 st3 w16 rows16 mma96 r96 sl cur": 96,
     "ws8 64x128x64 st4 w16 rows16 mma96 r96 sl cur": 96,
+    "ws8 64x128x128 st3 w16 rows16 mma96 r96 sl cur": 96,  # routed since session 33; 76 B there, as the deep cursor
     "ws 64x128x64 st2 sl1 o1 p2 r128": 32,
     "ws 128x128x64 st3 sl1 o1": 12,
 }
