@@ -152,7 +152,6 @@ def memory_at_peak(forward, after, top: int = 16) -> dict:
             "other_mib": sum(size for _, size in blocks[top:]) / 2**20}
 
 
-
 def alive_after(device_traces) -> list:
     """The alloc events of an allocator history (torch.cuda.memory._snapshot()["device_traces"]) whose
     block no later event freed, largest first; a block counts as freed at its free_requested event
@@ -200,6 +199,7 @@ def allocations_left_by(call, stacks: bool, top: int = 12) -> tuple:
                     "allocations": [{"mib": e["size"] / 2**20, "frames": ours(e.get("frames") or [])}
                                     for e in left[:top]],
                     "other_mib": sum(e["size"] for e in left[top:]) / 2**20}
+
 
 # --------------------------------------------------------------------------------------------
 # Memory model (bytes), written down before measuring

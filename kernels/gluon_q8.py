@@ -865,9 +865,8 @@ def compile_for_sm90(rule: Rule, config: Q8WSConfig = DEFAULT_Q8_WS_CONFIG, M: i
 # So each tile of ROUTE_BY_K from its first K to the next one's (3072 the first measured point where the
 # deep cursor leads; 4096 the one where the K-block-128 cursor leads it, on whole K blocks of 128 only, else
 # the deep cursor; 5120 halfway between 4096, where they lead the default, and 6144, where the deep cursor
-# trails it), the
-# last to ROUTE_MAX_K tokens inclusive (the most measured: above it the mainloop's share grows, where the
-# Triton tiles' mainloops were the faster before the Gluon default led at 8192-16384), with at least
+# trails it), the last to ROUTE_MAX_K tokens inclusive (the most measured: above it the mainloop's share
+# grows, where the Triton tiles' mainloops were the faster before the Gluon default led at 8192-16384), with at least
 # MIN_TILES tiles. FORGE_NUM_GLUON_Q8 in the environment (read at each call): 0 never, 1 or unset the
 # ranges above, a tile's label ('_' for ' ') that tile wherever the kernel applies (an A/B switch for
 # benchmarks).
