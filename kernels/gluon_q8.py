@@ -861,22 +861,26 @@ def compile_for_sm90(rule: Rule, config: Q8WSConfig = DEFAULT_Q8_WS_CONFIG, M: i
 #     0.95-0.97x at 4096 (the deep cursor) on 4096x14336 and 14336x4096; the routes unchanged.
 #   K128_CURSOR_CONFIG (session 33, H100, bench/results/2026-12-06-s33/call1): at 4096 tokens 0.93-0.97x the
 #     deep cursor's time on 4096x14336, 14336x4096 and 4096x4096; at 3072 0.96-1.02x (two timings of one tile
-#     in that run differed by 2-7% there: not settled); at 2048 0.98-1.01x the cursor's. Untimed above 4096.
+#     in that run differed by 2-7% there: not settled); at 2048 0.98-1.01x the cursor's.
+#     Session 34 (H100, bench/results/2026-12-06-s34/, medians of three interleaved rounds): 0.91-0.95x the
+#     default's time at 6144 and 8192 tokens and 0.92-0.94x at 16384 (4096x14336, 14336x4096, 4096x4096);
+#     0.96-0.97x the deep cursor's at 4096; at 3072 0.99-1.02x (a tie: the deep cursor stays there).
 # So each tile of ROUTE_BY_K from its first K to the next one's (3072 the first measured point where the
-# deep cursor leads; 4096 the one where the K-block-128 cursor leads it, on whole K blocks of 128 only, else
-# the deep cursor; 5120 halfway between 4096, where they lead the default, and 6144, where the deep cursor
-# trails it), the last to ROUTE_MAX_K tokens inclusive (the most measured: above it the mainloop's share
-# grows, where the Triton tiles' mainloops were the faster before the Gluon default led at 8192-16384), with at least
-# MIN_TILES tiles. FORGE_NUM_GLUON_Q8 in the environment (read at each call): 0 never, 1 or unset the
+# deep cursor leads; from 4096 the K-block-128 cursor, which leads the deep cursor there and the default from
+# 6144 to 16384, on whole K blocks of 128 only: elsewhere the deep cursor to 5120, halfway between 4096,
+# where it leads the default, and 6144, where it trails it, then the default), the last to ROUTE_MAX_K tokens
+# inclusive (the most measured: above it the mainloop's share grows, where the Triton tiles' mainloops were
+# the faster before the Gluon default led at 8192-16384), with at least MIN_TILES tiles. FORGE_NUM_GLUON_Q8 in the environment (read at each call): 0 never, 1 or unset the
 # ranges above, a tile's label ('_' for ' ') that tile wherever the kernel applies (an A/B switch for
 # benchmarks).
 ROUTED = True
 MIN_TILES = 132  # below one tile an SM of an H100/H200 the one-program-an-SM grid idles SMs
-# (first K, tile), in order of K
+# (first K, tile), in order of K; the last one that applies is taken, so the default's range from 5120 is
+# what the K-block-128 cursor's second entry leaves to it: K not a multiple of 128
 ROUTE_BY_K = ((1024, WIDE_EPILOGUE_CONFIG), (2048, CURSOR_CONFIG), (3072, DEEP_CURSOR_CONFIG),
-              (4096, K128_CURSOR_CONFIG), (5120, DEFAULT_Q8_WS_CONFIG))
+              (4096, K128_CURSOR_CONFIG), (5120, DEFAULT_Q8_WS_CONFIG), (5120, K128_CURSOR_CONFIG))
 ROUTE_MAX_K = 16384
-ROUTE_CONFIGS = tuple(c for _, c in ROUTE_BY_K)  # every tile config_for returns
+ROUTE_CONFIGS = tuple(dict.fromkeys(c for _, c in ROUTE_BY_K))  # every tile config_for returns, once
 
 
 def config_for(M: int, N: int, K: int) -> Q8WSConfig | None:

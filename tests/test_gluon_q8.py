@@ -216,7 +216,8 @@ def test_a_tile_is_switched_on_by_its_label(monkeypatch):
     (1024, 2048, 4096, "k128"),                                     # 16 x 16 = 256 tiles
     (4096, 14336, 5119, "deep"), (4096, 14336, 4160, "deep"),      # K blocks of 128 on whole ones only
     (4096, 14336, 3072, "deep"), (4096, 14336, 4095, "deep"),      # the four-stage cursor from 3072
-    (4096, 14336, 5120, "default"), (4096, 14336, 8192, "default"), (4096, 14336, 16384, "default"),
+    (4096, 14336, 5120, "k128"), (4096, 14336, 8192, "k128"), (4096, 14336, 16384, "k128"),
+    (4096, 14336, 5184, "default"), (4096, 14336, 16320, "default"),  # from 5120, K not a multiple of 128
     (4096, 14336, 16385, None), (4096, 14336, 32768, None),         # the Triton tiles past the measured
     (4096, 14336, 1024, "wide"), (2048, 8192, 2047, "wide"),        # sixteen epilogue warps at 1024 tokens
     (4096, 14336, 2048, "cursor"), (2048, 8192, 3071, "cursor"),   # the cursor's sixteen warps from 2048
