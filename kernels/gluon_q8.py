@@ -137,8 +137,50 @@ def load_and_advance(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, cursor, nk, til
 
 
 @gluon.jit
-def mma_self_loaded_tiles(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, g_bufs, g_ready, g_empty, M, N, K,
-                          GROUP_M: gl.constexpr, LOAD_CURSOR: gl.constexpr):
+def stage_tile_state(tile_staging, g_empty, t, pid_m, pid_n, N_STATE: gl.constexpr):
+    """The mma_stage candidate's loads (Q8WSConfig), issued by the MMA warp group as it starts tile t (the
+    program's t-th): W [BM, BN] bf16 and each state's uint8 codes of the tile by TMA into slot t % 2, counted
+    against st_ready[t % 2], once the epilogue has handed slot and g buffer t % 2 back from tile t - 2
+    (g_empty, which the epilogue arrives on after the fence that orders its last reads of the slot, in the
+    generic proxy, before these writes, in the async proxy). Rows and columns past M and N arrive as zeros,
+    what load_row_blocks' masked loads give. Why: the whole tile's state lands during its mainloop, with no
+    epilogue register in flight and no barrier of the epilogue's warps (v38's staging issued the copies from
+    the epilogue, under a barrier of its sixteen warps each time)."""
+    w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready = tile_staging
+    BM: gl.constexpr = w_desc.block_type.shape[0]
+    BN: gl.constexpr = w_desc.block_type.shape[1]
+    b = t % 2
+    mbarrier.wait(g_empty.index(b), ((t // 2) & 1) ^ 1)
+    nbytes: gl.constexpr = w_desc.block_type.nbytes + N_STATE * c0_desc.block_type.nbytes
+    mbarrier.expect(st_ready.index(b), nbytes)
+    tma.async_copy_global_to_shared(w_desc, [pid_m * BM, pid_n * BN], st_ready.index(b), st_w.index(b))
+    if N_STATE >= 1:
+        tma.async_copy_global_to_shared(c0_desc, [pid_m * BM, pid_n * BN], st_ready.index(b), st_c0.index(b))
+    if N_STATE >= 2:
+        tma.async_copy_global_to_shared(c1_desc, [pid_m * BM, pid_n * BN], st_ready.index(b), st_c1.index(b))
+
+
+@gluon.jit
+def tile_staged_rows(tile_staging, t, j, scales0, scales1, layout: gl.constexpr, N_STATE: gl.constexpr):
+    """load_row_blocks' values of row sub-tile j of the program's t-th tile from slot t % 2 of
+    stage_tile_state's (the caller has waited for its st_ready), in ``layout``; its rows' scales as given."""
+    _, _, _, st_w, st_c0, st_c1, _ = tile_staging
+    ROWS: gl.constexpr = layout.warps_per_cta[0] * layout.size_per_thread[0]
+    b = t % 2
+    p = _ws._ROUNDING.bf16_to_f32(st_w.index(b).slice(j * ROWS, ROWS, dim=0).load(layout).to(gl.uint16, bitcast=True))
+    codes0 = p
+    codes1 = p
+    if N_STATE >= 1:
+        codes0 = st_c0.index(b).slice(j * ROWS, ROWS, dim=0).load(layout)
+    if N_STATE >= 2:
+        codes1 = st_c1.index(b).slice(j * ROWS, ROWS, dim=0).load(layout)
+    return p, codes0, scales0, codes1, scales1
+
+
+@gluon.jit
+def mma_self_loaded_tiles(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, g_bufs, g_ready, g_empty, M, N, K, tile_staging,
+                          GROUP_M: gl.constexpr, LOAD_CURSOR: gl.constexpr, MMA_STAGE: gl.constexpr,
+                          N_STATE: gl.constexpr):
     """Worker (one warp group) of the loader-free design: mma_whole_tiles, issuing its own TMA loads
     STAGES - 1 K blocks ahead (across tiles) instead of a loader partition's; no empty barriers: block
     i + STAGES - 1 goes into block i - 1's slot once block i - 1's wgmma has retired (the wait that
@@ -146,7 +188,8 @@ def mma_self_loaded_tiles(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, g_bufs, g_
     without the loader's warp group (padded to four warps) sixteen epilogue warps fit the SM's
     registers at a launch cap the wgmma accumulator allows (Q8WSConfig). LOAD_CURSOR: the loads'
     coordinates kept by load_and_advance's cursor instead of load_k_block's divisions (a candidate, not
-    yet run on a GPU: the same uses into the same slots, so the same protocol)."""
+    yet run on a GPU: the same uses into the same slots, so the same protocol). MMA_STAGE: each tile's state
+    staged as it starts (stage_tile_state)."""
     BK: gl.constexpr = dy_desc.block_type.shape[0]
     BM: gl.constexpr = g_bufs.type.shape[1]
     BN: gl.constexpr = g_bufs.type.shape[2]
@@ -166,6 +209,9 @@ def mma_self_loaded_tiles(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, g_bufs, g_
     i = 0
     t = 0
     for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
+        if MMA_STAGE:
+            pid_m, pid_n = _ws.tile_coords(tile, tiles_m, tiles_n, GROUP_M)
+            stage_tile_state(tile_staging, g_empty, t, pid_m, pid_n, N_STATE)
         acc = gl.zeros((BM, BN), dtype=gl.float32, layout=mma_layout)
         for kb in range(0, nk):
             s = i % STAGES
@@ -357,7 +403,8 @@ def row_block_rounding_bits(offs_m, col0, seed, rand_stride, rand_base, layout: 
 def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h, grad_scale,
                 seed, rand_stride, rand_base, norm_sq_ptr, nonfinite_ptr, staging, GUARDED_UPDATE: gl.constexpr,
                 N_STATE: gl.constexpr, ROWS: gl.constexpr, GROUP_M: gl.constexpr, PREFETCH: gl.constexpr,
-                STAGE_STATE: gl.constexpr, RAND_PAIRS: gl.constexpr, num_warps: gl.constexpr):
+                STAGE_STATE: gl.constexpr, MMA_STAGE: gl.constexpr, RAND_PAIRS: gl.constexpr,
+                num_warps: gl.constexpr):
     """Default partition: per tile, its BM / ROWS row sub-tiles of g from g buffer t % 2, each's state
     loaded (load_row_blocks) and updated (update_loaded_row_blocks; the buffer handed back once the
     last sub-tile of g is in registers); the sub-tiles' telemetry terms added element by element, in
@@ -368,7 +415,10 @@ def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_pt
     by TMA into STAGING_SLOTS shared-memory slots (staging = (w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1,
     st_ready)): the program's first sub-tiles before its loop, then after each sub-tile u's update the one
     STAGING_SLOTS ahead (this tile's, or its next tile's first) into the slot u has read; the scales by
-    pointer one sub-tile ahead. No register holds W or the codes in flight. The same values every way."""
+    pointer one sub-tile ahead. No register holds W or the codes in flight. MMA_STAGE: W and the codes of the
+    whole tile staged by the MMA warp group (stage_tile_state; staging its descriptors, slots and st_ready),
+    read from shared memory sub-tile by sub-tile (tile_staged_rows); the slot handed back with the g buffer;
+    the scales by pointer one sub-tile ahead. The same values every way."""
     BM: gl.constexpr = g_bufs.type.shape[1]
     BN: gl.constexpr = g_bufs.type.shape[2]
     SUBTILES: gl.constexpr = BM // ROWS
@@ -383,12 +433,14 @@ def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_pt
     tiles = tiles_m * tiles_n
     w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready = staging
     u = 0  # the program's sub-tiles so far (STAGE_STATE: the staging slots' uses)
+    if STAGE_STATE or MMA_STAGE:
+        first_m, first_n = _ws.tile_coords(gl.program_id(0), tiles_m, tiles_n, GROUP_M)  # every program has one
     if STAGE_STATE:
         gl.static_assert(SUBTILES >= STAGING_SLOTS, "a tile's sub-tiles cover the staging distance")
-        first_m, first_n = _ws.tile_coords(gl.program_id(0), tiles_m, tiles_n, GROUP_M)  # every program has one
         for a in gl.static_range(STAGING_SLOTS):
             stage_row_blocks(w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready, a, first_m * BM + a * ROWS,
                              first_n * BN, N_STATE)
+    if STAGE_STATE or MMA_STAGE:
         next_scales = load_scales(first_m * BM + gl.arange(0, ROWS, layout=rows), first_n, M, scale0_ptr, scale1_ptr,
                                   n_blocks, N_STATE)
     t = 0
@@ -396,8 +448,8 @@ def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_pt
         pid_m, pid_n = _ws.tile_coords(tile, tiles_m, tiles_n, GROUP_M)
         b = t % 2
         offs_n = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, epi))
-        if STAGE_STATE:
-            # the tile after this one, whose first sub-tiles this one's last stage; after the program's last
+        if STAGE_STATE or MMA_STAGE:
+            # the tile after this one, whose first sub-tiles this one's last stage (MMA_STAGE: whose first scales); after the program's last
             # tile this one again (unconditional copies: a branch around them cost ptxas ~350 B of spills at
             # 96 registers), waited for after the loop
             following = tile + gl.num_programs(0)
@@ -406,6 +458,8 @@ def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_pt
             loaded = load_row_blocks(pid_m * BM + gl.arange(0, ROWS, layout=rows), offs_n, pid_n, M, N, w_ptr,
                                      c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, N_STATE)
         mbarrier.wait(g_ready.index(b), (t // 2) & 1)
+        if MMA_STAGE:
+            mbarrier.wait(st_ready.index(b), (t // 2) & 1)
         sq = gl.zeros((ROWS, BN), dtype=gl.float64, layout=epi)
         bad = gl.zeros((ROWS, BN), dtype=gl.int32, layout=epi)
         for j in gl.static_range(SUBTILES):
@@ -414,10 +468,18 @@ def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_pt
             rand_bits = row_block_rounding_bits(pid_m * BM + j * ROWS + gl.arange(0, ROWS, layout=rows), pid_n * BN,
                                                 seed, rand_stride, rand_base, epi, RAND_PAIRS, num_warps)
             g = g_bufs.index(b).slice(j * ROWS, ROWS, dim=0).load(epi)
-            if j == SUBTILES - 1:
+            if j == SUBTILES - 1 and not MMA_STAGE:
                 mbarrier.arrive(g_empty.index(b), count=1)  # g is in registers: the MMA warps may refill it
             offs_m = pid_m * BM + j * ROWS + gl.arange(0, ROWS, layout=rows)
-            if STAGE_STATE:
+            if MMA_STAGE:
+                scales0, scales1 = next_scales
+                loaded = tile_staged_rows(staging, t, j, scales0, scales1, epi, N_STATE)
+                if j == SUBTILES - 1:
+                    # g and the slot's state are in registers: the MMA warps may refill both (its TMA writes
+                    # after these reads: the fence orders each thread's reads before the async proxy's writes)
+                    fence_async_shared()
+                    mbarrier.arrive(g_empty.index(b), count=1)
+            elif STAGE_STATE:
                 scales0, scales1 = next_scales
                 loaded = staged_row_blocks(st_w, st_c0, st_c1, st_ready, u, scales0, scales1, epi, N_STATE)
             elif PREFETCH:
@@ -442,6 +504,7 @@ def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_pt
                 else:
                     stage_row_blocks(w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready, u + STAGING_SLOTS,
                                      next_m * BM + (j + STAGING_SLOTS - SUBTILES) * ROWS, next_n * BN, N_STATE)
+            if STAGE_STATE or MMA_STAGE:
                 if j + 1 < SUBTILES:
                     next_scales = load_scales(offs_m + ROWS, pid_n, M, scale0_ptr, scale1_ptr, n_blocks, N_STATE)
                 else:
@@ -469,14 +532,16 @@ def fused_linear_update_q8_ws_kernel(dy_desc, x_desc, w_desc, c0_desc, c1_desc, 
                                      GUARDED_UPDATE: gl.constexpr, N_STATE: gl.constexpr, STAGES: gl.constexpr,
                                      ROWS: gl.constexpr, GROUP_M: gl.constexpr, MMA_REGS: gl.constexpr,
                                      SELF_LOAD: gl.constexpr, LOAD_CURSOR: gl.constexpr, PREFETCH: gl.constexpr,
-                                     STAGE_STATE: gl.constexpr, RAND_PAIRS: gl.constexpr, num_warps: gl.constexpr):
+                                     STAGE_STATE: gl.constexpr, MMA_STAGE: gl.constexpr, RAND_PAIRS: gl.constexpr,
+                                     num_warps: gl.constexpr):
     """The operand ring, the double-buffered g and their barriers, then the three partitions (module
     docstring). dy_desc [K, M] block [BK, BM], x_desc [K, N] block [BK, BN]; w_ptr the bf16 weight
     [M, N]; c0/c1_ptr the states' uint8 codes [M, N], scale0/scale1_ptr their fp32 block scales
     [M, n_blocks] (N_STATE of them; the others any pointer, never read); step_slot None, or where h,
     grad_scale and seed are read when the kernel runs (linear_update.step_scalars). STAGE_STATE: w_desc,
     c0_desc, c1_desc the weight's and the states' codes' descriptors in blocks [ROWS, BN] (c1_desc None
-    for one state), and two staging slots of each in shared memory (q8_epilogue); else all three None.
+    for one state), and two staging slots of each in shared memory (q8_epilogue); MMA_STAGE: the same in
+    blocks [BM, BN], two tile slots of each (stage_tile_state); else all three None.
     RAND_PAIRS: rand_stride and rand_base are even (row_block_rounding_bits)."""
     h, grad_scale, seed = _ws._LINEAR.step_scalars(step_slot, h, grad_scale, seed)
     BM: gl.constexpr = dy_desc.block_type.shape[1]
@@ -496,15 +561,18 @@ def fused_linear_update_q8_ws_kernel(dy_desc, x_desc, w_desc, c0_desc, c1_desc, 
         mbarrier.init(g_ready.index(b), count=1)
         mbarrier.init(g_empty.index(b), count=1)
     staging = (w_desc, c0_desc, c1_desc, None, None, None, None)
-    if STAGE_STATE:
-        st_w = gl.allocate_shared_memory(w_desc.dtype, [STAGING_SLOTS] + w_desc.block_type.shape, w_desc.layout)
-        st_c0 = gl.allocate_shared_memory(c0_desc.dtype, [STAGING_SLOTS] + c0_desc.block_type.shape, c0_desc.layout)
-        st_c1 = st_c0
+    if STAGE_STATE or MMA_STAGE:
+        slots: gl.constexpr = STAGING_SLOTS if STAGE_STATE else 2  # MMA_STAGE: a slot a g buffer
+        st_w = gl.allocate_shared_memory(w_desc.dtype, [slots] + w_desc.block_type.shape, w_desc.layout)
+        st_c0 = st_w
+        st_c1 = st_w
+        if N_STATE >= 1:
+            st_c0 = gl.allocate_shared_memory(c0_desc.dtype, [slots] + c0_desc.block_type.shape, c0_desc.layout)
+            st_c1 = st_c0
         if N_STATE >= 2:
-            st_c1 = gl.allocate_shared_memory(c1_desc.dtype, [STAGING_SLOTS] + c1_desc.block_type.shape,
-                                              c1_desc.layout)
-        st_ready = gl.allocate_shared_memory(gl.int64, [STAGING_SLOTS, 1], mbarrier.MBarrierLayout())
-        for b in gl.static_range(STAGING_SLOTS):
+            st_c1 = gl.allocate_shared_memory(c1_desc.dtype, [slots] + c1_desc.block_type.shape, c1_desc.layout)
+        st_ready = gl.allocate_shared_memory(gl.int64, [slots, 1], mbarrier.MBarrierLayout())
+        for b in gl.static_range(slots):
             mbarrier.init(st_ready.index(b), count=1)
         staging = (w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready)
     # (the epilogue partition's entry is written out in both branches: a tuple holding a jit function
@@ -513,15 +581,17 @@ def fused_linear_update_q8_ws_kernel(dy_desc, x_desc, w_desc, c0_desc, c1_desc, 
         gl.warp_specialize([
             (q8_epilogue, (g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks,
                            h, grad_scale, seed, rand_stride, rand_base, norm_sq_ptr, nonfinite_ptr, staging,
-                           GUARDED_UPDATE, N_STATE, ROWS, GROUP_M, PREFETCH, STAGE_STATE, RAND_PAIRS, num_warps)),
+                           GUARDED_UPDATE, N_STATE, ROWS, GROUP_M, PREFETCH, STAGE_STATE, MMA_STAGE, RAND_PAIRS,
+                           num_warps)),
             (mma_self_loaded_tiles, (dy_desc, x_desc, dy_bufs, x_bufs, op_ready, g_bufs, g_ready, g_empty, M, N, K,
-                                     GROUP_M, LOAD_CURSOR)),
+                                     staging, GROUP_M, LOAD_CURSOR, MMA_STAGE, N_STATE)),
         ], [4], [MMA_REGS])
     else:
         gl.warp_specialize([
             (q8_epilogue, (g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks,
                            h, grad_scale, seed, rand_stride, rand_base, norm_sq_ptr, nonfinite_ptr, staging,
-                           GUARDED_UPDATE, N_STATE, ROWS, GROUP_M, PREFETCH, STAGE_STATE, RAND_PAIRS, num_warps)),
+                           GUARDED_UPDATE, N_STATE, ROWS, GROUP_M, PREFETCH, STAGE_STATE, MMA_STAGE, RAND_PAIRS,
+                           num_warps)),
             (_ws.operand_loader, (dy_desc, x_desc, dy_bufs, x_bufs, op_ready, op_empty, M, N, K, GROUP_M)),
             (mma_whole_tiles, (dy_bufs, x_bufs, op_ready, op_empty, g_bufs, g_ready, g_empty, M, N, K, GROUP_M)),
         ], [1, 4], [24, MMA_REGS])
@@ -539,10 +609,11 @@ class Q8WSConfig(_ws.ValueConfig):
     tile rows per group; one program an SM (the operand ring and the two g buffers: 136 KB)."""
 
     __slots__ = ("BM", "BN", "BK", "STAGES", "ROWS", "GROUP_M", "num_warps", "mma_registers", "max_registers",
-                 "self_load", "load_cursor", "prefetch", "stage_state")
+                 "self_load", "load_cursor", "prefetch", "stage_state", "mma_stage")
 
     def __init__(self, BM=64, BN=128, BK=64, STAGES=3, ROWS=16, GROUP_M=8, num_warps=8, mma_registers=104,
-                 max_registers=128, self_load=False, load_cursor=False, prefetch=False, stage_state=False):
+                 max_registers=128, self_load=False, load_cursor=False, prefetch=False, stage_state=False,
+                 mma_stage=False):
         if BM != 64 or BN != QBLOCK:
             raise ValueError(f"Q8WSConfig: BM must be 64 (one MMA warp group) and BN {QBLOCK} (one block a row), "
                              f"got {BM}x{BN}")
@@ -564,11 +635,15 @@ class Q8WSConfig(_ws.ValueConfig):
         if load_cursor and not self_load:
             raise ValueError("Q8WSConfig: load_cursor keeps the self-loading MMA warps' load coordinates "
                              "(self_load=True)")
-        if prefetch and stage_state:
-            raise ValueError("Q8WSConfig: prefetch (into registers) and stage_state (into shared memory) are two "
-                             "ways of loading a sub-tile ahead; choose one")
+        if prefetch + stage_state + mma_stage > 1:
+            raise ValueError("Q8WSConfig: prefetch (into registers), stage_state (into shared memory, by the epilogue) "
+                             "and mma_stage (into shared memory, by the MMA warps) are ways of loading the state "
+                             "ahead; choose one")
+        if mma_stage and not self_load:
+            raise ValueError("Q8WSConfig: mma_stage has the self-loading MMA warps issue the state's copies "
+                             "(self_load=True)")
         self.self_load, self.load_cursor = self_load, load_cursor
-        self.prefetch, self.stage_state = prefetch, stage_state
+        self.prefetch, self.stage_state, self.mma_stage = prefetch, stage_state, mma_stage
         self.BM, self.BN, self.BK, self.STAGES, self.ROWS, self.GROUP_M = BM, BN, BK, STAGES, ROWS, GROUP_M
         self.num_warps, self.mma_registers, self.max_registers = num_warps, mma_registers, max_registers
         if self.shared_bytes() + 1024 > 227 * 1024:
@@ -581,12 +656,14 @@ class Q8WSConfig(_ws.ValueConfig):
                 + (f" g{self.GROUP_M}" if self.GROUP_M != 8 else "")
                 + f" mma{self.mma_registers} r{self.max_registers}" + (" sl" if self.self_load else "")
                 + (" cur" if self.load_cursor else "") + (" pf" if self.prefetch else "")
-                + (" stg" if self.stage_state else ""))
+                + (" stg" if self.stage_state else "") + (" ms" if self.mma_stage else ""))
 
     def shared_bytes(self, n_state: int = 2) -> int:
         """Shared memory of one program: the operand ring, the two g buffers and (stage_state) the staging
-        slots of a sub-tile's W (bf16) and its n_state states' codes (uint8), barriers aside."""
+        slots of a sub-tile's W (bf16) and its n_state states' codes (uint8), or (mma_stage) two slots of a
+        tile's, barriers aside."""
         staging = int(STAGING_SLOTS.value) * self.ROWS * self.BN * (2 + n_state) if self.stage_state else 0
+        staging += 2 * self.BM * self.BN * (2 + n_state) if self.mma_stage else 0
         return self.STAGES * self.BK * (self.BM + self.BN) * 2 + 2 * self.BM * self.BN * 4 + staging
 
 
@@ -657,6 +734,15 @@ Q8_WS_CANDIDATE_CONFIGS = (
                stage_state=True),
     Q8WSConfig(STAGES=4, stage_state=True),
     K128_CURSOR_CONFIG,
+    # v44 (session 34): the cursor and the deep cursor with each tile's W and codes staged by the MMA warp
+    # group as the tile starts (stage_tile_state), so that they land during its mainloop. Why: ncu's source
+    # page of the cursor at 14336x4096, 2048 tokens (H100, session 34): 52% of the issue rate, the long
+    # scoreboard the first stall (24% of the samples), 14% of all on the dequantization's first use of the
+    # codes' loads; issuing those loads earlier in the epilogue's registers spilled 328-356 B at 96 registers
+    # (ptxas), and v38 staged them from the epilogue under a barrier of its sixteen warps a sub-tile.
+    Q8WSConfig(num_warps=16, self_load=True, load_cursor=True, max_registers=96, mma_registers=96, mma_stage=True),
+    Q8WSConfig(num_warps=16, STAGES=4, self_load=True, load_cursor=True, max_registers=96, mma_registers=96,
+               mma_stage=True),
 )
 
 
@@ -706,7 +792,7 @@ def launch(weight, x, dy, states, rule: Rule, h: tuple, grad_scale: float, confi
     M, N = weight.shape
     if x.shape[0] == 0:  # the mainloop divides by its K blocks (and a zero-token update is the launcher's)
         raise ValueError("gluon_q8.launch: K = 0 tokens; kernels.fused_linear_update handles them")
-    if config.stage_state and N % 16:
+    if (config.stage_state or config.mma_stage) and N % 16:
         config = unstaged(config)
     if config.BK != TWIN_BK and x.shape[0] % config.BK:
         config = twin_k_blocks(config)
@@ -763,17 +849,20 @@ def _launch_constants(rule: Rule, c: Q8WSConfig, n_state: int, pairs: bool = Tru
     constexprs = dict(GUARDED_UPDATE=_ws.guarded_update_gluon(rule), N_STATE=n_state, STAGES=c.STAGES, ROWS=c.ROWS,
                       GROUP_M=c.GROUP_M, MMA_REGS=c.mma_registers, SELF_LOAD=c.self_load,
                       LOAD_CURSOR=c.load_cursor, PREFETCH=c.prefetch, STAGE_STATE=c.stage_state,
+                      MMA_STAGE=c.mma_stage,
                       RAND_PAIRS=pairs, num_warps=c.num_warps)
     return constexprs, dict(maxnreg=c.max_registers, enable_fp_fusion=False)
 
 
 def _staging_descs(weight, states, c: Q8WSConfig) -> tuple:
-    """(w_desc, c0_desc, c1_desc) of a stage_state tile, blocks [ROWS, BN] (None for an absent state), or
-    three Nones. The codes' rows are N bytes apart, a multiple of 16 (TMA's row pitch: launch's fallback)."""
-    if not c.stage_state:
+    """(w_desc, c0_desc, c1_desc) of a stage_state tile, blocks [ROWS, BN], or of an mma_stage tile, blocks
+    [BM, BN] (None for an absent state), or three Nones. The codes' rows are N bytes apart, a multiple of 16
+    (TMA's row pitch: launch's fallback)."""
+    if not (c.stage_state or c.mma_stage):
         return None, None, None
-    codes = [_ws._nvmma_desc(s.codes, (c.ROWS, c.BN), gl.uint8, _PLAIN_8) for s in states] + [None, None]
-    return _ws._nvmma_desc(weight, (c.ROWS, c.BN), gl.bfloat16, _PLAIN_16), codes[0], codes[1]
+    rows = c.ROWS if c.stage_state else c.BM
+    codes = [_ws._nvmma_desc(s.codes, (rows, c.BN), gl.uint8, _PLAIN_8) for s in states] + [None, None]
+    return _ws._nvmma_desc(weight, (rows, c.BN), gl.bfloat16, _PLAIN_16), codes[0], codes[1]
 
 
 # The staging slots' layout: rows as they lie in memory, no swizzle (the epilogue reads a row a warp,
@@ -784,10 +873,10 @@ _PLAIN_16 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank
 
 @functools.lru_cache(maxsize=None)
 def unstaged(config: Q8WSConfig) -> Q8WSConfig:
-    """A stage_state tile without its staging, for weights whose codes' rows TMA cannot address (N not a
-    multiple of 16: a row pitch of N bytes): the same update, its state loaded by pointer. One object per
-    tile (the launch key names a config by id)."""
-    return Q8WSConfig(**{k: getattr(config, k) for k in Q8WSConfig.__slots__ if k != "stage_state"})
+    """A stage_state or mma_stage tile without its staging, for weights whose codes' rows TMA cannot address
+    (N not a multiple of 16: a row pitch of N bytes): the same update, its state loaded by pointer. One
+    object per tile (the launch key names a config by id)."""
+    return Q8WSConfig(**{k: getattr(config, k) for k in Q8WSConfig.__slots__ if k not in ("stage_state", "mma_stage")})
 
 
 # The K block of the Triton 8bit tile these tiles equal bit for bit (tests/test_gpu_gluon.py's twin).

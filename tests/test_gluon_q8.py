@@ -40,6 +40,7 @@ def test_its_tiles_fit_an_sm():
     (dict(STAGES=1), "at least 2 operand stages"), (dict(BK=40), "multiple of 16"),
     (dict(STAGES=7), "exceed the 227 KB"), (dict(load_cursor=True), "self_load=True"),
     (dict(prefetch=True, stage_state=True), "choose one"),
+    (dict(self_load=True, stage_state=True, mma_stage=True), "choose one"), (dict(mma_stage=True), "self_load=True"),
 ])
 def test_a_config_names_what_it_cannot_run(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -151,14 +152,17 @@ def _twin_and_launches(monkeypatch, tile, twin, field):
     return launched
 
 
-def test_a_staged_tile_loads_by_pointer_where_tma_cannot_address_the_codes(monkeypatch):
-    """A stage_state tile's TMA loads need the codes' rows 16-byte apart (N bytes: N a multiple of 16);
-    elsewhere launch takes its unstaged twin (the same fields but stage_state, one object, so one launch
-    key), whose state is loaded by pointer; where it can, the staged tile with its three descriptors."""
-    staged = next(c for c in gluon_q8.Q8_WS_CANDIDATE_CONFIGS if c.stage_state)
+@pytest.mark.parametrize("field", ["stage_state", "mma_stage"])
+def test_a_staged_tile_loads_by_pointer_where_tma_cannot_address_the_codes(monkeypatch, field):
+    """A stage_state or mma_stage tile's TMA loads need the codes' rows 16-byte apart (N bytes: N a multiple
+    of 16); elsewhere launch takes its unstaged twin (the same fields but that one, one object, so one launch
+    key), whose state is loaded by pointer; where it can, the staged tile with its three descriptors, in
+    blocks of a sub-tile's rows (stage_state) or a tile's (mma_stage)."""
+    staged = next(c for c in gluon_q8.Q8_WS_CANDIDATE_CONFIGS if getattr(c, field))
     twin = gluon_q8.unstaged(staged)
-    assert twin is gluon_q8.unstaged(staged) and not twin.stage_state
-    launched = _twin_and_launches(monkeypatch, staged, twin, "stage_state")
+    assert twin is gluon_q8.unstaged(staged) and not twin.stage_state and not twin.mma_stage
+    launched = _twin_and_launches(monkeypatch, staged, twin, field)
+    rows = staged.ROWS if field == "stage_state" else staged.BM
     for N, n_state in ((264, 2), (256, 2), (256, 1)):
         w, x, dy, q = _problem(M=72, N=N, K=16, n_state=n_state)
         gluon_q8.launch(w, x, dy, q, rules.ADAMW, H, 1.0, staged, (1, N, 0))
@@ -168,7 +172,7 @@ def test_a_staged_tile_loads_by_pointer_where_tma_cannot_address_the_codes(monke
         if N % 16:
             assert descs == (None, None, None)
         else:
-            assert [d.block_shape for d in descs[:1 + n_state]] == [[staged.ROWS, staged.BN]] * (1 + n_state)
+            assert [d.block_shape for d in descs[:1 + n_state]] == [[rows, staged.BN]] * (1 + n_state)
             assert [d.base for d in descs[:1 + n_state]] == [w, *(s.codes for s in q)]
             assert descs[1 + n_state:] == (None,) * (2 - n_state)
 

@@ -345,12 +345,20 @@ Q8_TRITON_TWIN = kernels.DEFAULT_Q8_CONFIGS["tma"]
 
 def _q8_configs():
     """The default tile and the candidates; with FORGE_NUM_TEST_Q8_ROUTED=1 in the environment the routed
-    tiles only (a device call short of time)."""
+    tiles only, with FORGE_NUM_TEST_Q8_TILES=<label>,... those tiles only ('_' for ' '; a device call short
+    of time, or checking new candidates)."""
     from forge_num.kernels.gluon_q8 import DEFAULT_Q8_WS_CONFIG, Q8_WS_CANDIDATE_CONFIGS, ROUTE_CONFIGS
 
     if os.environ.get("FORGE_NUM_TEST_Q8_ROUTED") == "1":
         return list(dict.fromkeys(ROUTE_CONFIGS))
-    return [DEFAULT_Q8_WS_CONFIG, *Q8_WS_CANDIDATE_CONFIGS]
+    tiles = [DEFAULT_Q8_WS_CONFIG, *Q8_WS_CANDIDATE_CONFIGS]
+    named = os.environ.get("FORGE_NUM_TEST_Q8_TILES")
+    if named:
+        labels = {label.replace("_", " ") for label in named.split(",")}
+        unknown = labels - {c.label for c in tiles}
+        assert not unknown, f"FORGE_NUM_TEST_Q8_TILES names no tile: {sorted(unknown)}"
+        return [c for c in tiles if c.label in labels]
+    return tiles
 
 
 def _q8_states(states, seed):
@@ -442,13 +450,14 @@ def test_ws_kernel_8bit_pairs_and_single_calls_give_the_same_bits(config):
 
 
 def test_ws_kernel_8bit_staged_state_at_the_edges():
-    """The stage_state tiles (v38: the next sub-tiles' W and codes by TMA, two slots) where the shapes above
+    """The stage_state tiles (v38: the next sub-tiles' W and codes by TMA, two slots) and the mma_stage tiles
+    (v44: each tile's, by the MMA warps, a slot a g buffer) where the shapes above
     take their unstaged twins (N not a multiple of 16): tiles past M and N (200 = 3 x 64 + 8 rows, 400 = 3 x
     128 + 16 columns: the TMA boxes' zeros), one program walking every tile (the slots' phases across tiles,
     the copies past the last tile waited for), one state (Lion) and two, a shard's counter map."""
     from forge_num.kernels import gluon_q8
 
-    for config in (c for c in _q8_configs() if c.stage_state):
+    for config in (c for c in _q8_configs() if c.stage_state or c.mma_stage):
         assert gluon_q8.unstaged(config) != config
         _check_q8("adamw", 200, 400, 150, seed=41, config=config)
         _check_q8("lion", 200, 400, 150, seed=42, config=config, counter=(400, 3 * 400, 400 + 2**33))
