@@ -710,6 +710,19 @@ DEEP_CURSOR_CONFIG = Q8WSConfig(num_warps=16, STAGES=4, self_load=True, load_cur
 # at 3072 0.96-1.02x; at 2048 0.98-1.01x the cursor's (predicted 0.95-0.97x: the MMA side was not the bound).
 K128_CURSOR_CONFIG = Q8WSConfig(num_warps=16, BK=128, STAGES=3, self_load=True, load_cursor=True, max_registers=96,
                                 mma_registers=96)
+# v44: the deep cursor with each tile's W and codes staged by the MMA warp group as the tile starts
+# (stage_tile_state), so that they land during its mainloop. Why: ncu's source page of the cursor at
+# 14336x4096, 2048 tokens (H100, session 34): 52% of the issue rate, the long scoreboard the first stall
+# (24% of the samples), 14% of all on the dequantization's first use of the codes' loads; issuing those loads
+# earlier in the epilogue's registers spilled 328-356 B at 96 registers (ptxas), and v38 staged them from the
+# epilogue under a barrier of its sixteen warps a sub-tile. ptxas (Triton 3.6): AdamW spills 124 B (the
+# cursor's 96), 230 KB of shared memory. Session 34 (H100, bench/results/2026-12-06-s34/call3-5): every 8bit
+# case exact; at 1024 tokens 0.87-0.89x the cursor's time (the routed sixteen-warp tile's there), at 2048
+# 0.91-0.94x the cursor's on 4096x14336, 14336x4096 and 4096x4096 (1.02x on the 128256x4096 head, 0.92x on
+# 1024x4096), at 3072 0.96-1.02x the deep cursor's, at 4096 1.01-1.03x. Llama-8B's 1x2048 step (captured)
+# 0.986x the routed one with it forced.
+MMA_STAGED_CONFIG = Q8WSConfig(num_warps=16, STAGES=4, self_load=True, load_cursor=True, max_registers=96,
+                               mma_registers=96, mma_stage=True)
 Q8_WS_CANDIDATE_CONFIGS = (
     Q8WSConfig(STAGES=3),
     Q8WSConfig(STAGES=2),
@@ -734,15 +747,10 @@ Q8_WS_CANDIDATE_CONFIGS = (
                stage_state=True),
     Q8WSConfig(STAGES=4, stage_state=True),
     K128_CURSOR_CONFIG,
-    # v44 (session 34): the cursor and the deep cursor with each tile's W and codes staged by the MMA warp
-    # group as the tile starts (stage_tile_state), so that they land during its mainloop. Why: ncu's source
-    # page of the cursor at 14336x4096, 2048 tokens (H100, session 34): 52% of the issue rate, the long
-    # scoreboard the first stall (24% of the samples), 14% of all on the dequantization's first use of the
-    # codes' loads; issuing those loads earlier in the epilogue's registers spilled 328-356 B at 96 registers
-    # (ptxas), and v38 staged them from the epilogue under a barrier of its sixteen warps a sub-tile.
+    # v44's cursor with three stages (session 34, H100: at 1024 tokens 0.87-0.88x the cursor, at 2048 0.93-1.00x,
+    # as the deep one within 1-2% on five shapes; but Llama-8B's 1x2048 step 1.02x the routed one, twice)
     Q8WSConfig(num_warps=16, self_load=True, load_cursor=True, max_registers=96, mma_registers=96, mma_stage=True),
-    Q8WSConfig(num_warps=16, STAGES=4, self_load=True, load_cursor=True, max_registers=96, mma_registers=96,
-               mma_stage=True),
+    MMA_STAGED_CONFIG,
 )
 
 
@@ -954,6 +962,7 @@ def compile_for_sm90(rule: Rule, config: Q8WSConfig = DEFAULT_Q8_WS_CONFIG, M: i
 #     Session 34 (H100, bench/results/2026-12-06-s34/, medians of three interleaved rounds): 0.91-0.95x the
 #     default's time at 6144 and 8192 tokens and 0.92-0.94x at 16384 (4096x14336, 14336x4096, 4096x4096);
 #     0.96-0.97x the deep cursor's at 4096; at 3072 0.99-1.02x (a tie: the deep cursor stays there).
+#   MMA_STAGED_CONFIG (session 34, above): routed from 1024 to 3071 tokens.
 # So each tile of ROUTE_BY_K from its first K to the next one's (3072 the first measured point where the
 # deep cursor leads; from 4096 the K-block-128 cursor, which leads the deep cursor there and the default from
 # 6144 to 16384, on whole K blocks of 128 only: elsewhere the deep cursor to 5120, halfway between 4096,
@@ -966,7 +975,7 @@ ROUTED = True
 MIN_TILES = 132  # below one tile an SM of an H100/H200 the one-program-an-SM grid idles SMs
 # (first K, tile), in order of K; the last one that applies is taken, so the default's range from 5120 is
 # what the K-block-128 cursor's second entry leaves to it: K not a multiple of 128
-ROUTE_BY_K = ((1024, WIDE_EPILOGUE_CONFIG), (2048, CURSOR_CONFIG), (3072, DEEP_CURSOR_CONFIG),
+ROUTE_BY_K = ((1024, MMA_STAGED_CONFIG), (3072, DEEP_CURSOR_CONFIG),
               (4096, K128_CURSOR_CONFIG), (5120, DEFAULT_Q8_WS_CONFIG), (5120, K128_CURSOR_CONFIG))
 ROUTE_MAX_K = 16384
 ROUTE_CONFIGS = tuple(dict.fromkeys(c for _, c in ROUTE_BY_K))  # every tile config_for returns, once

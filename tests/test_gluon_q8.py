@@ -223,14 +223,14 @@ def test_a_tile_is_switched_on_by_its_label(monkeypatch):
     (4096, 14336, 5120, "k128"), (4096, 14336, 8192, "k128"), (4096, 14336, 16384, "k128"),
     (4096, 14336, 5184, "default"), (4096, 14336, 16320, "default"),  # from 5120, K not a multiple of 128
     (4096, 14336, 16385, None), (4096, 14336, 32768, None),         # the Triton tiles past the measured
-    (4096, 14336, 1024, "wide"), (2048, 8192, 2047, "wide"),        # sixteen epilogue warps at 1024 tokens
-    (4096, 14336, 2048, "cursor"), (2048, 8192, 3071, "cursor"),   # the cursor's sixteen warps from 2048
+    (4096, 14336, 1024, "staged"), (2048, 8192, 2047, "staged"),    # the MMA warps stage the state, 1024-3071
+    (4096, 14336, 2048, "staged"), (2048, 8192, 3071, "staged"),
     (4096, 14336, 1023, None), (4096, 14336, 512, None), (4096, 14336, 256, None),
     (512, 2048, 4096, None),                                        # 8 x 16 = 128 tiles, below MIN_TILES
     (4100, 8192, 4096, None), (8192, 4100, 4096, None), (8192, 8192, 0, None),
 ])
 def test_config_for_the_measured_ranges(M, N, K, expect):
-    want = {"wide": gluon_q8.WIDE_EPILOGUE_CONFIG, "cursor": gluon_q8.CURSOR_CONFIG,
+    want = {"staged": gluon_q8.MMA_STAGED_CONFIG,
             "deep": gluon_q8.DEEP_CURSOR_CONFIG, "k128": gluon_q8.K128_CURSOR_CONFIG,
             "default": gluon_q8.DEFAULT_Q8_WS_CONFIG, None: None}[expect]
     assert gluon_q8.config_for(M, N, K) == want

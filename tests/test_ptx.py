@@ -189,9 +189,8 @@ def test_launches_reading_a_step_slot_compile_to_the_same_ops(report):
 # captured step's launches read a slot.
 STEP_SLOT_SPILLS = {
     "ws8 64x128x64 st4 w8 rows16 mma104 r128": 28,
-    "ws8 64x128x64 st3 w16 rows16 mma96 r96 sl": 96,  # as without a slot (GLUON_Q8_SPILL_EXCEPTIONS)
-    "ws8 64x128x64 st3 w16 rows16 mma96 r96 sl cur": 96,
-    "ws8 64x128x64 st4 w16 rows16 mma96 r96 sl cur": 96,
+    "ws8 64x128x64 st4 w16 rows16 mma96 r96 sl cur ms": 128,  # routed since session 34; 124 B without a slot
+    "ws8 64x128x64 st4 w16 rows16 mma96 r96 sl cur": 96,  # as without a slot (GLUON_Q8_SPILL_EXCEPTIONS)
     "ws8 64x128x128 st3 w16 rows16 mma96 r96 sl cur": 96,  # routed since session 33; 76 B there, as the deep cursor
     "ws 64x128x64 st2 sl1 o1 p2 r128": 32,
     "ws 128x128x64 st3 sl1 o1": 12,
@@ -200,9 +199,10 @@ STEP_SLOT_SPILLS = {
 
 # The 8bit Gluon tiles' spills, by (label, rule), bytes of spill stores a thread (ptxas of Triton 3.6):
 # the tiles with sixteen epilogue warps at 96 registers (20 warps an SM: the most the SM's registers
-# allow at a launch cap the wgmma accumulator needs) spill up to 104 B for AdamW; they are routed (at
-# 1024-2047 tokens, and with the load cursor at 2048-4095) because eight epilogue warps an SM bound the
-# spill-free tiles below 4096 tokens (session 23, call 2; session 30, calls 2-3).
+# allow at a launch cap the wgmma accumulator needs) spill up to 104 B for AdamW (124 B with the MMA warps
+# staging the state); they are routed (from 1024 tokens: the state staged by the MMA warps to 3071, the deep
+# cursor and the K-block-128 cursor above) because eight epilogue warps an SM bound the spill-free tiles below
+# 4096 tokens (session 23, call 2; session 30, calls 2-3; session 34).
 GLUON_Q8_SPILL_EXCEPTIONS = {
     ("ws8 64x128x64 st3 w16 rows16 mma96 r96 sl", "adamw"): 104,
     ("ws8 64x128x64 st3 w16 rows16 mma96 r96 sl cur", "adamw"): 104,  # the same epilogue
