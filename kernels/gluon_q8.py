@@ -69,6 +69,14 @@ QBLOCK = int(_QBLOCK.value)  # elements a block of an 8-bit state's row (kernels
 # stage_state tiles: shared-memory slots of a sub-tile's state, and how many sub-tiles ahead it is loaded
 # (a sub-tile's slot refilled, by TMA, once its update has read it: the copy lands under the next update)
 STAGING_SLOTS = gl.constexpr(2)
+# mma_stage tiles: when the MMA warp group stages a tile's state (stage_tile_state). At the tile's start it waits
+# there for the epilogue to hand back the tile's g buffer and slot (from tile t - 2), before the mainloop: time
+# the mainloop loses where it is the longer part (3072-4096 tokens, session 34). At the hand-over it waits where
+# hand_over waits anyway, and the copy still lands before the epilogue needs it wherever the epilogue is the
+# longer part (it is then still updating tile t - 1); where the mainloop is, the epilogue waits for the copy
+# once a tile (a candidate, not yet run on a GPU).
+MMA_STAGE_AT_START = gl.constexpr(1)
+MMA_STAGE_AT_HANDOVER = gl.constexpr(2)
 
 
 @gluon.jit
@@ -138,14 +146,15 @@ def load_and_advance(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, cursor, nk, til
 
 @gluon.jit
 def stage_tile_state(tile_staging, g_empty, t, pid_m, pid_n, N_STATE: gl.constexpr):
-    """The mma_stage candidate's loads (Q8WSConfig), issued by the MMA warp group as it starts tile t (the
-    program's t-th): W [BM, BN] bf16 and each state's uint8 codes of the tile by TMA into slot t % 2, counted
-    against st_ready[t % 2], once the epilogue has handed slot and g buffer t % 2 back from tile t - 2
-    (g_empty, which the epilogue arrives on after the fence that orders its last reads of the slot, in the
-    generic proxy, before these writes, in the async proxy). Rows and columns past M and N arrive as zeros,
-    what load_row_blocks' masked loads give. Why: the whole tile's state lands during its mainloop, with no
-    epilogue register in flight and no barrier of the epilogue's warps (v38's staging issued the copies from
-    the epilogue, under a barrier of its sixteen warps each time)."""
+    """The mma_stage tiles' loads (Q8WSConfig), issued by the MMA warp group as it starts tile t (the program's
+    t-th) or hands its accumulator over (MMA_STAGE_AT_START, MMA_STAGE_AT_HANDOVER): W [BM, BN] bf16 and each
+    state's uint8 codes of the tile by TMA into slot t % 2, counted against st_ready[t % 2], once the epilogue
+    has handed slot and g buffer t % 2 back from tile t - 2 (g_empty, which the epilogue arrives on after the
+    fence that orders its last reads of the slot, in the generic proxy, before these writes, in the async
+    proxy). Rows and columns past M and N arrive as zeros, what load_row_blocks' masked loads give. Why: the
+    whole tile's state lands before the epilogue needs it, with no epilogue register in flight and no barrier
+    of the epilogue's warps (v38's staging issued the copies from the epilogue, under a barrier of its sixteen
+    warps each time)."""
     w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready = tile_staging
     BM: gl.constexpr = w_desc.block_type.shape[0]
     BN: gl.constexpr = w_desc.block_type.shape[1]
@@ -189,7 +198,8 @@ def mma_self_loaded_tiles(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, g_bufs, g_
     registers at a launch cap the wgmma accumulator allows (Q8WSConfig). LOAD_CURSOR: the loads'
     coordinates kept by load_and_advance's cursor instead of load_k_block's divisions (a candidate, not
     yet run on a GPU: the same uses into the same slots, so the same protocol). MMA_STAGE: each tile's state
-    staged as it starts (stage_tile_state)."""
+    staged (stage_tile_state) as the tile starts (MMA_STAGE_AT_START) or as its accumulator is handed over
+    (MMA_STAGE_AT_HANDOVER)."""
     BK: gl.constexpr = dy_desc.block_type.shape[0]
     BM: gl.constexpr = g_bufs.type.shape[1]
     BN: gl.constexpr = g_bufs.type.shape[2]
@@ -209,7 +219,7 @@ def mma_self_loaded_tiles(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, g_bufs, g_
     i = 0
     t = 0
     for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
-        if MMA_STAGE:
+        if MMA_STAGE == MMA_STAGE_AT_START:
             pid_m, pid_n = _ws.tile_coords(tile, tiles_m, tiles_n, GROUP_M)
             stage_tile_state(tile_staging, g_empty, t, pid_m, pid_n, N_STATE)
         acc = gl.zeros((BM, BN), dtype=gl.float32, layout=mma_layout)
@@ -228,6 +238,9 @@ def mma_self_loaded_tiles(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, g_bufs, g_
                              GROUP_M)
             i += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        if MMA_STAGE == MMA_STAGE_AT_HANDOVER:
+            pid_m, pid_n = _ws.tile_coords(tile, tiles_m, tiles_n, GROUP_M)
+            stage_tile_state(tile_staging, g_empty, t, pid_m, pid_n, N_STATE)  # hand_over's wait then passes
         hand_over(acc, t, g_bufs, g_ready, g_empty)
         t += 1
 
@@ -449,9 +462,9 @@ def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_pt
         b = t % 2
         offs_n = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, epi))
         if STAGE_STATE or MMA_STAGE:
-            # the tile after this one, whose first sub-tiles this one's last stage (MMA_STAGE: whose first scales); after the program's last
-            # tile this one again (unconditional copies: a branch around them cost ptxas ~350 B of spills at
-            # 96 registers), waited for after the loop
+            # the tile after this one, whose first sub-tiles this one's last stage (MMA_STAGE: whose first
+            # scales it loads); after the program's last tile this one again (unconditional copies: a branch
+            # around them cost ptxas ~350 B of spills at 96 registers), waited for after the loop
             following = tile + gl.num_programs(0)
             next_m, next_n = _ws.tile_coords(gl.where(following < tiles, following, tile), tiles_m, tiles_n, GROUP_M)
         if PREFETCH:
@@ -635,7 +648,10 @@ class Q8WSConfig(_ws.ValueConfig):
         if load_cursor and not self_load:
             raise ValueError("Q8WSConfig: load_cursor keeps the self-loading MMA warps' load coordinates "
                              "(self_load=True)")
-        if prefetch + stage_state + mma_stage > 1:
+        if mma_stage not in (0, 1, 2):
+            raise ValueError(f"Q8WSConfig: mma_stage is 0 (none), 1 (at a tile's start) or 2 (at its hand-over), "
+                             f"got {mma_stage!r}")
+        if prefetch + stage_state + bool(mma_stage) > 1:
             raise ValueError("Q8WSConfig: prefetch (into registers), stage_state (into shared memory, by the epilogue) "
                              "and mma_stage (into shared memory, by the MMA warps) are ways of loading the state "
                              "ahead; choose one")
@@ -656,7 +672,7 @@ class Q8WSConfig(_ws.ValueConfig):
                 + (f" g{self.GROUP_M}" if self.GROUP_M != 8 else "")
                 + f" mma{self.mma_registers} r{self.max_registers}" + (" sl" if self.self_load else "")
                 + (" cur" if self.load_cursor else "") + (" pf" if self.prefetch else "")
-                + (" stg" if self.stage_state else "") + (" ms" if self.mma_stage else ""))
+                + (" stg" if self.stage_state else "") + ("", " ms", " msh")[self.mma_stage])
 
     def shared_bytes(self, n_state: int = 2) -> int:
         """Shared memory of one program: the operand ring, the two g buffers and (stage_state) the staging
@@ -722,7 +738,7 @@ K128_CURSOR_CONFIG = Q8WSConfig(num_warps=16, BK=128, STAGES=3, self_load=True, 
 # 1024x4096), at 3072 0.96-1.02x the deep cursor's, at 4096 1.01-1.03x. Llama-8B's 1x2048 step (captured)
 # 0.986x the routed one with it forced.
 MMA_STAGED_CONFIG = Q8WSConfig(num_warps=16, STAGES=4, self_load=True, load_cursor=True, max_registers=96,
-                               mma_registers=96, mma_stage=True)
+                               mma_registers=96, mma_stage=1)
 Q8_WS_CANDIDATE_CONFIGS = (
     Q8WSConfig(STAGES=3),
     Q8WSConfig(STAGES=2),
@@ -749,8 +765,12 @@ Q8_WS_CANDIDATE_CONFIGS = (
     K128_CURSOR_CONFIG,
     # v44's cursor with three stages (session 34, H100: at 1024 tokens 0.87-0.88x the cursor, at 2048 0.93-1.00x,
     # as the deep one within 1-2% on five shapes; but Llama-8B's 1x2048 step 1.02x the routed one, twice)
-    Q8WSConfig(num_warps=16, self_load=True, load_cursor=True, max_registers=96, mma_registers=96, mma_stage=True),
+    Q8WSConfig(num_warps=16, self_load=True, load_cursor=True, max_registers=96, mma_registers=96, mma_stage=1),
     MMA_STAGED_CONFIG,
+    # the staged deep cursor with the copies issued at the hand-over (MMA_STAGE_AT_HANDOVER), for 3072-4096 tokens,
+    # where staging at the tile's start lost what it saved (session 34): written after the session's last call
+    Q8WSConfig(num_warps=16, STAGES=4, self_load=True, load_cursor=True, max_registers=96, mma_registers=96,
+               mma_stage=2),
 )
 
 
@@ -857,7 +877,7 @@ def _launch_constants(rule: Rule, c: Q8WSConfig, n_state: int, pairs: bool = Tru
     constexprs = dict(GUARDED_UPDATE=_ws.guarded_update_gluon(rule), N_STATE=n_state, STAGES=c.STAGES, ROWS=c.ROWS,
                       GROUP_M=c.GROUP_M, MMA_REGS=c.mma_registers, SELF_LOAD=c.self_load,
                       LOAD_CURSOR=c.load_cursor, PREFETCH=c.prefetch, STAGE_STATE=c.stage_state,
-                      MMA_STAGE=c.mma_stage,
+                      MMA_STAGE=int(c.mma_stage),
                       RAND_PAIRS=pairs, num_warps=c.num_warps)
     return constexprs, dict(maxnreg=c.max_registers, enable_fp_fusion=False)
 

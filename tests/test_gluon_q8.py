@@ -41,6 +41,7 @@ def test_its_tiles_fit_an_sm():
     (dict(STAGES=7), "exceed the 227 KB"), (dict(load_cursor=True), "self_load=True"),
     (dict(prefetch=True, stage_state=True), "choose one"),
     (dict(self_load=True, stage_state=True, mma_stage=True), "choose one"), (dict(mma_stage=True), "self_load=True"),
+    (dict(self_load=True, mma_stage=3), "0 \\(none\\), 1 .* or 2"),
 ])
 def test_a_config_names_what_it_cannot_run(bad, match):
     with pytest.raises(ValueError, match=match):

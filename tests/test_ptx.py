@@ -218,10 +218,11 @@ GLUON_Q8_SPILL_EXCEPTIONS = {
     ("ws8 64x128x64 st4 w16 rows16 mma96 r96 sl cur stg", "lion"): 60,
     ("ws8 64x128x64 st4 w16 rows16 mma96 r96 sl cur stg", "sgd"): 44,
     ("ws8 64x128x64 st4 w8 rows16 mma104 r128 stg", "adamw"): 84,
-    # v44's candidates, each tile's state staged by the MMA warps (MMA_STAGE, session 34): the cursor's 96 B and
-    # 28 more, the next sub-tile's scales and the next tile's coordinates held through the update; not yet timed
+    # v44's tiles, each tile's state staged by the MMA warps (MMA_STAGE, session 34): the cursor's 96 B and 28
+    # more, the next sub-tile's scales and the next tile's coordinates held through the update
     ("ws8 64x128x64 st3 w16 rows16 mma96 r96 sl cur ms", "adamw"): 124,
     ("ws8 64x128x64 st4 w16 rows16 mma96 r96 sl cur ms", "adamw"): 124,
+    ("ws8 64x128x64 st4 w16 rows16 mma96 r96 sl cur msh", "adamw"): 124,  # the copies at the hand-over
 }
 
 
