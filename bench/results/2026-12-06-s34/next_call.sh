@@ -31,14 +31,7 @@ part_kern() {
     --configs "$CUR,$DEEP,${DEEP}_ms,${DEEP}_msh,$K128" --rounds 3 --shapes 4096x14336,14336x4096,4096x4096 \
     --tokens 1024,2048,3072,4096 --out "$R/kern.json" >"$R/kern.log" 2>&1
   echo "kern rc=$?"
-  python3 - "$R/kern.json" <<'PY'
-import json, sys
-rows = json.load(open(sys.argv[1]))["rows"]
-labels = list(rows[0]["per_label_ms"])
-print("ms (median of 3 rounds)  " + "".join(f"{l.replace('ws8 64x128x', '').replace(' rows16 mma96 r96', '')[:18]:>20s}" for l in labels))
-for r in rows:
-    print(f"{r['M']}x{r['N']} K={r['K']:<5d}       " + "".join(f"{r['per_label_ms'][l]:20.3f}" for l in labels))
-PY
+  kern_table "$R/kern.json"
 }
 part_train() {
   A8="--models llama-8b --tokens 1x2048 --steps 5"
