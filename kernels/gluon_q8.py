@@ -983,14 +983,14 @@ def compile_for_sm90(rule: Rule, config: Q8WSConfig = DEFAULT_Q8_WS_CONFIG, M: i
 #     default's time at 6144 and 8192 tokens and 0.92-0.94x at 16384 (4096x14336, 14336x4096, 4096x4096);
 #     0.96-0.97x the deep cursor's at 4096; at 3072 0.99-1.02x (a tie: the deep cursor stays there).
 #   MMA_STAGED_CONFIG (session 34, above): routed from 1024 to 3071 tokens.
-# So each tile of ROUTE_BY_K from its first K to the next one's (3072 the first measured point where the
-# deep cursor leads; from 4096 the K-block-128 cursor, which leads the deep cursor there and the default from
-# 6144 to 16384, on whole K blocks of 128 only: elsewhere the deep cursor to 5120, halfway between 4096,
-# where it leads the default, and 6144, where it trails it, then the default), the last to ROUTE_MAX_K tokens
-# inclusive (the most measured: above it the mainloop's share grows, where the Triton tiles' mainloops were
-# the faster before the Gluon default led at 8192-16384), with at least MIN_TILES tiles. FORGE_NUM_GLUON_Q8 in the environment (read at each call): 0 never, 1 or unset the
-# ranges above, a tile's label ('_' for ' ') that tile wherever the kernel applies (an A/B switch for
-# benchmarks).
+# So each tile of ROUTE_BY_K from its first K to the next one's (from 1024 the staged deep cursor; 3072 the
+# first measured point where it no longer leads the deep cursor; from 4096 the K-block-128 cursor, which leads
+# the deep cursor there and the default from 6144 to 16384, on whole K blocks of 128 only: elsewhere the deep
+# cursor to 5120, halfway between 4096, where it leads the default, and 6144, where it trails it, then the
+# default), the last to ROUTE_MAX_K tokens inclusive (the most measured: above it the mainloop's share grows,
+# where the Triton tiles' mainloops were the faster before the Gluon default led at 8192-16384), with at least
+# MIN_TILES tiles. FORGE_NUM_GLUON_Q8 in the environment (read at each call): 0 never, 1 or unset the ranges
+# above, a tile's label ('_' for ' ') that tile wherever the kernel applies (an A/B switch for benchmarks).
 ROUTED = True
 MIN_TILES = 132  # below one tile an SM of an H100/H200 the one-program-an-SM grid idles SMs
 # (first K, tile), in order of K; the last one that applies is taken, so the default's range from 5120 is
