@@ -160,30 +160,18 @@ def stage_tile_state(tile_staging, g_empty, t, pid_m, pid_n, N_STATE: gl.constex
     BN: gl.constexpr = w_desc.block_type.shape[1]
     b = t % 2
     mbarrier.wait(g_empty.index(b), ((t // 2) & 1) ^ 1)
-    nbytes: gl.constexpr = w_desc.block_type.nbytes + N_STATE * c0_desc.block_type.nbytes
-    mbarrier.expect(st_ready.index(b), nbytes)
-    tma.async_copy_global_to_shared(w_desc, [pid_m * BM, pid_n * BN], st_ready.index(b), st_w.index(b))
-    if N_STATE >= 1:
-        tma.async_copy_global_to_shared(c0_desc, [pid_m * BM, pid_n * BN], st_ready.index(b), st_c0.index(b))
-    if N_STATE >= 2:
-        tma.async_copy_global_to_shared(c1_desc, [pid_m * BM, pid_n * BN], st_ready.index(b), st_c1.index(b))
+    copy_state(w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready, b, pid_m * BM, pid_n * BN, N_STATE)
 
 
 @gluon.jit
-def tile_staged_rows(tile_staging, t, j, scales0, scales1, layout: gl.constexpr, N_STATE: gl.constexpr):
-    """load_row_blocks' values of row sub-tile j of the program's t-th tile from slot t % 2 of
+def tile_staged_rows(tile_staging, t, j, scales0, scales1, layout: gl.constexpr, ROWS: gl.constexpr,
+                     N_STATE: gl.constexpr):
+    """load_row_blocks' values of row sub-tile j (ROWS rows) of the program's t-th tile from slot t % 2 of
     stage_tile_state's (the caller has waited for its st_ready), in ``layout``; its rows' scales as given."""
     _, _, _, st_w, st_c0, st_c1, _ = tile_staging
-    ROWS: gl.constexpr = layout.warps_per_cta[0] * layout.size_per_thread[0]
     b = t % 2
-    p = _ws._ROUNDING.bf16_to_f32(st_w.index(b).slice(j * ROWS, ROWS, dim=0).load(layout).to(gl.uint16, bitcast=True))
-    codes0 = p
-    codes1 = p
-    if N_STATE >= 1:
-        codes0 = st_c0.index(b).slice(j * ROWS, ROWS, dim=0).load(layout)
-    if N_STATE >= 2:
-        codes1 = st_c1.index(b).slice(j * ROWS, ROWS, dim=0).load(layout)
-    return p, codes0, scales0, codes1, scales1
+    return read_state(st_w.index(b).slice(j * ROWS, ROWS, dim=0), st_c0.index(b).slice(j * ROWS, ROWS, dim=0),
+                      st_c1.index(b).slice(j * ROWS, ROWS, dim=0), scales0, scales1, layout, N_STATE)
 
 
 @gluon.jit
@@ -315,15 +303,37 @@ def stage_row_blocks(w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready, u, 
     by every epilogue warp, in the generic proxy) come before the copy's writes (the async proxy): each
     thread's fence orders its own reads, and the barrier of the partition that Gluon puts before the copy
     (one thread issues it) waits for every warp's fence."""
-    s = u % STAGING_SLOTS
-    nbytes: gl.constexpr = w_desc.block_type.nbytes + N_STATE * c0_desc.block_type.nbytes
     fence_async_shared()
-    mbarrier.expect(st_ready.index(s), nbytes)
-    tma.async_copy_global_to_shared(w_desc, [row0, col0], st_ready.index(s), st_w.index(s))
+    copy_state(w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready, u % STAGING_SLOTS, row0, col0, N_STATE)
+
+
+@gluon.jit
+def copy_state(w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready, slot, row0, col0, N_STATE: gl.constexpr):
+    """W (bf16) and each state's uint8 codes of the block at (row0, col0), as large as the descriptors' blocks
+    (a sub-tile's rows for stage_state, a tile's for mma_stage), by TMA into shared-memory slot ``slot``,
+    counted against st_ready[slot]; rows and columns past M and N arrive as zeros."""
+    nbytes: gl.constexpr = w_desc.block_type.nbytes + N_STATE * c0_desc.block_type.nbytes
+    mbarrier.expect(st_ready.index(slot), nbytes)
+    tma.async_copy_global_to_shared(w_desc, [row0, col0], st_ready.index(slot), st_w.index(slot))
     if N_STATE >= 1:
-        tma.async_copy_global_to_shared(c0_desc, [row0, col0], st_ready.index(s), st_c0.index(s))
+        tma.async_copy_global_to_shared(c0_desc, [row0, col0], st_ready.index(slot), st_c0.index(slot))
     if N_STATE >= 2:
-        tma.async_copy_global_to_shared(c1_desc, [row0, col0], st_ready.index(s), st_c1.index(s))
+        tma.async_copy_global_to_shared(c1_desc, [row0, col0], st_ready.index(slot), st_c1.index(slot))
+
+
+@gluon.jit
+def read_state(w_rows, c0_rows, c1_rows, scales0, scales1, layout: gl.constexpr, N_STATE: gl.constexpr):
+    """load_row_blocks' values from shared memory: W widened exactly from the bf16 of ``w_rows`` and each
+    state's codes from ``c0_rows``, ``c1_rows`` (views of one sub-tile's rows), in ``layout``; its rows'
+    scales as given (absent states: placeholders, never read)."""
+    p = _ws._ROUNDING.bf16_to_f32(w_rows.load(layout).to(gl.uint16, bitcast=True))
+    codes0 = p
+    codes1 = p
+    if N_STATE >= 1:
+        codes0 = c0_rows.load(layout)
+    if N_STATE >= 2:
+        codes1 = c1_rows.load(layout)
+    return p, codes0, scales0, codes1, scales1
 
 
 @gluon.jit
@@ -334,14 +344,7 @@ def staged_row_blocks(st_w, st_c0, st_c1, st_ready, u, scales0, scales1, layout:
     scales as given."""
     s = u % STAGING_SLOTS
     mbarrier.wait(st_ready.index(s), (u // STAGING_SLOTS) & 1)
-    p = _ws._ROUNDING.bf16_to_f32(st_w.index(s).load(layout).to(gl.uint16, bitcast=True))
-    codes0 = p
-    codes1 = p
-    if N_STATE >= 1:
-        codes0 = st_c0.index(s).load(layout)
-    if N_STATE >= 2:
-        codes1 = st_c1.index(s).load(layout)
-    return p, codes0, scales0, codes1, scales1
+    return read_state(st_w.index(s), st_c0.index(s), st_c1.index(s), scales0, scales1, layout, N_STATE)
 
 
 @gluon.jit
@@ -486,7 +489,7 @@ def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_pt
             offs_m = pid_m * BM + j * ROWS + gl.arange(0, ROWS, layout=rows)
             if MMA_STAGE:
                 scales0, scales1 = next_scales
-                loaded = tile_staged_rows(staging, t, j, scales0, scales1, epi, N_STATE)
+                loaded = tile_staged_rows(staging, t, j, scales0, scales1, epi, ROWS, N_STATE)
                 if j == SUBTILES - 1:
                     # g and the slot's state are in registers: the MMA warps may refill both (its TMA writes
                     # after these reads: the fence orders each thread's reads before the async proxy's writes)
