@@ -451,10 +451,10 @@ def test_ws_kernel_8bit_pairs_and_single_calls_give_the_same_bits(config):
 
 def test_ws_kernel_8bit_staged_state_at_the_edges():
     """The stage_state tiles (v38: the next sub-tiles' W and codes by TMA, two slots) and the mma_stage tiles
-    (v44: each tile's, by the MMA warps, a slot a g buffer) where the shapes above
-    take their unstaged twins (N not a multiple of 16): tiles past M and N (200 = 3 x 64 + 8 rows, 400 = 3 x
-    128 + 16 columns: the TMA boxes' zeros), one program walking every tile (the slots' phases across tiles,
-    the copies past the last tile waited for), one state (Lion) and two, a shard's counter map."""
+    (v44: each tile's, by the MMA warps, a slot a g buffer) where the shapes above take their unstaged twins
+    (N not a multiple of 16): tiles past M and N (200 = 3 x 64 + 8 rows, 400 = 3 x 128 + 16 columns: the TMA
+    boxes' zeros), one program walking every tile (the slots' phases across tiles; stage_state's copies past
+    the last tile waited for), one state (Lion) and two, a shard's counter map."""
     from forge_num.kernels import gluon_q8
 
     for config in (c for c in _q8_configs() if c.stage_state or c.mma_stage):
