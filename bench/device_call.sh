@@ -4,10 +4,12 @@
 #   call_begin   installs forge_num (editable, no dependencies), flashoptim from .whl into /tmp/site (its
 #                baselines run with PYTHONPATH=/tmp/site), pytest-xdist; records the GPU and versions
 #   train TAG S FLAG ARGS...   bench/train_step.py (checkpointing on, 3 warm-up steps) with ARGS under S
-#                seconds of the budget, FORGE_NUM_GLUON_Q8=FLAG (- leaves it unset), into $R/TAG.{json,log};
+#                seconds of the budget, FORGE_NUM_GLUON_Q8=FLAG (- leaves it unset; a FLAG VAR=VALUE sets
+#                that variable instead), into $R/TAG.{json,log};
 #                prints its rows
 #   kern_table F prints bench/kernels.py's JSON F as a table: a row a shape and K, a column a tile label
-#                (its common prefix dropped), the medians of its rounds in ms
+#                (its common prefix dropped), the medians of its rounds in ms; then the launcher's route, the
+#                unfused step and the floor, in ms
 #   call_end     the results folder $R packed into $OUT/results.tgz, env.txt beside it
 set -uo pipefail
 DEADLINE=$((SECONDS + ${CALL_BUDGET_S:-570}))
@@ -30,8 +32,8 @@ call_begin() {
 
 train() {
   local tag=$1 secs=$2 flag=$3; shift 3
-  echo "== $tag $(date -u +%T) FORGE_NUM_GLUON_Q8=$flag"
-  ( [ "$flag" != - ] && export FORGE_NUM_GLUON_Q8=$flag
+  echo "== $tag $(date -u +%T) $([[ "$flag" == *=* ]] && echo "$flag" || echo "FORGE_NUM_GLUON_Q8=$flag")"
+  ( if [[ "$flag" == *=* ]]; then export "${flag?}"; elif [ "$flag" != - ]; then export FORGE_NUM_GLUON_Q8=$flag; fi
     PYTHONPATH=/tmp/site timeout "$(budget "$secs")" python3 bench/train_step.py --checkpointing on --warmup 3 \
       --budget-s "$(( $(budget "$secs") - 20 ))" --out "$R/$tag.json" "$@" >"$R/$tag.log" 2>&1 )
   echo "$tag rc=$?"; grep -vE "^#|^$|^ratios" "$R/$tag.log" | cut -c1-220 | tail -24
@@ -44,9 +46,11 @@ rows = json.load(open(sys.argv[1]))["rows"]
 labels = list(rows[0]["per_label_ms"])
 common = os.path.commonprefix(labels)
 common = common[:common.rfind(" ") + 1]  # whole words
-print("ms (median of the rounds)" + "".join(f"{l[len(common):].replace(' rows16 mma96 r96', '')[:22]:>24s}" for l in labels))
+print("ms (median of the rounds)" + "".join(f"{l[len(common):].replace(' rows16 mma96 r96', '')[:22]:>24s}" for l in labels)
+      + "".join(f"{c:>9s}" for c in ("route", "unfused", "floor")))
 for r in rows:
-    print(f"{r['M']}x{r['N']} K={r['K']:<5d}".ljust(25) + "".join(f"{r['per_label_ms'][l]:24.3f}" for l in labels))
+    print(f"{r['M']}x{r['N']} K={r['K']:<5d}".ljust(25) + "".join(f"{r['per_label_ms'][l]:24.3f}" for l in labels)
+          + "".join(f"{r[c]:9.3f}" for c in ("forge_ms", "unfused_ms", "floor_ms")))
 PY
 }
 

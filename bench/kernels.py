@@ -36,9 +36,9 @@ import triton
 
 from forge_num import kernels, rules
 try:
-    from forge_num.kernels import gluon_q8
+    from forge_num.kernels import gluon_f32, gluon_q8
 except ImportError:  # a Triton without Gluon: the Triton tiles only
-    gluon_q8 = None
+    gluon_f32 = gluon_q8 = None
 from forge_num.kernels import random as krandom
 
 # issue 5: the Llama-8B projections (4096x4096, 14336x4096, 4096x14336) and two of Llama-70B's
@@ -73,6 +73,18 @@ def _gluon_q8_tiles(M: int, N: int) -> tuple:
 
 def _is_gluon_q8(config) -> bool:
     return gluon_q8 is not None and isinstance(config, gluon_q8.Q8WSConfig)
+
+
+def _gluon_f32_tiles(M: int, N: int) -> tuple:
+    """The fp32 split Gluon kernel's tiles (kernels/gluon_f32.py) where it runs, as _gluon_q8_tiles; labelled
+    "wsf ..."."""
+    if gluon_f32 is None or M % 8 or N % 8 or torch.cuda.get_device_capability() != (9, 0):
+        return ()
+    return (gluon_f32.DEFAULT_F32_WS_CONFIG, *gluon_f32.F32_WS_CANDIDATE_CONFIGS)
+
+
+def _is_gluon_f32(config) -> bool:
+    return gluon_f32 is not None and isinstance(config, gluon_f32.F32WSConfig)
 
 
 # Bytes per weight element that the update must read and write at least, by regime: W, m, v read
@@ -173,12 +185,16 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", o
             # the Gluon 8bit kernel's tiles (kernels/gluon_q8.py), timed as the launcher runs them once
             # routed: its launch, the operands checked once (below) as the launcher's fast path checks them
             gluon_q8.launch(w, x, dy, states, rules.ADAMW, h_checked, 1.0, config, (seed, N, 0))
+        elif _is_gluon_f32(config):
+            gluon_f32.launch(w, x, dy, states, rules.ADAMW, h_checked, 1.0, config)
         else:
             kernels.fused_linear_update(w, x, dy, states, rules.ADAMW, h, config=config, seed=seed)
 
     h_checked = tuple(float(v) for v in h)
     if precision == "8bit" and _gluon_q8_tiles(M, N):
         gluon_q8.fused_linear_update_q8_ws(w, x, dy, states, rules.ADAMW, h, seed=seed)  # the operands' checks, once
+    if precision == "fp32" and _gluon_f32_tiles(M, N):
+        gluon_f32.fused_linear_update_f32_ws(w, x, dy, states, rules.ADAMW, h)  # the operands' checks, once
 
     # the unfused baseline keeps its parameter in the regime's weight dtype: fp32 under AMP, or bf16
     p = torch.nn.Parameter(w.clone())
@@ -192,7 +208,8 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", o
 
     per_config, compiled, failed = {}, {}, {}
     configs = kernels.Q8_CONFIGS[torch.bfloat16] if precision == "8bit" else kernels.configs_for(torch.bfloat16)
-    candidates = Q8_CANDIDATES + _gluon_q8_tiles(M, N) if precision == "8bit" else CANDIDATES
+    candidates = (Q8_CANDIDATES + _gluon_q8_tiles(M, N) if precision == "8bit"
+                  else CANDIDATES + _gluon_f32_tiles(M, N) if precision == "fp32" else CANDIDATES)
     default = (kernels.default_q8_config(M, N, K, torch.bfloat16) if precision == "8bit"
                else kernels.default_config(M, N, K, torch.bfloat16, precision == "bf16-sr"))
     # Each tile timed once a round, the rounds one after another (interleaved), its time the median of its
@@ -207,7 +224,7 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", o
             try:
                 t = triton.testing.do_bench(lambda: forge(cfg), warmup=10, rep=100, return_mode="median")
                 rounds_ms.setdefault(str(cfg), []).append(t)
-                compiled.setdefault(str(cfg), {} if _is_gluon_q8(cfg) else RECORDER.resources())
+                compiled.setdefault(str(cfg), {} if _is_gluon_q8(cfg) or _is_gluon_f32(cfg) else RECORDER.resources())
             except Exception as e:  # a tile that does not compile here (shared memory): reported, not fatal
                 failed[str(cfg)] = f"{type(e).__name__}: {str(e)[:160]}"
     per_config = {k: statistics.median(v) * 1e-3 for k, v in rounds_ms.items()}
@@ -248,7 +265,8 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", o
         p.grad = None
     labels = {str(c): c.label for c in (*configs, *candidates)}
     # what the launcher runs with no tile given: the Gluon kernel where kernels._ws_route sends it
-    routed = kernels._ws_route(w, x, dy, states) if precision != "8bit" else kernels._ws_q8_route(w, x, dy, states)
+    routed = (kernels._ws_q8_route(w, x, dy, states) if precision == "8bit"
+              else (precision == "fp32" and kernels._ws_f32_route(w, x, dy, states)) or kernels._ws_route(w, x, dy, states))
     if routed is not None:
         default = routed
     flops = 2.0 * K * M * N

@@ -996,6 +996,11 @@ def fused_linear_update(
     _, rand_stride, rand_base, rand_rows = _kernel_counter(counter, M * N, weight.device, cols=N)
     plain = accum is None and acc_out is None and not q8 and rand_rows is None
     if config is None and plain and not _interpreting():
+        split = None if bf16 else _ws_f32_route(weight, x, dy, states)
+        if split is not None:  # the fp32 split Gluon kernel (gluon_f32.py), where routed: the same bits
+            from . import gluon_f32
+
+            return gluon_f32.launch(weight, x, dy, states, rule, h, grad_scale, split, step_slot)
         ws = _ws_route(weight, x, dy, states)
         if ws is not None:  # the warp-specialized Gluon kernel, where measured faster: the same bits
             from . import gluon_update
@@ -1030,6 +1035,19 @@ def _ws_route(weight, x, dy, states):
     except ImportError:
         return None
     return gluon_update.route_config(weight, x, dy, states)
+
+
+def _ws_f32_route(weight, x, dy, states):
+    """The tile of kernels/gluon_f32.py for this fp32-regime update where that kernel is routed (its
+    route_config: sm_90, its K ranges, enough tiles; FORGE_NUM_GLUON_F32 its own switch), else None; as
+    _ws_route, None where Gluon cannot be imported or with FORGE_NUM_GLUON=0."""
+    if weight.device.type != "cuda" or os.environ.get("FORGE_NUM_GLUON", "1") == "0":
+        return None
+    try:
+        from . import gluon_f32
+    except ImportError:
+        return None
+    return gluon_f32.route_config(weight, x, dy, states)
 
 
 def _ws_q8_route(weight, x, dy, states):

@@ -172,6 +172,40 @@ def check_gluon_q8(rule_name: str, config, slot: bool = False, pairs: bool = Tru
             "shared_model": config.shared_bytes(len(rule.state)), **resource_usage(ptx)}
 
 
+def check_gluon_f32(rule_name: str, config, slot: bool = False) -> dict:
+    """The fp32 split Gluon kernel (kernels/gluon_f32.py) for sm_90 with one tile: IEEE op counts (each op of
+    the rule once per element an epilogue thread updates), the wgmma chain, TMA loads, the register caps, ptxas
+    resources and shared memory."""
+    from bench.registers import resource_usage
+    from forge_num import rules
+    from forge_num.kernels.gluon_f32 import compile_for_sm90
+
+    rule = rules.get_rule(rule_name)
+    compiled = compile_for_sm90(rule, config, slot=slot)
+    ptx = compiled.asm["ptx"]
+    calls = vocabulary_calls(rule.update) + vocabulary_calls(rules.guarded_update)
+    per_thread = config.BM * config.BN // (32 * config.num_warps)
+    return {"rule": rule_name, "config": config.label, "slot": slot, "BK": config.BK, "ptx": count(ptx),
+            "forbidden": forbidden(ptx),
+            "expected": {op: calls.get(op, 0) * per_thread for op in PTX_OP}, "per_thread": per_thread,
+            "mul_hi": len(re.findall(r"mul\.hi\.u32", ptx)), "mul_wide": len(re.findall(r"mul\.wide\.u32", ptx)),
+            "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "tma": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
+            "setmaxnreg": len(re.findall(r"setmaxnreg", ptx)), "shared": int(compiled.metadata.shared),
+            "shared_model": config.shared_bytes(), **resource_usage(ptx)}
+
+
+def _gluon_f32_configs():
+    from forge_num.kernels.gluon_f32 import DEFAULT_F32_WS_CONFIG, F32_WS_CANDIDATE_CONFIGS
+
+    return (DEFAULT_F32_WS_CONFIG, *F32_WS_CANDIDATE_CONFIGS)
+
+
+def _gluon_f32_route_configs():
+    from forge_num.kernels.gluon_f32 import ROUTE_BY_K
+
+    return tuple(dict.fromkeys(c for _, c in ROUTE_BY_K))
+
+
 def _gluon_q8_configs():
     from forge_num.kernels.gluon_q8 import DEFAULT_Q8_WS_CONFIG, Q8_WS_CANDIDATE_CONFIGS
 
@@ -255,11 +289,13 @@ def main() -> int:
            "gluon_ws": [check_gluon_ws(r, c) for r in ("adamw", "lion", "sgd") for c in _gluon_ws_configs()]
                        + [check_gluon_ws(r, c, "bf16-sr") for r in ("adamw", "sgd") for c in _gluon_ws_bf16_sr_configs()],
            "gluon_q8": [check_gluon_q8(r, c) for r in ("adamw", "lion", "sgd") for c in _gluon_q8_configs()],
+           "gluon_f32": [check_gluon_f32(r, c) for r in ("adamw", "lion", "sgd") for c in _gluon_f32_configs()],
            # the 8bit default with each element's own Philox call (RAND_PAIRS off: odd counter maps)
            "gluon_q8_single": [check_gluon_q8(r, _gluon_q8_configs()[0], pairs=False) for r in ("adamw", "lion")],
            # the routed Gluon tiles reading their scalars from a step slot (a captured step's launches)
            "gluon_slot": [check_gluon_ws("adamw", c, slot=True) for c in _gluon_route_configs()]
-                         + [check_gluon_q8("adamw", c, slot=True) for c in _gluon_q8_route_configs()],
+                         + [check_gluon_q8("adamw", c, slot=True) for c in _gluon_q8_route_configs()]
+                         + [check_gluon_f32("adamw", c, slot=True) for c in _gluon_f32_route_configs()],
            "labels": {str(c): c.label for c in (*kernels.BF16_CONFIGS, *kernels.IEEE_CONFIGS,
                                                 *kernels.Q8_CONFIGS[kernels.torch.bfloat16],
                                                 *kernels.Q8_CONFIGS[kernels.torch.float32])}}

@@ -59,11 +59,15 @@ def _case(rule_name, M, N, K, seed, bad_rows=0, step=3):
 
 
 def _check(rule_name, M, N, K, seed, bad_rows=0, grad_scale=1.0, config=None):
+    """The fp32 regime: a tile of gluon_update.py (WSConfig) or gluon_f32.py (F32WSConfig) against the Triton
+    kernel and the emulator."""
+    from forge_num.kernels.gluon_f32 import F32WSConfig, fused_linear_update_f32_ws
     from forge_num.kernels.gluon_update import DEFAULT_WS_CONFIG, fused_linear_update_ws
 
+    fused = fused_linear_update_f32_ws if isinstance(config, F32WSConfig) else fused_linear_update_ws
     rule, h, w0, s0, x, dy = _case(rule_name, M, N, K, seed, bad_rows)
     ww, sw = w0.clone(), [s.clone() for s in s0]
-    stats_ws = fused_linear_update_ws(ww, x, dy, sw, rule, h, grad_scale=grad_scale, config=config or DEFAULT_WS_CONFIG)
+    stats_ws = fused(ww, x, dy, sw, rule, h, grad_scale=grad_scale, config=config or DEFAULT_WS_CONFIG)
     wt, st = w0.clone(), [s.clone() for s in s0]
     stats_t = kernels.fused_linear_update(wt, x, dy, st, rule, h, grad_scale=grad_scale, config=TRITON_TWIN)
     assert same_bits(ww, wt), "Gluon weight != Triton weight"
@@ -186,6 +190,72 @@ def test_refuses_what_it_does_not_cover():
     with pytest.raises(ValueError, match="multiples of 8"):
         fused_linear_update_ws(w[:, :100].contiguous(), x[:, :100].contiguous(), dy, [t[:, :100].contiguous() for t in s],
                                rule, h)
+
+
+def _f32_configs():
+    from forge_num.kernels.gluon_f32 import DEFAULT_F32_WS_CONFIG, F32_WS_CANDIDATE_CONFIGS
+
+    return [DEFAULT_F32_WS_CONFIG, *F32_WS_CANDIDATE_CONFIGS]
+
+
+@pytest.mark.parametrize("config", _f32_configs(), ids=lambda c: c.label)
+@pytest.mark.parametrize("rule_name", sorted(HYPERS))
+@pytest.mark.parametrize("M,N,K", [(64, 128, 64), (200, 264, 150), (8 * 37, 8 * 41, 1024), (512, 384, 8)])
+def test_f32_split_kernel_gives_the_triton_kernels_bits(rule_name, M, N, K, config):
+    """kernels/gluon_f32.py's tiles: edge tiles past M and N, a partial last K block, K below one block, every
+    rule with two, one and no states."""
+    _check(rule_name, M, N, K, seed=M * 5 + N + K, config=config)
+
+
+def test_f32_split_kernel_walks_every_tile_and_counts_nonfinite():
+    """One program walking all 5 x 3 tiles (the operand ring and both g buffers wrapping, with their barriers'
+    phases), and non-finite gradients left out of their elements and counted."""
+    for config in _f32_configs():
+        with mock.patch.object(kernels, "_sm_count", lambda device: 1):
+            _check("adamw", 320, 384, 200, seed=13, config=config)
+            _check("lion", 8 * 37, 8 * 41, 70, seed=14, config=config)
+        _check("adamw", 200, 264, 150, seed=15, bad_rows=3, config=config)
+        _check("sgd", 128, 256, 64, seed=16, bad_rows=2, grad_scale=0.5, config=config)
+
+
+def test_f32_split_kernel_refuses_what_it_does_not_cover():
+    from forge_num.kernels.gluon_f32 import fused_linear_update_f32_ws
+
+    rule, h, w, s, x, dy = _case("adamw", 64, 128, 64, seed=1)
+    with pytest.raises(TypeError, match="fp32 regime"):
+        fused_linear_update_f32_ws(w.bfloat16(), x, dy, [t.bfloat16() for t in s], rule, h)
+    with pytest.raises(TypeError, match="bf16 operands"):
+        fused_linear_update_f32_ws(w, x.float(), dy.float(), s, rule, h)
+    with pytest.raises(ValueError, match="contiguous"):
+        fused_linear_update_f32_ws(w, x.t().contiguous().t(), dy, s, rule, h)
+    with pytest.raises(ValueError, match="multiples of 8"):
+        fused_linear_update_f32_ws(w[:, :100].contiguous(), x[:, :100].contiguous(), dy,
+                                   [t[:, :100].contiguous() for t in s], rule, h)
+
+
+@pytest.mark.parametrize("K", [1024, 4096])
+def test_the_launcher_takes_the_f32_split_tile_it_is_told(K):
+    """kernels.fused_linear_update with no tile given, fp32: with FORGE_NUM_GLUON_F32=<label> the named split
+    tile wherever it applies, with =0 none (the fp32 route of gluon_update or the Triton kernel); the same bits,
+    and a cached second launch the same bits again."""
+    from forge_num.kernels import gluon_f32
+
+    M, N = 4096, 2048  # 64 x 16 = 1024 tiles
+    rule, h, w0, s0, x, dy = _case("adamw", M, N, K, seed=33)
+    outs = []
+    for flag in ("0", gluon_f32.DEFAULT_F32_WS_CONFIG.label.replace(" ", "_"), "same again"):
+        w, s = w0.clone(), [t.clone() for t in s0]
+        name = gluon_f32.DEFAULT_F32_WS_CONFIG.label.replace(" ", "_") if flag == "same again" else flag
+        with mock.patch.dict("os.environ", {"FORGE_NUM_GLUON": "1", "FORGE_NUM_GLUON_F32": name}), \
+                mock.patch.object(gluon_f32, "launch", wraps=gluon_f32.launch) as spy:
+            kernels.fused_linear_update(w, x, dy, s, rule, h)
+        assert [c.args[7] for c in spy.call_args_list] == ([] if flag == "0" else [gluon_f32.DEFAULT_F32_WS_CONFIG])
+        outs.append((w, s))
+    for w, s in outs[1:]:
+        assert same_bits(w, outs[0][0]) and all(same_bits(a, b) for a, b in zip(s, outs[0][1]))
+    with mock.patch.dict("os.environ", {"FORGE_NUM_GLUON_F32": "wsf_nonesuch"}), \
+            pytest.raises(ValueError, match="FORGE_NUM_GLUON_F32"):
+        kernels.fused_linear_update(w0.clone(), x, dy, [t.clone() for t in s0], rule, h)
 
 
 def _spied_launch():
@@ -520,9 +590,10 @@ def test_the_launcher_routes_8bit_where_measured_faster(K):
 
 
 @pytest.mark.parametrize("regime,M,N,K", [("fp32", 4096, 8192, 256), ("fp32", 4096, 4096, 1024),
-                                          ("fp32", 4096, 4096, 4096), ("8bit", 4096, 2048, 1024),
+                                          ("fp32", 4096, 4096, 4096), ("fp32-split", 4096, 4096, 4096),
+                                          ("8bit", 4096, 2048, 1024),
                                           ("8bit", 4096, 2048, 4096), ("bf16-sr", 2048, 2048, 512)])
-def test_a_launch_reads_its_scalars_from_the_step_slot(regime, M, N, K):
+def test_a_launch_reads_its_scalars_from_the_step_slot(regime, M, N, K, monkeypatch):
     """kernels.fused_linear_update's default path (the Gluon routes where they take the shape, the Triton
     tiles elsewhere) given a step slot (a captured step's launch): the bits of a launch passed the
     slot's scalars, while its own arguments hold another step's (another step, scale and key, whose
@@ -533,6 +604,12 @@ def test_a_launch_reads_its_scalars_from_the_step_slot(regime, M, N, K):
 
     rule, _, w32, s32, x, dy = _case("adamw", M, N, K, seed=41)
     hyper = HYPERS["adamw"]
+    from forge_num.kernels import gluon_f32, gluon_q8, gluon_update
+
+    # fp32-split: the fp32 regime with kernels/gluon_f32.py's default tile named (FORGE_NUM_GLUON_F32)
+    split = gluon_f32.DEFAULT_F32_WS_CONFIG.label.replace(" ", "_") if regime == "fp32-split" else "0"
+    monkeypatch.setenv("FORGE_NUM_GLUON_F32", split)
+    regime = "fp32" if regime == "fp32-split" else regime
     if regime == "fp32":
         w0, s0, clone = w32, s32, (lambda s: [t.clone() for t in s])
     elif regime == "8bit":
@@ -556,16 +633,16 @@ def test_a_launch_reads_its_scalars_from_the_step_slot(regime, M, N, K):
     passed_w, passed_s = w0.clone(), clone(s0)
     slot_w, slot_s = w0.clone(), clone(s0)
     slot = torch.empty(kernels.step_slot_size(rule), dtype=torch.int32, device=CUDA)
-    from forge_num.kernels import gluon_q8, gluon_update
-
-    routed = {"fp32": gluon_update.config_for(M, N, K) is not None, "8bit": True, "bf16-sr": False}[regime]
-    module = gluon_q8 if regime == "8bit" else gluon_update
+    routed = {"fp32": split != "0" or gluon_update.config_for(M, N, K) is not None, "8bit": True,
+              "bf16-sr": False}[regime]
+    module = gluon_q8 if regime == "8bit" else gluon_f32 if split != "0" else gluon_update
+    slot_arg = 8 if module is gluon_f32 else 9  # launch's step_slot
     for step in steps:
         update(passed_w, passed_s, step)
         slot.copy_(torch.tensor(kernels.step_slot_words(*step), dtype=torch.int32))
         with mock.patch.object(module, "launch", wraps=module.launch) as spy:
             update(slot_w, slot_s, decoy, slot)
-        assert [c.args[9] is slot for c in spy.call_args_list] == ([True] if routed else [])  # the route ran
+        assert [c.args[slot_arg] is slot for c in spy.call_args_list] == ([True] if routed else [])  # the route ran
         torch.cuda.synchronize()
         assert all(same_bits(a, b) for a, b in zip(flat(slot_w, slot_s), flat(passed_w, passed_s)))
     decoy_w, decoy_s = w0.clone(), clone(s0)

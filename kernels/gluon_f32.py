@@ -1,0 +1,379 @@
+"""The fp32 regime in gluon_q8's split design: one tile's update in warps of its own beside the next tile's mainloop.
+
+Why (bench/NOTES.md, v45): in the fp32 regime from 4096 tokens on the mainloop is the longer part (at 4096 x 14336,
+4096 tokens: ~0.75 ms of wgmma against ~0.45 ms of the update's 24 bytes an element at the HBM's rate), and
+the routed kernels run the update after their tile's mainloop in the same warps (kernels/gluon_update.py's
+consumer, the Triton tile): the tile's time is the sum of the two, and both trailed the unfused step there
+(0.94-0.99x at 4096 tokens, H200, session 11). kernels/gluon_q8.py's design puts them in different warps of one
+program, g between them in a double-buffered shared-memory tile; in the 8bit regime it took the update's time
+off the step wherever the update was the shorter part (sessions 23-34). Here the same partitions with an
+epilogue of the fp32 regime:
+
+    partition        warps  work
+    operand loader   1      (self_load=False) TMA loads of dY's and X's K blocks (gluon_update.operand_loader)
+    MMA              4      per tile: the mainloop, then g whole into g buffer t % 2 (gluon_q8.mma_whole_tiles;
+                            self_load: gluon_q8.mma_self_loaded_tiles, issuing its own loads, no loader)
+    epilogue       E = num_warps (default partition)
+                            per tile: row sub-tiles [ROWS, BN] of g from the buffer (a warp a row, 4
+                            consecutive columns a thread: 16-byte loads and stores of W and each state), the
+                            buffer handed back after the last; on each, load W and the states by pointer,
+                            the guarded rule, store them (linear_update's load_f32, store_f32 and
+                            telemetry_terms); the tile's telemetry into its slot
+
+The bits are the Triton fp32 tile's: the mainloop is gluon_q8's, the same chain of k16 wgmma block FMAs in K
+order as the Triton TMA tile's `tl.dot` (BK = 64), and each element's epilogue is the same guarded rule on the
+same fp32 values (rules.py's IEEE text, fp fusion off). The telemetry's sums are bounded, not bit-exact
+(proofs/telemetry.md), as between the Triton tiles.
+
+Scope: the fp32 regime (fp32 weight and state) with bf16 operands TMA can address (contiguous, 16-byte aligned,
+M and N multiples of 8), K > 0, no accumulation buffer. tests/test_gpu_gluon.py holds it to the Triton kernel
+bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+
+from forge_num.rules import Rule
+
+from . import gluon_q8 as _q8
+from . import gluon_update as _ws
+from .launch_cache import CachedLaunch
+
+
+@gluon.jit
+def load_rows(offs, in_tile, w_ptr, s0_ptr, s1_ptr, N_STATE: gl.constexpr):
+    """(p, s0, s1): W and its N_STATE fp32 states at a row sub-tile's offsets (absent states: p, never stored)."""
+    p = _ws._LINEAR.load_f32(w_ptr, offs, in_tile, False)
+    s0 = p
+    s1 = p
+    if N_STATE >= 1:
+        s0 = _ws._LINEAR.load_f32(s0_ptr, offs, in_tile, False)
+    if N_STATE >= 2:
+        s1 = _ws._LINEAR.load_f32(s1_ptr, offs, in_tile, False)
+    return p, s0, s1
+
+
+@gluon.jit
+def update_loaded_rows(g, loaded, offs, in_tile, w_ptr, s0_ptr, s1_ptr, h, grad_scale, GUARDED_UPDATE: gl.constexpr,
+                       N_STATE: gl.constexpr):
+    """The fp32 epilogue on a row sub-tile g whose W and states load_rows loaded: the guarded rule, the results
+    stored back (linear_update.apply_and_store's fp32 branch); returns its telemetry terms."""
+    p, s0, s1 = loaded
+    p, s0, s1, finite = GUARDED_UPDATE(p, g, s0, s1, h, grad_scale)
+    _ws._LINEAR.store_f32(w_ptr, offs, in_tile, p, offs, False)
+    if N_STATE >= 1:
+        _ws._LINEAR.store_f32(s0_ptr, offs, in_tile, s0, offs, False)
+    if N_STATE >= 2:
+        _ws._LINEAR.store_f32(s1_ptr, offs, in_tile, s1, offs, False)
+    return _ws._LINEAR.telemetry_terms(g, in_tile, finite)
+
+
+@gluon.jit
+def f32_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_scale, norm_sq_ptr, nonfinite_ptr,
+                 GUARDED_UPDATE: gl.constexpr, N_STATE: gl.constexpr, ROWS: gl.constexpr, GROUP_M: gl.constexpr,
+                 PREFETCH: gl.constexpr, num_warps: gl.constexpr):
+    """Default partition: per tile, its BM / ROWS row sub-tiles of g from g buffer t % 2, each's W and states
+    loaded and updated (the buffer handed back once the last sub-tile of g is in registers); the sub-tiles'
+    telemetry terms added element by element, in order, then reduced into the tile's slot pid_m * tiles_n +
+    pid_n. PREFETCH: each sub-tile's W and states loaded one sub-tile ahead (the tile's first before the wait
+    for g), so that their latency passes under the previous sub-tile's update. The same values either way."""
+    BM: gl.constexpr = g_bufs.type.shape[1]
+    BN: gl.constexpr = g_bufs.type.shape[2]
+    SUBTILES: gl.constexpr = BM // ROWS
+    gl.static_assert(SUBTILES * ROWS == BM, "ROWS must divide BM")
+    gl.static_assert(ROWS % num_warps == 0, "each epilogue warp takes whole rows of a sub-tile")
+    # a warp a row, 4 consecutive columns a thread (16-byte shared-memory reads of g, 16-byte loads and stores
+    # of W and each state), warps stacked on the rows
+    epi: gl.constexpr = gl.BlockedLayout([ROWS // num_warps, BN // 32], [1, 32], [num_warps, 1], [1, 0])
+    rows: gl.constexpr = gl.SliceLayout(1, epi)
+    tiles_m = gl.cdiv(M, BM)
+    tiles_n = gl.cdiv(N, BN)
+    t = 0
+    for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
+        pid_m, pid_n = _ws.tile_coords(tile, tiles_m, tiles_n, GROUP_M)
+        b = t % 2
+        offs_n = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, epi))
+        offs_m = pid_m * BM + gl.arange(0, ROWS, layout=rows)
+        offs = offs_m[:, None].to(gl.int64) * N + offs_n[None, :]
+        in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        if PREFETCH:
+            loaded = load_rows(offs, in_tile, w_ptr, s0_ptr, s1_ptr, N_STATE)
+        mbarrier.wait(g_ready.index(b), (t // 2) & 1)
+        sq = gl.zeros((ROWS, BN), dtype=gl.float64, layout=epi)
+        bad = gl.zeros((ROWS, BN), dtype=gl.int32, layout=epi)
+        for j in gl.static_range(SUBTILES):
+            g = g_bufs.index(b).slice(j * ROWS, ROWS, dim=0).load(epi)
+            if j == SUBTILES - 1:
+                mbarrier.arrive(g_empty.index(b), count=1)  # g is in registers: the MMA warps may refill it
+            if PREFETCH:
+                if j + 1 < SUBTILES:
+                    ahead_m = offs_m + ROWS
+                    ahead_offs = offs + ROWS * N
+                    ahead_in = (ahead_m[:, None] < M) & (offs_n[None, :] < N)
+                    ahead = load_rows(ahead_offs, ahead_in, w_ptr, s0_ptr, s1_ptr, N_STATE)
+            else:
+                loaded = load_rows(offs, in_tile, w_ptr, s0_ptr, s1_ptr, N_STATE)
+            sq_j, bad_j = update_loaded_rows(g, loaded, offs, in_tile, w_ptr, s0_ptr, s1_ptr, h, grad_scale,
+                                             GUARDED_UPDATE, N_STATE)
+            sq += sq_j
+            bad += bad_j
+            if j + 1 < SUBTILES:
+                offs_m += ROWS
+                offs += ROWS * N
+                in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+                if PREFETCH:
+                    loaded = ahead
+        slot = pid_m * tiles_n + pid_n
+        gl.store(norm_sq_ptr + slot, gl.sum(gl.sum(sq, axis=1), axis=0))
+        gl.store(nonfinite_ptr + slot, gl.sum(gl.sum(bad, axis=1), axis=0))
+        t += 1
+
+
+@gluon.jit
+def fused_linear_update_f32_ws_kernel(dy_desc, x_desc, w_ptr, s0_ptr, s1_ptr, norm_sq_ptr, nonfinite_ptr, M, N, K, h,
+                                      grad_scale, step_slot, GUARDED_UPDATE: gl.constexpr, N_STATE: gl.constexpr,
+                                      STAGES: gl.constexpr, ROWS: gl.constexpr, GROUP_M: gl.constexpr,
+                                      MMA_REGS: gl.constexpr, SELF_LOAD: gl.constexpr, LOAD_CURSOR: gl.constexpr,
+                                      PREFETCH: gl.constexpr, num_warps: gl.constexpr):
+    """The operand ring, the double-buffered g and their barriers, then the partitions (module docstring).
+    dy_desc [K, M] block [BK, BM], x_desc [K, N] block [BK, BN]; w_ptr the fp32 weight [M, N], s0/s1_ptr its
+    N_STATE fp32 states (the others any pointer, never read); step_slot None, or where h and grad_scale are read
+    when the kernel runs (linear_update.step_scalars)."""
+    h, grad_scale, _ = _ws._LINEAR.step_scalars(step_slot, h, grad_scale, 0)
+    dy_bufs, x_bufs, g_bufs, op_ready, op_empty, g_ready, g_empty = _q8.allocate_rings(dy_desc, x_desc, STAGES)
+    if SELF_LOAD:
+        # no staged state: gluon_q8's tile_staging placeholders, never read (MMA_STAGE 0)
+        gl.warp_specialize([
+            (f32_epilogue, (g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_scale, norm_sq_ptr,
+                            nonfinite_ptr, GUARDED_UPDATE, N_STATE, ROWS, GROUP_M, PREFETCH, num_warps)),
+            (_q8.mma_self_loaded_tiles, (dy_desc, x_desc, dy_bufs, x_bufs, op_ready, g_bufs, g_ready, g_empty, M, N,
+                                         K, (None, None, None, None, None, None, None), GROUP_M, LOAD_CURSOR, 0,
+                                         N_STATE)),
+        ], [4], [MMA_REGS])
+    else:
+        gl.warp_specialize([
+            (f32_epilogue, (g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_scale, norm_sq_ptr,
+                            nonfinite_ptr, GUARDED_UPDATE, N_STATE, ROWS, GROUP_M, PREFETCH, num_warps)),
+            (_ws.operand_loader, (dy_desc, x_desc, dy_bufs, x_bufs, op_ready, op_empty, M, N, K, GROUP_M)),
+            (_q8.mma_whole_tiles, (dy_bufs, x_bufs, op_ready, op_empty, g_bufs, g_ready, g_empty, M, N, K, GROUP_M)),
+        ], [1, 4], [24, MMA_REGS])
+
+
+# ---------------------------------------------------------------------------------------------
+# Launcher
+# ---------------------------------------------------------------------------------------------
+
+class F32WSConfig(_ws.ValueConfig):
+    """The fp32 split tile: BM x BN output tiles (BM = 64: one MMA warp group), K blocks of BK in STAGES operand
+    slots, num_warps epilogue warps on row sub-tiles of ROWS rows, the MMA warp group's registers (setmaxnreg)
+    and the launch's register cap, GROUP_M tile rows per group; one program an SM. self_load, load_cursor: the
+    MMA warps issue their own loads (gluon_q8.mma_self_loaded_tiles), by a cursor; prefetch: f32_epilogue's
+    PREFETCH."""
+
+    __slots__ = ("BM", "BN", "BK", "STAGES", "ROWS", "GROUP_M", "num_warps", "mma_registers", "max_registers",
+                 "self_load", "load_cursor", "prefetch")
+
+    def __init__(self, BM=64, BN=128, BK=64, STAGES=4, ROWS=16, GROUP_M=8, num_warps=16, mma_registers=96,
+                 max_registers=96, self_load=True, load_cursor=True, prefetch=False):
+        if BM != 64 or BN % 128:
+            raise ValueError(f"F32WSConfig: BM must be 64 (one MMA warp group) and BN a multiple of 128 (a warp a "
+                             f"row, 4 columns a thread), got {BM}x{BN}")
+        if STAGES < 2 or BK % 16:
+            raise ValueError(f"F32WSConfig: at least 2 operand stages (a K block is loaded while the one before "
+                             f"it is multiplied) and K blocks of a multiple of 16, got STAGES={STAGES}, BK={BK}")
+        if num_warps not in (4, 8, 16) or ROWS % num_warps or ROWS % 8 or BM % ROWS:
+            raise ValueError(f"F32WSConfig: 4, 8 or 16 epilogue warps on sub-tiles of whole rows a warp, a multiple "
+                             f"of 8 rows (a slice of the swizzled g buffer) dividing BM = {BM}, got {num_warps} "
+                             f"warps, {ROWS} rows")
+        warps = num_warps + 4 + (0 if self_load else 4)  # the epilogue, the MMA warp group, the loader's group
+        if max_registers * 32 * warps > 65536:
+            raise ValueError(f"F32WSConfig: {max_registers} registers a thread at launch for {warps} warps exceed "
+                             "the SM's 65536")
+        if load_cursor and not self_load:
+            raise ValueError("F32WSConfig: load_cursor keeps the self-loading MMA warps' load coordinates "
+                             "(self_load=True)")
+        self.BM, self.BN, self.BK, self.STAGES, self.ROWS, self.GROUP_M = BM, BN, BK, STAGES, ROWS, GROUP_M
+        self.num_warps, self.mma_registers, self.max_registers = num_warps, mma_registers, max_registers
+        self.self_load, self.load_cursor, self.prefetch = self_load, load_cursor, prefetch
+        if self.shared_bytes() + 1024 > 227 * 1024:
+            raise ValueError(f"F32WSConfig: {self.shared_bytes()} B of shared memory a program exceed the 227 KB "
+                             "of a block on sm_90")
+
+    @property
+    def label(self) -> str:
+        return (f"wsf {self.BM}x{self.BN}x{self.BK} st{self.STAGES} w{self.num_warps} rows{self.ROWS}"
+                + (f" g{self.GROUP_M}" if self.GROUP_M != 8 else "")
+                + f" mma{self.mma_registers} r{self.max_registers}" + (" sl" if self.self_load else "")
+                + (" cur" if self.load_cursor else "") + (" pf" if self.prefetch else ""))
+
+    def shared_bytes(self) -> int:
+        """Shared memory of one program: the operand ring and the two g buffers, barriers aside."""
+        return self.STAGES * self.BK * (self.BM + self.BN) * 2 + 2 * self.BM * self.BN * 4
+
+
+# The tiles written first (session 35, CPU): gluon_q8's deep cursor (sixteen epilogue warps, four operand stages,
+# the MMA warps loading by a cursor), with and without the one-ahead loads, and its loader-partition twin with
+# eight epilogue warps (gluon_q8's default, which led the 8bit regime from 5120 tokens).
+DEFAULT_F32_WS_CONFIG = F32WSConfig()
+F32_WS_CANDIDATE_CONFIGS = (
+    F32WSConfig(prefetch=True),
+    F32WSConfig(ROWS=32),
+    F32WSConfig(num_warps=8, self_load=False, load_cursor=False, mma_registers=104, max_registers=128),
+    F32WSConfig(num_warps=8, self_load=False, load_cursor=False, mma_registers=104, max_registers=128,
+                prefetch=True),
+)
+
+
+def _check_f32_ws_operands(weight, x, dy, states, n_state):
+    """The scope of this kernel (module docstring), each violation named."""
+    if weight.dtype != torch.float32 or any(s.dtype != torch.float32 for s in states):
+        raise TypeError("fused_linear_update_f32_ws: the fp32 regime (fp32 weight and states), got weight "
+                        f"{weight.dtype}, states {[s.dtype for s in states]}")
+    shape = tuple(weight.shape) if weight.dim() == 2 else None
+    _ws.check_operands("fused_linear_update_f32_ws", weight, x, dy,
+                       [("weight", weight, None), ("x", x, None), ("dy", dy, None),
+                        *((f"state {i}", s, shape) for i, s in enumerate(states))], len(states), n_state)
+
+
+def fused_linear_update_f32_ws(weight: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, states, rule: Rule, h,
+                               grad_scale: float = 1.0, config: F32WSConfig = DEFAULT_F32_WS_CONFIG):
+    """weight, states <- the guarded rule applied with g = dyᵀ x, in place, in the fp32 regime; returns
+    kernels.UpdateStats, like kernels.fused_linear_update, whose bits it must give."""
+    from forge_num import kernels
+
+    states = list(states)
+    _check_f32_ws_operands(weight, x, dy, states, len(rule.state))
+    h, grad_scale = kernels._check_scalars(rule, h, grad_scale)
+    return launch(weight, x, dy, states, rule, h, grad_scale, config)
+
+
+def launch(weight, x, dy, states, rule: Rule, h: tuple, grad_scale: float, config: F32WSConfig, step_slot=None):
+    """The launch itself, for operands already checked; step_slot None or a checked slot
+    (kernels.fused_linear_update)."""
+    from forge_num import kernels
+
+    M, N = weight.shape
+    if x.shape[0] == 0:  # the mainloop divides by its K blocks (and a zero-token update is the launcher's)
+        raise ValueError("gluon_f32.launch: K = 0 tokens; kernels.fused_linear_update handles them")
+    tiles = triton.cdiv(M, config.BM) * triton.cdiv(N, config.BN)
+    norm_sq, nonfinite = kernels._telemetry_buffers(max(tiles, 1), weight.device, launched=bool(M and N))
+    if M and N:
+        _LAUNCH.launch(*_launch_arguments(weight, x, dy, states, rule, h, grad_scale, config, norm_sq, nonfinite,
+                                          step_slot))
+    return kernels.UpdateStats(norm_sq, nonfinite)
+
+
+def _launch_arguments(weight, x, dy, states, rule, h, grad_scale, c: F32WSConfig, norm_sq, nonfinite, step_slot=None):
+    """(key, pins, grid, runtime arguments, constants) of a launch through _LAUNCH (CachedLaunch)."""
+    from forge_num import kernels
+
+    M, N = weight.shape
+    K = x.shape[0]
+    given = list(states) + [weight, weight]  # absent states: any pointer, never read
+    programs = min(triton.cdiv(M, c.BM) * triton.cdiv(N, c.BN), kernels._sm_count(weight.device))
+    # What Triton specializes this launch on (kernels/launch_cache.py): the constexprs and options (a function
+    # of the rule and the config, pinned), the number of states, and the integers M, N, K (1 or not, a multiple
+    # of 16 or not; all below 2^31); every pointer is 16-byte aligned (checked by the callers); the step slot
+    # None or an int32 tensor (and its alignment).
+    key = (id(rule), id(c), len(states), weight.device.index, M == 1, N == 1, K == 1, M % 16 == 0, N % 16 == 0,
+           K % 16 == 0, None if step_slot is None else step_slot.data_ptr() % 16 == 0)
+    args = (_ws._nvmma_desc(dy, (c.BK, c.BM), gl.bfloat16), _ws._nvmma_desc(x, (c.BK, c.BN), gl.bfloat16), weight,
+            given[0], given[1], norm_sq, nonfinite, M, N, K, h, grad_scale, step_slot)
+    return key, (rule, c), (programs,), args, lambda: _launch_constants(rule, c, len(states))
+
+
+def _launch_constants(rule: Rule, c: F32WSConfig, n_state: int) -> tuple[dict, dict]:
+    """(constexprs in the kernel's parameter order, compile options) of a rule, a config and its number of
+    states."""
+    constexprs = dict(GUARDED_UPDATE=_ws.guarded_update_gluon(rule), N_STATE=n_state, STAGES=c.STAGES, ROWS=c.ROWS,
+                      GROUP_M=c.GROUP_M, MMA_REGS=c.mma_registers, SELF_LOAD=c.self_load, LOAD_CURSOR=c.load_cursor,
+                      PREFETCH=c.prefetch, num_warps=c.num_warps)
+    return constexprs, dict(maxnreg=c.max_registers, enable_fp_fusion=False)
+
+
+_LAUNCH = CachedLaunch(fused_linear_update_f32_ws_kernel)
+
+
+def compile_for_sm90(rule: Rule, config: F32WSConfig = DEFAULT_F32_WS_CONFIG, M: int = 256, N: int = 256,
+                     K: int = 128, slot: bool = False):
+    """The kernel compiled for sm_90 without a GPU (descriptors built on CPU tensors, for their types only): the
+    CompiledKernel, whose .asm holds "ttgir", "ptx" and (with ptxas) "cubin"; slot: the launch that reads its
+    scalars from a step slot."""
+    c = config
+    constexprs, launch_options = _launch_constants(rule, c, len(rule.state))
+    dy = torch.empty(K, M, dtype=torch.bfloat16)
+    x = torch.empty(K, N, dtype=torch.bfloat16)
+    args = dict(dy_desc=_ws._nvmma_desc(dy, (c.BK, c.BM), gl.bfloat16),
+                x_desc=_ws._nvmma_desc(x, (c.BK, c.BN), gl.bfloat16),
+                w_ptr=torch.empty(M, N), s0_ptr=torch.empty(M, N), s1_ptr=torch.empty(M, N),
+                norm_sq_ptr=torch.empty(4, dtype=torch.float64), nonfinite_ptr=torch.empty(4, dtype=torch.int32),
+                M=M, N=N, K=K, h=tuple(1.0 for _ in rule.scalar_names), grad_scale=1.0,
+                step_slot=_ws._cpu_slot(rule) if slot else None, **constexprs)
+    return _ws.compile_gluon_for_sm90(fused_linear_update_f32_ws_kernel, args, c.num_warps, launch_options)
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the launcher uses this kernel (kernels.fused_linear_update with no tile given)
+# ---------------------------------------------------------------------------------------------
+# Not yet measured on a GPU: ROUTED is False, and the launcher routes fp32 updates here only with
+# FORGE_NUM_GLUON_F32=<label> in the environment (that tile wherever the kernel applies: an A/B switch for
+# benchmarks), =1 the ranges of ROUTE_BY_K (none yet).
+ROUTED = False
+ROUTE_BY_K: tuple = ()
+ROUTE_MAX_K = 16384
+
+
+def config_for(M: int, N: int, K: int) -> F32WSConfig | None:
+    """The tile the launcher routes a (M, N, K) fp32 update to, or None: the last entry of ROUTE_BY_K whose first
+    K is at most K, up to ROUTE_MAX_K; M and N multiples of 8 (TMA's 16-byte rows of bf16 operands), at least
+    gluon_q8.MIN_TILES tiles."""
+    if M % 8 or N % 8 or triton.cdiv(M, 64) * triton.cdiv(N, 128) < _q8.MIN_TILES or K > ROUTE_MAX_K:
+        return None
+    tile = None
+    for first_k, c in ROUTE_BY_K:
+        if K >= first_k:
+            tile = c
+    return tile
+
+
+def _config_by_label(label: str) -> F32WSConfig:
+    """The tile (the default or a candidate) whose label is ``label``, '_' for ' '."""
+    tiles = {c.label: c for c in (DEFAULT_F32_WS_CONFIG, *F32_WS_CANDIDATE_CONFIGS)}
+    tile = tiles.get(label.replace("_", " "))
+    if tile is None:
+        raise ValueError(f"FORGE_NUM_GLUON_F32={label!r} is neither 0, 1 nor a tile's label; known: "
+                         + ", ".join(sorted(k.replace(" ", "_") for k in tiles)))
+    return tile
+
+
+def route_config(weight: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, states) -> F32WSConfig | None:
+    """config_for's tile (or the tile FORGE_NUM_GLUON_F32=<label> names) for an fp32-regime update that passed
+    the Triton launcher's checks (plain states, no accumulation buffer), else None: switched off, not an sm_90
+    GPU, not bf16 operands, no tokens, M or N not a multiple of 8, fewer than MIN_TILES tiles, a tensor not
+    contiguous or not 16-byte aligned."""
+    switch = os.environ.get("FORGE_NUM_GLUON_F32", "1" if ROUTED else "0")
+    if switch == "0":
+        return None
+    forced = None if switch == "1" else _config_by_label(switch)  # a wrong label is an error anywhere
+    if weight.device.type != "cuda" or weight.dtype != torch.float32 or x.dtype != torch.bfloat16:
+        return None
+    M, N = weight.shape
+    K = x.shape[0]
+    c = config_for(M, N, K) if forced is None else forced
+    if forced is not None and (K == 0 or M % 8 or N % 8 or triton.cdiv(M, c.BM) * triton.cdiv(N, c.BN) < _q8.MIN_TILES):
+        return None
+    if c is None:
+        return None
+    if not _ws._is_sm90(weight.device.index if weight.device.index is not None else torch.cuda.current_device()):
+        return None
+    for t in (weight, x, dy, *states):
+        if not t.is_contiguous() or t.data_ptr() % 16:
+            return None
+    return c
