@@ -11,7 +11,7 @@ epilogue of the fp32 regime:
 
     partition        warps  work
     operand loader   1      (self_load=False) TMA loads of dY's and X's K blocks (gluon_update.operand_loader)
-    MMA              4      per tile: the mainloop, then g whole into g buffer t % 2 (gluon_q8.mma_whole_tiles;
+    MMA          BM / 16    per tile: the mainloop, then g whole into g buffer t % 2 (gluon_q8.mma_whole_tiles;
                             self_load: gluon_q8.mma_self_loaded_tiles, issuing its own loads, no loader)
     epilogue       E = num_warps (default partition)
                             per tile: row sub-tiles [ROWS, BN] of g from the buffer (a warp a row, 4
@@ -147,6 +147,7 @@ def fused_linear_update_f32_ws_kernel(dy_desc, x_desc, w_ptr, s0_ptr, s1_ptr, no
     N_STATE fp32 states (the others any pointer, never read); step_slot None, or where h and grad_scale are read
     when the kernel runs (linear_update.step_scalars)."""
     h, grad_scale, _ = _ws._LINEAR.step_scalars(step_slot, h, grad_scale, 0)
+    BM: gl.constexpr = dy_desc.block_type.shape[1]  # the MMA partition: a warp a 16-row slice of the tile
     dy_bufs, x_bufs, g_bufs, op_ready, op_empty, g_ready, g_empty = _q8.allocate_rings(dy_desc, x_desc, STAGES)
     if SELF_LOAD:
         # no staged state: gluon_q8's tile_staging placeholders, never read (MMA_STAGE 0)
@@ -156,14 +157,14 @@ def fused_linear_update_f32_ws_kernel(dy_desc, x_desc, w_ptr, s0_ptr, s1_ptr, no
             (_q8.mma_self_loaded_tiles, (dy_desc, x_desc, dy_bufs, x_bufs, op_ready, g_bufs, g_ready, g_empty, M, N,
                                          K, (None, None, None, None, None, None, None), GROUP_M, LOAD_CURSOR, 0,
                                          N_STATE)),
-        ], [4], [MMA_REGS])
+        ], [BM // 16], [MMA_REGS])
     else:
         gl.warp_specialize([
             (f32_epilogue, (g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_scale, norm_sq_ptr,
                             nonfinite_ptr, GUARDED_UPDATE, N_STATE, ROWS, GROUP_M, PREFETCH, num_warps)),
             (_ws.operand_loader, (dy_desc, x_desc, dy_bufs, x_bufs, op_ready, op_empty, M, N, K, GROUP_M)),
             (_q8.mma_whole_tiles, (dy_bufs, x_bufs, op_ready, op_empty, g_bufs, g_ready, g_empty, M, N, K, GROUP_M)),
-        ], [1, 4], [24, MMA_REGS])
+        ], [1, BM // 16], [24, MMA_REGS])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,7 +172,7 @@ def fused_linear_update_f32_ws_kernel(dy_desc, x_desc, w_ptr, s0_ptr, s1_ptr, no
 # ---------------------------------------------------------------------------------------------
 
 class F32WSConfig(_ws.ValueConfig):
-    """The fp32 split tile: BM x BN output tiles (BM = 64: one MMA warp group), K blocks of BK in STAGES operand
+    """The fp32 split tile: BM x BN output tiles (BM = 64 or 128: one or two MMA warp groups), K blocks of BK in STAGES operand
     slots, num_warps epilogue warps on row sub-tiles of ROWS rows, the MMA warp group's registers (setmaxnreg)
     and the launch's register cap, GROUP_M tile rows per group; one program an SM. self_load, load_cursor: the
     MMA warps issue their own loads (gluon_q8.mma_self_loaded_tiles), by a cursor; prefetch: f32_epilogue's
@@ -182,9 +183,9 @@ class F32WSConfig(_ws.ValueConfig):
 
     def __init__(self, BM=64, BN=128, BK=64, STAGES=4, ROWS=16, GROUP_M=8, num_warps=16, mma_registers=96,
                  max_registers=96, self_load=True, load_cursor=True, prefetch=False):
-        if BM != 64 or BN % 128:
-            raise ValueError(f"F32WSConfig: BM must be 64 (one MMA warp group) and BN a multiple of 128 (a warp a "
-                             f"row, 4 columns a thread), got {BM}x{BN}")
+        if BM not in (64, 128) or BN % 128:
+            raise ValueError(f"F32WSConfig: BM must be 64 or 128 (one or two MMA warp groups) and BN a multiple of "
+                             f"128 (a warp a row, 4 columns a thread), got {BM}x{BN}")
         if STAGES < 2 or BK % 16:
             raise ValueError(f"F32WSConfig: at least 2 operand stages (a K block is loaded while the one before "
                              f"it is multiplied) and K blocks of a multiple of 16, got STAGES={STAGES}, BK={BK}")
@@ -192,7 +193,7 @@ class F32WSConfig(_ws.ValueConfig):
             raise ValueError(f"F32WSConfig: 4, 8 or 16 epilogue warps on sub-tiles of whole rows a warp, a multiple "
                              f"of 8 rows (a slice of the swizzled g buffer) dividing BM = {BM}, got {num_warps} "
                              f"warps, {ROWS} rows")
-        warps = num_warps + 4 + (0 if self_load else 4)  # the epilogue, the MMA warp group, the loader's group
+        warps = num_warps + BM // 16 + (0 if self_load else 4)  # the epilogue, the MMA warps, the loader's group
         if max_registers * 32 * warps > 65536:
             raise ValueError(f"F32WSConfig: {max_registers} registers a thread at launch for {warps} warps exceed "
                              "the SM's 65536")
@@ -220,14 +221,19 @@ class F32WSConfig(_ws.ValueConfig):
 
 # The tiles written first (session 35, CPU): gluon_q8's deep cursor (sixteen epilogue warps, four operand stages,
 # the MMA warps loading by a cursor), with and without the one-ahead loads, and its loader-partition twin with
-# eight epilogue warps (gluon_q8's default, which led the 8bit regime from 5120 tokens).
+# eight epilogue warps (gluon_q8's default, which led the 8bit regime from 5120 tokens). The 128-row tile (two MMA
+# warp groups: a one-warp-group 64x128 mainloop ran at 315-442 TFLOP/s where cuBLAS ran at 634-762, session 20)
+# for long K: three operand stages and two 64 KB g buffers, 224 KB; eight epilogue warps; ptxas (Triton 3.6,
+# AdamW) spills nothing with the MMA warps at 96 registers, 20-44 B at 104-112, 272 B at 120.
 DEFAULT_F32_WS_CONFIG = F32WSConfig()
+TALL_F32_WS_CONFIG = F32WSConfig(BM=128, STAGES=3, num_warps=8, mma_registers=96, max_registers=128)
 F32_WS_CANDIDATE_CONFIGS = (
     F32WSConfig(prefetch=True),
     F32WSConfig(ROWS=32),
     F32WSConfig(num_warps=8, self_load=False, load_cursor=False, mma_registers=104, max_registers=128),
     F32WSConfig(num_warps=8, self_load=False, load_cursor=False, mma_registers=104, max_registers=128,
                 prefetch=True),
+    TALL_F32_WS_CONFIG,
 )
 
 

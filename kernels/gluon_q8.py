@@ -92,11 +92,12 @@ def hand_over(acc, t, g_bufs, g_ready, g_empty):
 
 @gluon.jit
 def mma_whole_tiles(dy_bufs, x_bufs, op_ready, op_empty, g_bufs, g_ready, g_empty, M, N, K, GROUP_M: gl.constexpr):
-    """Worker (one warp group): per tile this program owns, the mainloop, then the accumulator whole
-    into g buffer t % 2 once the epilogue has handed it back (its (t // 2)-th use), then g_ready."""
+    """Worker (BM / 64 warp groups, a warp a 16-row slice of the tile: the 8bit tiles' one, gluon_f32's 128-row
+    tiles two): per tile this program owns, the mainloop, then the accumulator whole into g buffer t % 2 once the
+    epilogue has handed it back (its (t // 2)-th use), then g_ready."""
     BM: gl.constexpr = g_bufs.type.shape[1]
     BN: gl.constexpr = g_bufs.type.shape[2]
-    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[BM // 16, 1],
                                                          instr_shape=[16, BN, 16])
     tiles_m = gl.cdiv(M, BM)
     tiles_n = gl.cdiv(N, BN)
@@ -178,7 +179,8 @@ def tile_staged_rows(tile_staging, t, j, scales0, scales1, layout: gl.constexpr,
 def mma_self_loaded_tiles(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, g_bufs, g_ready, g_empty, M, N, K, tile_staging,
                           GROUP_M: gl.constexpr, LOAD_CURSOR: gl.constexpr, MMA_STAGE: gl.constexpr,
                           N_STATE: gl.constexpr):
-    """Worker (one warp group) of the loader-free design: mma_whole_tiles, issuing its own TMA loads
+    """Worker (BM / 64 warp groups, as mma_whole_tiles) of the loader-free design: mma_whole_tiles, issuing its
+    own TMA loads
     STAGES - 1 K blocks ahead (across tiles) instead of a loader partition's; no empty barriers: block
     i + STAGES - 1 goes into block i - 1's slot once block i - 1's wgmma has retired (the wait that
     leaves one wgmma in flight). The same wgmma chain as gluon_update.mainloop, so the same bits. Why:
@@ -192,7 +194,7 @@ def mma_self_loaded_tiles(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, g_bufs, g_
     BM: gl.constexpr = g_bufs.type.shape[1]
     BN: gl.constexpr = g_bufs.type.shape[2]
     STAGES: gl.constexpr = dy_bufs.type.shape[0]
-    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[BM // 16, 1],
                                                          instr_shape=[16, BN, 16])
     tiles_m = gl.cdiv(M, BM)
     tiles_n = gl.cdiv(N, BN)

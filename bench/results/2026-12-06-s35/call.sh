@@ -17,6 +17,7 @@ WSF=wsf_64x128x64_st4_w16_rows16_mma96_r96_sl_cur
 WSF_PF=${WSF}_pf
 WSF32=wsf_64x128x64_st4_w16_rows32_mma96_r96_sl_cur
 WSF_LD=wsf_64x128x64_st4_w8_rows16_mma104_r128
+TALL=wsf_128x128x64_st3_w8_rows16_mma96_r128_sl_cur
 CUR=ws8_64x128x64_st3_w16_rows16_mma96_r96_sl_cur
 DEEP=ws8_64x128x64_st4_w16_rows16_mma96_r96_sl_cur
 K128=ws8_64x128x128_st3_w16_rows16_mma96_r96_sl_cur
@@ -35,7 +36,7 @@ part_routes() {
 }
 part_f32kern() {
   echo "== f32kern $(date -u +%T)"
-  timeout "$(budget 150)" python3 bench/kernels.py --precision fp32 --configs "$WSF,$WSF_PF,$WSF32,$WSF_LD,${WSF_LD}_pf" \
+  timeout "$(budget 150)" python3 bench/kernels.py --precision fp32 --configs "$WSF,$WSF_PF,$WSF32,$WSF_LD,${WSF_LD}_pf,$TALL" \
     --shapes 4096x14336,14336x4096,4096x4096 --tokens 1024,2048,4096,8192,16384 --out "$R/f32kern.json" \
     >"$R/f32kern.log" 2>&1
   echo "f32kern rc=$?"
