@@ -328,24 +328,40 @@ def compile_for_sm90(rule: Rule, config: F32WSConfig = DEFAULT_F32_WS_CONFIG, M:
 # ---------------------------------------------------------------------------------------------
 # Where the launcher uses this kernel (kernels.fused_linear_update with no tile given)
 # ---------------------------------------------------------------------------------------------
-# Not yet measured on a GPU: ROUTED is False, and the launcher routes fp32 updates here only with
-# FORGE_NUM_GLUON_F32=<label> in the environment (that tile wherever the kernel applies: an A/B switch for
-# benchmarks), =1 the ranges of ROUTE_BY_K (none yet).
-ROUTED = False
-ROUTE_BY_K: tuple = ()
-ROUTE_MAX_K = 16384
+# Measured in session 35 (H100, bench/results/2026-12-06-s35/call1 and call3; AdamW, do_bench medians, on
+# 4096x14336, 14336x4096 and 4096x4096, against the fp32 route before it in the same run: gluon_update's
+# two-program 64x128 tile at 256 tokens, its 128x128 to 4095, the Triton 128x128 persistent tile from 4096):
+#   DEFAULT_F32_WS_CONFIG: 0.87-0.99x the route's time at 256 tokens, 0.93-0.97x at 512, 0.86-0.89x at 1024,
+#     0.91-0.95x at 2048 (1.46-1.52x the unfused step at 256-1024, 1.28-1.29x at 2048); its loader-partition
+#     twin (eight epilogue warps) within 1.5% of it at 2048-16384 and 4-11% behind it at 256-1024, the
+#     prefetching and 32-row twins behind both;
+#   TALL_F32_WS_CONFIG: at 3072 tokens 0.94-0.95x the route (0.96x the default split tile), at 4096 0.89-0.95x
+#     (1.07x the unfused step on the two large shapes), at 6144 0.99-1.02x, at 8192 0.95-1.00x, at 16384
+#     0.99-1.12x (the Triton tile stays there). Llama-3B's 4x1024 step (captured, checkpointing) with it forced:
+#     0.323 s against 0.327 routed before (0.988x, call 2).
+# So DEFAULT_F32_WS_CONFIG from 256 tokens (below, not measured: gluon_update's route and the Triton tiles), the
+# 128-row tile from 3072 to ROUTE_MAX_K, each with at least gluon_q8.MIN_TILES tiles of its own. FORGE_NUM_GLUON_F32
+# in the environment (read at each call): 0 never, 1 or unset these ranges, a tile's label ('_' for ' ') that
+# tile wherever the kernel applies (an A/B switch for benchmarks).
+ROUTED = True
+# (first K, tile), in order of K: the last one whose first K is at most K is taken
+ROUTE_BY_K = ((256, DEFAULT_F32_WS_CONFIG), (3072, TALL_F32_WS_CONFIG))
+ROUTE_MAX_K = 8192
+ROUTE_CONFIGS = tuple(dict.fromkeys(c for _, c in ROUTE_BY_K))
 
 
 def config_for(M: int, N: int, K: int) -> F32WSConfig | None:
     """The tile the launcher routes a (M, N, K) fp32 update to, or None: the last entry of ROUTE_BY_K whose first
     K is at most K, up to ROUTE_MAX_K; M and N multiples of 8 (TMA's 16-byte rows of bf16 operands), at least
-    gluon_q8.MIN_TILES tiles."""
-    if M % 8 or N % 8 or triton.cdiv(M, 64) * triton.cdiv(N, 128) < _q8.MIN_TILES or K > ROUTE_MAX_K:
+    gluon_q8.MIN_TILES tiles of that tile's shape (an SM each)."""
+    if M % 8 or N % 8 or K > ROUTE_MAX_K:
         return None
     tile = None
     for first_k, c in ROUTE_BY_K:
         if K >= first_k:
             tile = c
+    if tile is None or triton.cdiv(M, tile.BM) * triton.cdiv(N, tile.BN) < _q8.MIN_TILES:
+        return None
     return tile
 
 

@@ -996,9 +996,12 @@ def compile_for_sm90(rule: Rule, config: Q8WSConfig = DEFAULT_Q8_WS_CONFIG, M: i
 #     Session 34 (H100, bench/results/2026-12-06-s34/, medians of three interleaved rounds): 0.91-0.95x the
 #     default's time at 6144 and 8192 tokens and 0.92-0.94x at 16384 (4096x14336, 14336x4096, 4096x4096);
 #     0.96-0.97x the deep cursor's at 4096; at 3072 0.99-1.02x (a tie: the deep cursor stays there).
-#   MMA_STAGED_CONFIG (session 34, above): routed from 1024 to 3071 tokens.
-# So each tile of ROUTE_BY_K from its first K to the next one's (from 1024 the staged deep cursor; 3072 the
-# first measured point where it no longer leads the deep cursor; from 4096 the K-block-128 cursor, which leads
+#   MMA_STAGED_CONFIG (session 34, above): routed from 1024 tokens (to 3071 in session 34). Session 35 (H100,
+#     bench/results/2026-12-06-s35/call2, three interleaved rounds): at 3072 tokens 0.96-0.99x the deep cursor's
+#     time on 4096x14336, 14336x4096 and 4096x4096 (the K-block-128 cursor 0.98-0.99x), at 4096 1.04-1.10x the
+#     deep cursor's; at 1024-2048 its hand-over twin (mma_stage=2) 1.00-1.03x its time.
+# So each tile of ROUTE_BY_K from its first K to the next one's (from 1024 the staged deep cursor; 3584 halfway
+# between 3072, where it leads the deep cursor, and 4096, where it trails it; from 4096 the K-block-128 cursor, which leads
 # the deep cursor there and the default from 6144 to 16384, on whole K blocks of 128 only: elsewhere the deep
 # cursor to 5120, halfway between 4096, where it leads the default, and 6144, where it trails it, then the
 # default), the last to ROUTE_MAX_K tokens inclusive (the most measured: above it the mainloop's share grows,
@@ -1009,7 +1012,7 @@ ROUTED = True
 MIN_TILES = 132  # below one tile an SM of an H100/H200 the one-program-an-SM grid idles SMs
 # (first K, tile), in order of K; the last one that applies is taken, so the default's range from 5120 is
 # what the K-block-128 cursor's second entry leaves to it: K not a multiple of 128
-ROUTE_BY_K = ((1024, MMA_STAGED_CONFIG), (3072, DEEP_CURSOR_CONFIG),
+ROUTE_BY_K = ((1024, MMA_STAGED_CONFIG), (3584, DEEP_CURSOR_CONFIG),
               (4096, K128_CURSOR_CONFIG), (5120, DEFAULT_Q8_WS_CONFIG), (5120, K128_CURSOR_CONFIG))
 ROUTE_MAX_K = 16384
 ROUTE_CONFIGS = tuple(dict.fromkeys(c for _, c in ROUTE_BY_K))  # every tile config_for returns, once

@@ -201,9 +201,9 @@ def _gluon_f32_configs():
 
 
 def _gluon_f32_route_configs():
-    from forge_num.kernels.gluon_f32 import ROUTE_BY_K
+    from forge_num.kernels.gluon_f32 import ROUTE_CONFIGS
 
-    return tuple(dict.fromkeys(c for _, c in ROUTE_BY_K))
+    return ROUTE_CONFIGS
 
 
 def _gluon_q8_configs():

@@ -73,17 +73,16 @@ def test_the_kernel_names_what_it_refuses():
 
 
 def test_no_route_off_the_gpu_or_unless_switched_on(monkeypatch):
-    """Not routed by default (ROUTED False, no measured range yet), and never off an sm_90 GPU, whatever the
-    switch; an unknown label is an error naming the known ones (checked before the device is looked at)."""
+    """Never routed off an sm_90 GPU, whatever the switch; an unknown label is an error naming the known ones
+    (checked before the device is looked at)."""
     w, x, dy, s = _problem(M=4096, N=4096, K=4096)
-    assert not gluon_f32.ROUTED and gluon_f32.config_for(4096, 4096, 4096) is None
     for flag in ("1", "0", TILES[-1].label.replace(" ", "_")):
         monkeypatch.setenv("FORGE_NUM_GLUON_F32", flag)
         assert gluon_f32.route_config(w, x, dy, s) is None  # CPU tensors
         assert kernels._ws_f32_route(w, x, dy, s) is None
     assert gluon_f32._config_by_label(TILES[1].label.replace(" ", "_")) == TILES[1]
     monkeypatch.setenv("FORGE_NUM_GLUON_F32", "wsf_nonesuch")
-    with pytest.raises(ValueError, match="neither 0, 1 nor a tile's label; known: wsf_64x128x"):
+    with pytest.raises(ValueError, match="neither 0, 1 nor a tile's label; known: wsf_1?[0-9]+x128x"):
         gluon_f32.route_config(w, x, dy, s)
 
 
@@ -116,3 +115,18 @@ def test_the_launch_key_determines_its_specialization(monkeypatch):
             assert by_key[key] == spec, (M, N, K, rule.name)
         by_key[key] = spec
     assert shared > 0
+
+
+@pytest.mark.parametrize("M,N,K,expect", [
+    (4096, 14336, 256, "default"), (4096, 14336, 1024, "default"), (4096, 14336, 3071, "default"),
+    (4096, 14336, 3072, "tall"), (4096, 14336, 4096, "tall"), (4096, 14336, 8192, "tall"),
+    (4096, 14336, 8193, None), (4096, 14336, 16384, None),          # the Triton tile past the measured
+    (4096, 14336, 255, None), (4096, 14336, 64, None),              # below: gluon_update's route, the Triton tiles
+    (1024, 2048, 1024, "default"), (1024, 2048, 4096, None),         # 16 x 16 = 256 tiles, 8 x 16 = 128 tall ones
+    (512, 2048, 1024, None),                                        # 8 x 16 = 128 tiles, below MIN_TILES
+    (4100, 8192, 1024, None), (8192, 4100, 4096, None), (8192, 8192, 0, None),
+])
+def test_config_for_the_measured_ranges(M, N, K, expect):
+    want = {"default": gluon_f32.DEFAULT_F32_WS_CONFIG, "tall": gluon_f32.TALL_F32_WS_CONFIG, None: None}[expect]
+    assert gluon_f32.config_for(M, N, K) == want
+    assert want is None or want in gluon_f32.ROUTE_CONFIGS

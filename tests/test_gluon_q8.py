@@ -220,12 +220,12 @@ def test_a_tile_is_switched_on_by_its_label(monkeypatch):
     (4096, 14336, 4096, "k128"), (2048, 8192, 4096, "k128"), (4096, 14336, 4992, "k128"),
     (1024, 2048, 4096, "k128"),                                     # 16 x 16 = 256 tiles
     (4096, 14336, 5119, "deep"), (4096, 14336, 4160, "deep"),      # K blocks of 128 on whole ones only
-    (4096, 14336, 3072, "deep"), (4096, 14336, 4095, "deep"),      # the four-stage cursor from 3072
+    (4096, 14336, 3584, "deep"), (4096, 14336, 4095, "deep"),      # the four-stage cursor from 3584
     (4096, 14336, 5120, "k128"), (4096, 14336, 8192, "k128"), (4096, 14336, 16384, "k128"),
     (4096, 14336, 5184, "default"), (4096, 14336, 16320, "default"),  # from 5120, K not a multiple of 128
     (4096, 14336, 16385, None), (4096, 14336, 32768, None),         # the Triton tiles past the measured
-    (4096, 14336, 1024, "staged"), (2048, 8192, 2047, "staged"),    # the MMA warps stage the state, 1024-3071
-    (4096, 14336, 2048, "staged"), (2048, 8192, 3071, "staged"),
+    (4096, 14336, 1024, "staged"), (2048, 8192, 2047, "staged"),    # the MMA warps stage the state, 1024-3583
+    (4096, 14336, 2048, "staged"), (2048, 8192, 3072, "staged"), (4096, 14336, 3583, "staged"),
     (4096, 14336, 1023, None), (4096, 14336, 512, None), (4096, 14336, 256, None),
     (512, 2048, 4096, None),                                        # 8 x 16 = 128 tiles, below MIN_TILES
     (4100, 8192, 4096, None), (8192, 4100, 4096, None), (8192, 8192, 0, None),

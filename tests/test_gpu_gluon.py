@@ -233,23 +233,29 @@ def test_f32_split_kernel_refuses_what_it_does_not_cover():
                                    [t[:, :100].contiguous() for t in s], rule, h)
 
 
-@pytest.mark.parametrize("K", [1024, 4096])
-def test_the_launcher_takes_the_f32_split_tile_it_is_told(K):
-    """kernels.fused_linear_update with no tile given, fp32: with FORGE_NUM_GLUON_F32=<label> the named split
-    tile wherever it applies, with =0 none (the fp32 route of gluon_update or the Triton kernel); the same bits,
-    and a cached second launch the same bits again."""
+@pytest.mark.parametrize("K", [256, 2048, 3072, 8192, 16384])  # each routed tile's range, and past them
+def test_the_launcher_routes_fp32_to_the_split_tiles(K):
+    """kernels.fused_linear_update with no tile given, fp32: gluon_f32.config_for's tile with FORGE_NUM_GLUON_F32
+    unset (twice: the second launch cached) and =1; with =<label> the named split tile wherever it applies; with
+    =0 none (gluon_update's route or the Triton kernel); the same bits every way."""
     from forge_num.kernels import gluon_f32
 
-    M, N = 4096, 2048  # 64 x 16 = 1024 tiles
+    M, N = 4096, 2048  # 64 x 16 = 1024 tiles, 512 of 128 rows
     rule, h, w0, s0, x, dy = _case("adamw", M, N, K, seed=33)
+    expect = gluon_f32.config_for(M, N, K)
+    assert (expect is None) == (K > gluon_f32.ROUTE_MAX_K)
+    named = gluon_f32.F32_WS_CANDIDATE_CONFIGS[2]
     outs = []
-    for flag in ("0", gluon_f32.DEFAULT_F32_WS_CONFIG.label.replace(" ", "_"), "same again"):
+    for flag, tile in ((None, expect), (None, expect), ("1", expect), ("0", None),
+                       (named.label.replace(" ", "_"), named)):
         w, s = w0.clone(), [t.clone() for t in s0]
-        name = gluon_f32.DEFAULT_F32_WS_CONFIG.label.replace(" ", "_") if flag == "same again" else flag
-        with mock.patch.dict("os.environ", {"FORGE_NUM_GLUON": "1", "FORGE_NUM_GLUON_F32": name}), \
+        with mock.patch.dict("os.environ", {"FORGE_NUM_GLUON": "1"}), \
                 mock.patch.object(gluon_f32, "launch", wraps=gluon_f32.launch) as spy:
+            os.environ.pop("FORGE_NUM_GLUON_F32", None)
+            if flag is not None:
+                os.environ["FORGE_NUM_GLUON_F32"] = flag
             kernels.fused_linear_update(w, x, dy, s, rule, h)
-        assert [c.args[7] for c in spy.call_args_list] == ([] if flag == "0" else [gluon_f32.DEFAULT_F32_WS_CONFIG])
+        assert [c.args[7] for c in spy.call_args_list] == ([tile] if tile is not None else [])
         outs.append((w, s))
     for w, s in outs[1:]:
         assert same_bits(w, outs[0][0]) and all(same_bits(a, b) for a, b in zip(s, outs[0][1]))
@@ -271,12 +277,14 @@ def _tiles(launch):
 
 
 @pytest.mark.parametrize("M,N,K", [(4096, 8192, 256), (4096, 4096, 1024), (4096, 4096, 4096)])
-def test_the_launcher_routes_where_measured_faster(M, N, K):
-    """kernels.fused_linear_update with no tile given takes the Gluon kernel on the ranges of
-    gluon_update.config_for (here: K = 256 and 1024, not 4096), and its weight and state are the
+def test_the_launcher_routes_where_measured_faster(M, N, K, monkeypatch):
+    """kernels.fused_linear_update with no tile given and the fp32 split tiles switched off
+    (FORGE_NUM_GLUON_F32=0: where gluon_f32.config_for declines, as below MIN_TILES) takes the Gluon kernel on the
+    ranges of gluon_update.config_for (here: K = 256 and 1024, not 4096), and its weight and state are the
     Triton kernel's bit for bit."""
     from forge_num.kernels import gluon_update
 
+    monkeypatch.setenv("FORGE_NUM_GLUON_F32", "0")
     rule, h, w0, s0, x, dy = _case("adamw", M, N, K, seed=K)
     expect = gluon_update.config_for(M, N, K)
     assert (expect is not None) == (K < gluon_update.ROUTE_MAX_K)
@@ -318,14 +326,14 @@ def test_the_launcher_routes_bf16_sr_where_enabled(K):
 
 
 def test_training_a_routed_layer_equals_the_materialized_reference():
-    """A layer large enough to be routed (4096 -> 8192 features, 256 tokens a step: M N K = 2^33),
+    """A layer large enough to be routed (4096 -> 8192 features, 256 tokens a step: the fp32 split tile),
     trained for three steps under autocast: forge_num's fused path (through the Gluon kernel) gives
     the weights and state of its materialized backend bit for bit."""
     import copy
 
     import forge_num as fn
     from forge_num.fused import prepare
-    from forge_num.kernels import gluon_update
+    from forge_num.kernels import gluon_f32
     from tests.test_gpu_training import Materialized, _assert_same
     from tests.test_training_semantics import ADAMW
 
@@ -335,7 +343,7 @@ def test_training_a_routed_layer_equals_the_materialized_reference():
     o1, o2 = fn.AdamW(m1.parameters(), **ADAMW), fn.AdamW(m2.parameters(), backend=Materialized, **ADAMW)
     prepare(m1, o1)
     prepare(m2, o2)
-    with _spied_launch() as launch:
+    with mock.patch.object(gluon_f32, "launch", wraps=gluon_f32.launch) as launch:
         for _ in range(3):
             x = torch.randn(256, 4096, device=CUDA)
             for m, o in ((m1, o1), (m2, o2)):
@@ -344,7 +352,7 @@ def test_training_a_routed_layer_equals_the_materialized_reference():
                 loss.backward()
                 o.step()
                 o.zero_grad()
-    assert _tiles(launch) == [gluon_update.ROUTE_SMALL_K_CONFIG] * 3
+    assert _tiles(launch) == [gluon_f32.DEFAULT_F32_WS_CONFIG] * 3
     _assert_same(m1, o1, m2, o2)
 
 
@@ -590,7 +598,8 @@ def test_the_launcher_routes_8bit_where_measured_faster(K):
 
 
 @pytest.mark.parametrize("regime,M,N,K", [("fp32", 4096, 8192, 256), ("fp32", 4096, 4096, 1024),
-                                          ("fp32", 4096, 4096, 4096), ("fp32-split", 4096, 4096, 4096),
+                                          ("fp32", 4096, 4096, 4096), ("fp32-split", 4096, 4096, 1024),
+                                          ("fp32-split", 4096, 4096, 4096),
                                           ("8bit", 4096, 2048, 1024),
                                           ("8bit", 4096, 2048, 4096), ("bf16-sr", 2048, 2048, 512)])
 def test_a_launch_reads_its_scalars_from_the_step_slot(regime, M, N, K, monkeypatch):
@@ -606,9 +615,13 @@ def test_a_launch_reads_its_scalars_from_the_step_slot(regime, M, N, K, monkeypa
     hyper = HYPERS["adamw"]
     from forge_num.kernels import gluon_f32, gluon_q8, gluon_update
 
-    # fp32-split: the fp32 regime with kernels/gluon_f32.py's default tile named (FORGE_NUM_GLUON_F32)
-    split = gluon_f32.DEFAULT_F32_WS_CONFIG.label.replace(" ", "_") if regime == "fp32-split" else "0"
-    monkeypatch.setenv("FORGE_NUM_GLUON_F32", split)
+    # fp32-split: the fp32 regime routed as by default (kernels/gluon_f32.py's tiles where they apply); fp32: with
+    # them switched off (FORGE_NUM_GLUON_F32=0), gluon_update's route and the Triton tiles
+    split_routed = regime == "fp32-split" and gluon_f32.config_for(M, N, K) is not None
+    if regime == "fp32-split":
+        monkeypatch.delenv("FORGE_NUM_GLUON_F32", raising=False)
+    else:
+        monkeypatch.setenv("FORGE_NUM_GLUON_F32", "0")
     regime = "fp32" if regime == "fp32-split" else regime
     if regime == "fp32":
         w0, s0, clone = w32, s32, (lambda s: [t.clone() for t in s])
@@ -633,9 +646,9 @@ def test_a_launch_reads_its_scalars_from_the_step_slot(regime, M, N, K, monkeypa
     passed_w, passed_s = w0.clone(), clone(s0)
     slot_w, slot_s = w0.clone(), clone(s0)
     slot = torch.empty(kernels.step_slot_size(rule), dtype=torch.int32, device=CUDA)
-    routed = {"fp32": split != "0" or gluon_update.config_for(M, N, K) is not None, "8bit": True,
+    routed = {"fp32": split_routed or gluon_update.config_for(M, N, K) is not None, "8bit": True,
               "bf16-sr": False}[regime]
-    module = gluon_q8 if regime == "8bit" else gluon_f32 if split != "0" else gluon_update
+    module = gluon_q8 if regime == "8bit" else gluon_f32 if split_routed else gluon_update
     slot_arg = 8 if module is gluon_f32 else 9  # launch's step_slot
     for step in steps:
         update(passed_w, passed_s, step)

@@ -175,7 +175,8 @@ def test_the_fp32_split_gluon_kernel_compiles_to_ieee_ops_for_sm_90(report):
 
 # The fp32 split tiles' spills, by (label, rule), bytes of spill stores a thread (ptxas of Triton 3.6): with
 # sixteen epilogue warps at 96 registers, AdamW's three fp32 tensors a thread's four elements and the rule's
-# temporaries; a second sub-tile's values beside them (prefetch, or 32-row sub-tiles) ~390 B. Not yet timed.
+# temporaries; a second sub-tile's values beside them (prefetch, or 32-row sub-tiles) ~390 B. The first is routed
+# from 256 tokens (session 35: 0.86-0.99x the fp32 route before it at 256-2048 tokens, kernels/gluon_f32.py).
 GLUON_F32_SPILL_EXCEPTIONS = {
     ("wsf 64x128x64 st4 w16 rows16 mma96 r96 sl cur", "adamw"): 64,
     ("wsf 64x128x64 st4 w16 rows16 mma96 r96 sl cur pf", "adamw"): 384,
@@ -228,6 +229,8 @@ STEP_SLOT_SPILLS = {
     "ws8 64x128x128 st3 w16 rows16 mma96 r96 sl cur": 96,  # routed since session 33; 76 B there, as the deep cursor
     "ws 64x128x64 st2 sl1 o1 p2 r128": 32,
     "ws 128x128x64 st3 sl1 o1": 12,
+    "wsf 64x128x64 st4 w16 rows16 mma96 r96 sl cur": 64,  # routed since session 35; as without a slot
+    "wsf 128x128x64 st3 w8 rows16 mma96 r128 sl cur": 0,  # routed since session 35
 }
 
 

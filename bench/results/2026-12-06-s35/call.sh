@@ -8,6 +8,10 @@
 #   q8bits   session 34's hand-over staged tile (msh) against the Triton tile and the emulator
 #   q8kern   the cursor, the deep cursor, the staged deep cursor, its hand-over twin and the K-block-128 cursor at
 #            1024-4096 tokens, three interleaved rounds (session 34's next_call.sh, part kern)
+#   verify   (call 4, with v45's fp32 route and the staged deep cursor to 3583) the fp32 and 8bit route tests, the
+#            step slot's launches, the routed training layer, and the captured steps against eager
+#   f32train (call 4) 1B and 3B 4x1024 fp32 (forge+graph) routed, torch AdamW with AMP beside, and 3B with the split
+#            tiles off (FORGE_NUM_GLUON_F32=0)
 #   train    3B 4x1024 fp32 (forge+graph) routed against the best split tile forced (SPLIT, set by the caller),
 #            and 8B 1x2048 8bit routed against the cursor forced, flashoptim+cl beside it
 PART=${PART:-f32bits,routes,f32kern}
@@ -64,6 +68,19 @@ part_train() {
   train r8 45 - --methods forge_8bit+cl+graph $A8
   train cur8 45 "$CUR" --methods forge_8bit+cl+graph $A8
   train fo8 45 - --methods flashoptim+cl $A8
+}
+part_verify() {
+  echo "== verify $(date -u +%T)"
+  timeout "$(budget 150)" python3 -m pytest -q -m gpu -n 8 tests/test_gpu_gluon.py \
+    -k "f32 or step_slot or routed_layer or routes_where or rout" >"$R/verify.log" 2>&1
+  echo "verify rc=$?"; grep -E "^FAILED|passed|failed" "$R/verify.log" | cut -c1-200 | tail -8
+  timeout "$(budget 90)" python3 -m pytest -q -m gpu -n 8 tests/test_gpu_graphs.py >"$R/graphs2.log" 2>&1
+  echo "graphs rc=$?"; tail -1 "$R/graphs2.log" | cut -c1-200
+}
+part_f32train() {
+  train f32b1 70 - --methods forge+graph,torch_adamw --models llama-1b --tokens 4x1024 --steps 5
+  train f32b3 90 - --methods forge+graph,torch_adamw --models llama-3b --tokens 4x1024 --steps 5
+  train f32o3 40 FORGE_NUM_GLUON_F32=0 --methods forge+graph --models llama-3b --tokens 4x1024 --steps 5
 }
 for part in ${PART//,/ }; do "part_$part"; done
 call_end
