@@ -155,22 +155,32 @@ def _eager_then_captured(make_model, loss: str, batches, one_sequence: bool = Fa
     captured = [step(ids).clone() for ids in batches]
     assert step._graph is not None
     torch.cuda.synchronize()
-    assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(eager, captured))
-    assert all(torch.equal(a, b) for a, b in zip(eager_bits, training_bits(model_c, opt_c)))
+    # where the runs part, named: the first differing step's loss, and which of training_bits' tensors differ
+    # (session 35 saw one unexplained loss difference in six runs of 8bit-hf-wide; these say where the next is)
+    steps = [i for i, (a, b) in enumerate(zip(eager, captured)) if not torch.equal(a.view(torch.int32),
+                                                                                 b.view(torch.int32))]
+    assert not steps, (f"losses differ from step {steps[0]} on: eager {[float(a) for a in eager]}, "
+                       f"captured {[float(b) for b in captured]}")
+    tensors = [i for i, (a, b) in enumerate(zip(eager_bits, training_bits(model_c, opt_c))) if not torch.equal(a, b)]
+    assert not tensors, f"training_bits' tensors {tensors} differ (of {len(eager_bits)})"
     assert opt_c.stats_history == eager_stats
     return step, eager_stats
 
 
 def _spied_gluon_launches(routes: list):
-    """gluon_update.launch and gluon_q8.launch wrapped: each call's step slot appended to ``routes``."""
-    from forge_num.kernels import gluon_q8, gluon_update
+    """gluon_update.launch, gluon_f32.launch and gluon_q8.launch wrapped: each call's step slot appended to
+    ``routes`` (None where it passed none)."""
+    import inspect
+
+    from forge_num.kernels import gluon_f32, gluon_q8, gluon_update
 
     stack = contextlib.ExitStack()
-    for module in (gluon_update, gluon_q8):
+    for module in (gluon_update, gluon_f32, gluon_q8):
         real = module.launch
+        at = list(inspect.signature(real).parameters).index("step_slot")
 
-        def spy(*args, real=real):
-            routes.append(args[9] if len(args) > 9 else None)
+        def spy(*args, real=real, at=at):
+            routes.append(args[at] if len(args) > at else None)
             return real(*args)
         stack.enter_context(mock.patch.object(module, "launch", spy))
     return stack
