@@ -89,9 +89,8 @@ def f32_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_
     SUBTILES: gl.constexpr = BM // ROWS
     gl.static_assert(SUBTILES * ROWS == BM, "ROWS must divide BM")
     gl.static_assert(ROWS % num_warps == 0, "each epilogue warp takes whole rows of a sub-tile")
-    # a warp a row, 4 consecutive columns a thread (16-byte shared-memory reads of g, 16-byte loads and stores
-    # of W and each state), warps stacked on the rows
-    epi: gl.constexpr = gl.BlockedLayout([ROWS // num_warps, BN // 32], [1, 32], [num_warps, 1], [1, 0])
+    # a warp a row, 4 consecutive columns a thread: 16-byte loads and stores of W and each state
+    epi: gl.constexpr = _q8.row_subtile_layout(ROWS, BN, num_warps)
     rows: gl.constexpr = gl.SliceLayout(1, epi)
     tiles_m = gl.cdiv(M, BM)
     tiles_n = gl.cdiv(N, BN)
@@ -130,9 +129,7 @@ def f32_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_
                 in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
                 if PREFETCH:
                     loaded = ahead
-        slot = pid_m * tiles_n + pid_n
-        gl.store(norm_sq_ptr + slot, gl.sum(gl.sum(sq, axis=1), axis=0))
-        gl.store(nonfinite_ptr + slot, gl.sum(gl.sum(bad, axis=1), axis=0))
+        _q8.store_tile_telemetry(sq, bad, pid_m, pid_n, tiles_n, norm_sq_ptr, nonfinite_ptr)
         t += 1
 
 

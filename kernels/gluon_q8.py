@@ -417,6 +417,22 @@ def row_block_rounding_bits(offs_m, col0, seed, rand_stride, rand_base, layout: 
     return bits
 
 
+@gluon.constexpr_function
+def row_subtile_layout(ROWS, BN, num_warps):
+    """The epilogue's layout of a row sub-tile [ROWS, BN] of g: a warp a row, BN / 32 consecutive columns a thread
+    (4 for BN = 128: 16-byte shared-memory reads of g), warps stacked on the rows (q8_epilogue, gluon_f32)."""
+    return gl.BlockedLayout([ROWS // num_warps, BN // 32], [1, 32], [num_warps, 1], [1, 0])
+
+
+@gluon.jit
+def store_tile_telemetry(sq, bad, pid_m, pid_n, tiles_n, norm_sq_ptr, nonfinite_ptr):
+    """A tile's telemetry terms (sq, bad: its sub-tiles' terms summed element by element) reduced into its slot
+    pid_m * tiles_n + pid_n."""
+    slot = pid_m * tiles_n + pid_n
+    gl.store(norm_sq_ptr + slot, gl.sum(gl.sum(sq, axis=1), axis=0))
+    gl.store(nonfinite_ptr + slot, gl.sum(gl.sum(bad, axis=1), axis=0))
+
+
 @gluon.jit
 def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_ptr, scale1_ptr, n_blocks, h, grad_scale,
                 seed, rand_stride, rand_base, norm_sq_ptr, nonfinite_ptr, staging, GUARDED_UPDATE: gl.constexpr,
@@ -442,9 +458,8 @@ def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_pt
     SUBTILES: gl.constexpr = BM // ROWS
     gl.static_assert(SUBTILES * ROWS == BM, "ROWS must divide BM")
     gl.static_assert(ROWS % num_warps == 0, "each epilogue warp takes whole rows of a sub-tile")
-    # a warp a row (of one 128-column block), 4 consecutive columns a thread (16-byte shared-memory
-    # reads of g, 8-byte loads of W, 4-byte loads of the codes), warps stacked on the rows
-    epi: gl.constexpr = gl.BlockedLayout([ROWS // num_warps, BN // 32], [1, 32], [num_warps, 1], [1, 0])
+    # a warp a row of one 128-column block (8-byte loads of W, 4-byte loads of the codes)
+    epi: gl.constexpr = row_subtile_layout(ROWS, BN, num_warps)
     rows: gl.constexpr = gl.SliceLayout(1, epi)
     tiles_m = gl.cdiv(M, BM)
     tiles_n = gl.cdiv(N, BN)
@@ -531,9 +546,7 @@ def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_pt
             sq += sq_j
             bad += bad_j
             u += 1
-        slot = pid_m * tiles_n + pid_n
-        gl.store(norm_sq_ptr + slot, gl.sum(gl.sum(sq, axis=1), axis=0))
-        gl.store(nonfinite_ptr + slot, gl.sum(gl.sum(bad, axis=1), axis=0))
+        store_tile_telemetry(sq, bad, pid_m, pid_n, tiles_n, norm_sq_ptr, nonfinite_ptr)
         t += 1
     if STAGE_STATE:
         # the copies staged past the program's last tile (never read) land before it ends: no copy into its
