@@ -31,6 +31,7 @@ and state were left unchanged).
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import math
 import os
@@ -1023,46 +1024,39 @@ def fused_linear_update(
     )
 
 
-def _ws_route(weight, x, dy, states):
-    """The tile of kernels/gluon_update.py for this fp32- or bf16-sr-regime update where that kernel
-    is the measured default (its route_config: sm_90, bf16 operands, the measured K ranges, enough
-    work), else None.
-    Where Gluon cannot be imported (a Triton without it), or with FORGE_NUM_GLUON=0 in the
-    environment (read at each call: an A/B switch for benchmarks, and a way out should the Gluon
-    kernel misbehave on some Triton), None: the Triton kernel, the same bits."""
+def _gluon_route(module: str, weight, x, dy, states):
+    """The route_config of the Gluon kernel module ``module`` (kernels/<module>.py) for this update: its tile
+    where it is routed, else None. Where Gluon cannot be imported (a Triton without it), or with
+    FORGE_NUM_GLUON=0 in the environment (read at each call: an A/B switch for benchmarks, and a way out should
+    a Gluon kernel misbehave on some Triton), None: the Triton kernel, the same bits."""
     if weight.device.type != "cuda" or os.environ.get("FORGE_NUM_GLUON", "1") == "0":
         return None
     try:
-        from . import gluon_update
+        kernel = importlib.import_module(f"{__name__}.{module}")
     except ImportError:
         return None
-    return gluon_update.route_config(weight, x, dy, states)
+    return kernel.route_config(weight, x, dy, states)
+
+
+def _ws_route(weight, x, dy, states):
+    """The tile of kernels/gluon_update.py for this fp32- or bf16-sr-regime update where that kernel
+    is the measured default (its route_config: sm_90, bf16 operands, the measured K ranges, enough
+    work), else None (_gluon_route)."""
+    return _gluon_route("gluon_update", weight, x, dy, states)
 
 
 def _ws_f32_route(weight, x, dy, states):
     """The tile of kernels/gluon_f32.py for this fp32-regime update where that kernel is routed (its
-    route_config: sm_90, its K ranges, enough tiles; FORGE_NUM_GLUON_F32 its own switch), else None; as
-    _ws_route, None where Gluon cannot be imported or with FORGE_NUM_GLUON=0."""
-    if weight.device.type != "cuda" or os.environ.get("FORGE_NUM_GLUON", "1") == "0":
-        return None
-    try:
-        from . import gluon_f32
-    except ImportError:
-        return None
-    return gluon_f32.route_config(weight, x, dy, states)
+    route_config: sm_90, its K ranges, enough tiles; FORGE_NUM_GLUON_F32 its own switch), else None
+    (_gluon_route)."""
+    return _gluon_route("gluon_f32", weight, x, dy, states)
 
 
 def _ws_q8_route(weight, x, dy, states):
     """The tile of kernels/gluon_q8.py for this 8bit-regime update where that kernel is the measured
     default (its route_config: sm_90, the measured K ranges, enough tiles; FORGE_NUM_GLUON_Q8 its own
-    switch), else None; as _ws_route, None where Gluon cannot be imported or with FORGE_NUM_GLUON=0."""
-    if weight.device.type != "cuda" or os.environ.get("FORGE_NUM_GLUON", "1") == "0":
-        return None
-    try:
-        from . import gluon_q8
-    except ImportError:
-        return None
-    return gluon_q8.route_config(weight, x, dy, states)
+    switch), else None (_gluon_route)."""
+    return _gluon_route("gluon_q8", weight, x, dy, states)
 
 
 def _kernel_counter(counter, numel: int, device, cols: int | None = None) -> tuple[int, int, int, torch.Tensor | None]:
