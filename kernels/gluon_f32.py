@@ -79,11 +79,12 @@ def update_loaded_rows(g, loaded, offs, in_tile, w_ptr, s0_ptr, s1_ptr, h, grad_
 def f32_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_scale, norm_sq_ptr, nonfinite_ptr,
                  GUARDED_UPDATE: gl.constexpr, N_STATE: gl.constexpr, ROWS: gl.constexpr, GROUP_M: gl.constexpr,
                  PREFETCH: gl.constexpr, num_warps: gl.constexpr):
-    """Default partition: per tile, its BM / ROWS row sub-tiles of g from g buffer t % 2, each's W and states
+    """Default partition: per tile, its BM / ROWS row sub-tiles of g from g buffer t % G (G buffers), each's W and states
     loaded and updated (the buffer handed back once the last sub-tile of g is in registers); the sub-tiles'
     telemetry terms added element by element, in order, then reduced into the tile's slot pid_m * tiles_n +
     pid_n. PREFETCH: each sub-tile's W and states loaded one sub-tile ahead (the tile's first before the wait
     for g), so that their latency passes under the previous sub-tile's update. The same values either way."""
+    G: gl.constexpr = g_bufs.type.shape[0]
     BM: gl.constexpr = g_bufs.type.shape[1]
     BN: gl.constexpr = g_bufs.type.shape[2]
     SUBTILES: gl.constexpr = BM // ROWS
@@ -97,14 +98,14 @@ def f32_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_
     t = 0
     for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
         pid_m, pid_n = _ws.tile_coords(tile, tiles_m, tiles_n, GROUP_M)
-        b = t % 2
+        b = t % G
         offs_n = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, epi))
         offs_m = pid_m * BM + gl.arange(0, ROWS, layout=rows)
         offs = offs_m[:, None].to(gl.int64) * N + offs_n[None, :]
         in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         if PREFETCH:
             loaded = load_rows(offs, in_tile, w_ptr, s0_ptr, s1_ptr, N_STATE)
-        mbarrier.wait(g_ready.index(b), (t // 2) & 1)
+        mbarrier.wait(g_ready.index(b), (t // G) & 1)
         sq = gl.zeros((ROWS, BN), dtype=gl.float64, layout=epi)
         bad = gl.zeros((ROWS, BN), dtype=gl.int32, layout=epi)
         for j in gl.static_range(SUBTILES):
@@ -138,14 +139,16 @@ def fused_linear_update_f32_ws_kernel(dy_desc, x_desc, w_ptr, s0_ptr, s1_ptr, no
                                       grad_scale, step_slot, GUARDED_UPDATE: gl.constexpr, N_STATE: gl.constexpr,
                                       STAGES: gl.constexpr, ROWS: gl.constexpr, GROUP_M: gl.constexpr,
                                       MMA_REGS: gl.constexpr, SELF_LOAD: gl.constexpr, LOAD_CURSOR: gl.constexpr,
-                                      PREFETCH: gl.constexpr, num_warps: gl.constexpr):
+                                      PREFETCH: gl.constexpr, G_BUFS: gl.constexpr, num_warps: gl.constexpr):
     """The operand ring, the double-buffered g and their barriers, then the partitions (module docstring).
     dy_desc [K, M] block [BK, BM], x_desc [K, N] block [BK, BN]; w_ptr the fp32 weight [M, N], s0/s1_ptr its
     N_STATE fp32 states (the others any pointer, never read); step_slot None, or where h and grad_scale are read
-    when the kernel runs (linear_update.step_scalars)."""
+    when the kernel runs (linear_update.step_scalars). G_BUFS: g buffers, 2 (the MMA warps start the next tile's
+    hand-over while the epilogue updates this one) or 1 (they wait at the hand-over for the epilogue to have
+    read this tile's g: nothing where the mainloop is the longer part; 64 KB freed at 128 rows)."""
     h, grad_scale, _ = _ws._LINEAR.step_scalars(step_slot, h, grad_scale, 0)
     BM: gl.constexpr = dy_desc.block_type.shape[1]  # the MMA partition: a warp a 16-row slice of the tile
-    dy_bufs, x_bufs, g_bufs, op_ready, op_empty, g_ready, g_empty = _q8.allocate_rings(dy_desc, x_desc, STAGES)
+    dy_bufs, x_bufs, g_bufs, op_ready, op_empty, g_ready, g_empty = _q8.allocate_rings(dy_desc, x_desc, STAGES, G_BUFS)
     if SELF_LOAD:
         # no staged state: gluon_q8's tile_staging placeholders, never read (MMA_STAGE 0)
         gl.warp_specialize([
@@ -176,10 +179,10 @@ class F32WSConfig(_ws.ValueConfig):
     PREFETCH."""
 
     __slots__ = ("BM", "BN", "BK", "STAGES", "ROWS", "GROUP_M", "num_warps", "mma_registers", "max_registers",
-                 "self_load", "load_cursor", "prefetch")
+                 "self_load", "load_cursor", "prefetch", "g_buffers")
 
     def __init__(self, BM=64, BN=128, BK=64, STAGES=4, ROWS=16, GROUP_M=8, num_warps=16, mma_registers=96,
-                 max_registers=96, self_load=True, load_cursor=True, prefetch=False):
+                 max_registers=96, self_load=True, load_cursor=True, prefetch=False, g_buffers=2):
         if BM not in (64, 128) or BN % 128:
             raise ValueError(f"F32WSConfig: BM must be 64 or 128 (one or two MMA warp groups) and BN a multiple of "
                              f"128 (a warp a row, 4 columns a thread), got {BM}x{BN}")
@@ -199,7 +202,9 @@ class F32WSConfig(_ws.ValueConfig):
                              "(self_load=True)")
         self.BM, self.BN, self.BK, self.STAGES, self.ROWS, self.GROUP_M = BM, BN, BK, STAGES, ROWS, GROUP_M
         self.num_warps, self.mma_registers, self.max_registers = num_warps, mma_registers, max_registers
-        self.self_load, self.load_cursor, self.prefetch = self_load, load_cursor, prefetch
+        if g_buffers not in (1, 2):
+            raise ValueError(f"F32WSConfig: 1 or 2 g buffers, got {g_buffers}")
+        self.self_load, self.load_cursor, self.prefetch, self.g_buffers = self_load, load_cursor, prefetch, g_buffers
         if self.shared_bytes() + 1024 > 227 * 1024:
             raise ValueError(f"F32WSConfig: {self.shared_bytes()} B of shared memory a program exceed the 227 KB "
                              "of a block on sm_90")
@@ -209,11 +214,12 @@ class F32WSConfig(_ws.ValueConfig):
         return (f"wsf {self.BM}x{self.BN}x{self.BK} st{self.STAGES} w{self.num_warps} rows{self.ROWS}"
                 + (f" g{self.GROUP_M}" if self.GROUP_M != 8 else "")
                 + f" mma{self.mma_registers} r{self.max_registers}" + (" sl" if self.self_load else "")
-                + (" cur" if self.load_cursor else "") + (" pf" if self.prefetch else ""))
+                + (" cur" if self.load_cursor else "") + (" pf" if self.prefetch else "")
+                + (" gb1" if self.g_buffers == 1 else ""))
 
     def shared_bytes(self) -> int:
-        """Shared memory of one program: the operand ring and the two g buffers, barriers aside."""
-        return self.STAGES * self.BK * (self.BM + self.BN) * 2 + 2 * self.BM * self.BN * 4
+        """Shared memory of one program: the operand ring and the g buffers, barriers aside."""
+        return self.STAGES * self.BK * (self.BM + self.BN) * 2 + self.g_buffers * self.BM * self.BN * 4
 
 
 # The tiles written first (session 35, CPU): gluon_q8's deep cursor (sixteen epilogue warps, four operand stages,
@@ -231,6 +237,13 @@ F32_WS_CANDIDATE_CONFIGS = (
     F32WSConfig(num_warps=8, self_load=False, load_cursor=False, mma_registers=104, max_registers=128,
                 prefetch=True),
     TALL_F32_WS_CONFIG,
+    # the 128-row tile with one g buffer (session 35, after the calls; not yet run on a GPU): where the mainloop
+    # is the longer part (from ~4096 tokens) the epilogue has read a tile's g long before the next hand-over, so
+    # the second buffer buys nothing there, and its 64 KB take a fourth and fifth operand stage (192 and 224 KB);
+    # the 128-row tile's two warp groups ran at ~450 TFLOP/s with three (4096x14336, 16384 tokens). ptxas
+    # (Triton 3.6): AdamW spills nothing, Lion and SGD 116-152 B, as the two-buffer tile
+    F32WSConfig(BM=128, STAGES=4, num_warps=8, mma_registers=96, max_registers=128, g_buffers=1),
+    F32WSConfig(BM=128, STAGES=5, num_warps=8, mma_registers=96, max_registers=128, g_buffers=1),
 )
 
 
@@ -297,7 +310,7 @@ def _launch_constants(rule: Rule, c: F32WSConfig, n_state: int) -> tuple[dict, d
     states."""
     constexprs = dict(GUARDED_UPDATE=_ws.guarded_update_gluon(rule), N_STATE=n_state, STAGES=c.STAGES, ROWS=c.ROWS,
                       GROUP_M=c.GROUP_M, MMA_REGS=c.mma_registers, SELF_LOAD=c.self_load, LOAD_CURSOR=c.load_cursor,
-                      PREFETCH=c.prefetch, num_warps=c.num_warps)
+                      PREFETCH=c.prefetch, G_BUFS=c.g_buffers, num_warps=c.num_warps)
     return constexprs, dict(maxnreg=c.max_registers, enable_fp_fusion=False)
 
 

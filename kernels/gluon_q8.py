@@ -81,11 +81,12 @@ MMA_STAGE_AT_HANDOVER = gl.constexpr(2)
 
 @gluon.jit
 def hand_over(acc, t, g_bufs, g_ready, g_empty):
-    """Tile t's accumulator (the program's t-th) whole into g buffer t % 2, once the epilogue has handed
-    that buffer back from tile t - 2 (phase t // 2 - 1 of its g_empty: a fresh barrier's first wait
-    passes), then g_ready."""
-    b = t % 2
-    mbarrier.wait(g_empty.index(b), ((t // 2) & 1) ^ 1)
+    """Tile t's accumulator (the program's t-th) whole into g buffer t % G (G buffers: 2, or 1 for gluon_f32's
+    one-buffer tiles), once the epilogue has handed that buffer back from tile t - G (phase t // G - 1 of its
+    g_empty: a fresh barrier's first wait passes), then g_ready."""
+    G: gl.constexpr = g_bufs.type.shape[0]
+    b = t % G
+    mbarrier.wait(g_empty.index(b), ((t // G) & 1) ^ 1)
     g_bufs.index(b).store(acc)
     mbarrier.arrive(g_ready.index(b), count=1)
 
@@ -556,24 +557,24 @@ def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_pt
 
 
 @gluon.jit
-def allocate_rings(dy_desc, x_desc, STAGES: gl.constexpr):
+def allocate_rings(dy_desc, x_desc, STAGES: gl.constexpr, G_BUFS: gl.constexpr):
     """(dy_bufs, x_bufs, g_bufs, op_ready, op_empty, g_ready, g_empty): the split design's shared memory, its
-    barriers initialized: STAGES operand slots of dY's and X's K blocks, two g buffers [BM, BN] fp32 (BM, BN the
-    descriptors' blocks), a ready and an empty barrier for each."""
+    barriers initialized: STAGES operand slots of dY's and X's K blocks, G_BUFS g buffers [BM, BN] fp32 (BM, BN
+    the descriptors' blocks), a ready and an empty barrier for each."""
     BM: gl.constexpr = dy_desc.block_type.shape[1]
     BN: gl.constexpr = x_desc.block_type.shape[1]
     dy_bufs = gl.allocate_shared_memory(dy_desc.dtype, [STAGES] + dy_desc.block_type.shape, dy_desc.layout)
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
     g_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BN], gl.float32)
-    g_bufs = gl.allocate_shared_memory(gl.float32, [2, BM, BN], g_layout)
+    g_bufs = gl.allocate_shared_memory(gl.float32, [G_BUFS, BM, BN], g_layout)
     op_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     op_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    g_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    g_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    g_ready = gl.allocate_shared_memory(gl.int64, [G_BUFS, 1], mbarrier.MBarrierLayout())
+    g_empty = gl.allocate_shared_memory(gl.int64, [G_BUFS, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(op_ready.index(s), count=1)
         mbarrier.init(op_empty.index(s), count=1)
-    for b in gl.static_range(2):
+    for b in gl.static_range(G_BUFS):
         mbarrier.init(g_ready.index(b), count=1)
         mbarrier.init(g_empty.index(b), count=1)
     return dy_bufs, x_bufs, g_bufs, op_ready, op_empty, g_ready, g_empty
@@ -599,7 +600,7 @@ def fused_linear_update_q8_ws_kernel(dy_desc, x_desc, w_desc, c0_desc, c1_desc, 
     blocks [BM, BN], two tile slots of each (stage_tile_state); else all three None.
     RAND_PAIRS: rand_stride and rand_base are even (row_block_rounding_bits)."""
     h, grad_scale, seed = _ws._LINEAR.step_scalars(step_slot, h, grad_scale, seed)
-    dy_bufs, x_bufs, g_bufs, op_ready, op_empty, g_ready, g_empty = allocate_rings(dy_desc, x_desc, STAGES)
+    dy_bufs, x_bufs, g_bufs, op_ready, op_empty, g_ready, g_empty = allocate_rings(dy_desc, x_desc, STAGES, 2)
     staging = (w_desc, c0_desc, c1_desc, None, None, None, None)
     if STAGE_STATE or MMA_STAGE:
         slots: gl.constexpr = STAGING_SLOTS if STAGE_STATE else 2  # MMA_STAGE: a slot a g buffer

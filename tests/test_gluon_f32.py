@@ -40,6 +40,8 @@ def test_its_tiles_fit_an_sm():
     (dict(BK=40), "multiple of 16"), (dict(ROWS=8), "got 16 warps, 8 rows"), (dict(ROWS=24, num_warps=8), "24 rows"),
     (dict(num_warps=12, ROWS=24), "got 12 warps"), (dict(max_registers=128), "exceed the SM's 65536"),
     (dict(self_load=False, num_warps=8), "self_load=True"), (dict(STAGES=8), "exceed the 227 KB"),
+    (dict(g_buffers=3), "1 or 2 g buffers"), (dict(BM=128, num_warps=8, max_registers=128, g_buffers=1, STAGES=6),
+                                               "exceed the 227 KB"),
 ])
 def test_a_config_names_what_it_cannot_run(bad, match):
     with pytest.raises(ValueError, match=match):

@@ -57,11 +57,13 @@ def wait(bar: Barrier, phase: int, errors: list, who: str):
         errors.append(f"{who}: wait on {bar.name} for phase {phase} passed with {bar.completed} phases completed")
 
 
-def run(design: str, tiles: int, nk: int, stages: int, slots: int, seed: int, subtiles: int = 4) -> list:
+def run(design: str, tiles: int, nk: int, stages: int, slots: int, seed: int, subtiles: int = 4,
+        g_buffers: int = 2) -> list:
     """One random interleaving of one program's warps over ``tiles`` tiles of ``nk`` K blocks; returns
     the errors found (empty: the run was sound). design: "routed" (one consumer takes every tile),
     "pingpong" (two consumers on alternate tiles, sharing the rings, as written in session 11),
-    "pingpong_turns" (the same with mma_turn and epi_turn, as the kernel has it now)."""
+    "pingpong_turns" (the same with mma_turn and epi_turn, as the kernel has it now), "q8" and "q8_self"
+    (the split design of gluon_q8.py, also gluon_f32.py's, with ``g_buffers`` g buffers)."""
     rng = random.Random(seed)
     errors: list = []
     op_ready = [Barrier(f"op_ready[{s}]") for s in range(stages)]
@@ -131,11 +133,12 @@ def run(design: str, tiles: int, nk: int, stages: int, slots: int, seed: int, su
             if turns:
                 epi_turn[1 - parity].arrive(errors)
 
-    # -- the 8bit kernel (kernels/gluon_q8.py): the accumulator whole through two g buffers to the
-    # epilogue warps; "q8" with the loader partition above, "q8_self" with the MMA warps loading
-    g_ready = [Barrier(f"g_ready[{b}]") for b in range(2)]
-    g_empty = [Barrier(f"g_empty[{b}]") for b in range(2)]
-    g_slot = [None, None]  # the tile whose accumulator a g buffer holds
+    # -- the split design (kernels/gluon_q8.py, kernels/gluon_f32.py): the accumulator whole through G g buffers
+    # to the epilogue warps; "q8" with the loader partition above, "q8_self" with the MMA warps loading
+    G = g_buffers
+    g_ready = [Barrier(f"g_ready[{b}]") for b in range(G)]
+    g_empty = [Barrier(f"g_empty[{b}]") for b in range(G)]
+    g_slot = [None] * G  # the tile whose accumulator a g buffer holds
     reading = {}  # operand slot -> the use an issued, not yet retired wgmma reads there
 
     def load(i: int):  # gluon_q8.load_k_block: use i's TMA loads, where its tile exists
@@ -147,9 +150,9 @@ def run(design: str, tiles: int, nk: int, stages: int, slots: int, seed: int, su
             op_ready[s].arrive(errors, tx=1)
             in_flight.append((op_slot, s, i, op_ready[s]))
 
-    def hand_over(t: int):  # mma_whole_tiles / mma_self_loaded_tiles: the accumulator into g buffer t % 2
-        b = t % 2
-        yield from wait(g_empty[b], t // 2 - 1, errors, "MMA warps")
+    def hand_over(t: int):  # mma_whole_tiles / mma_self_loaded_tiles: the accumulator into g buffer t % G
+        b = t % G
+        yield from wait(g_empty[b], t // G - 1, errors, "MMA warps")
         g_slot[b] = t
         g_ready[b].arrive(errors)
 
@@ -179,8 +182,8 @@ def run(design: str, tiles: int, nk: int, stages: int, slots: int, seed: int, su
 
     def q8_epilogue():
         for t in range(tiles):
-            b = t % 2
-            yield from wait(g_ready[b], t // 2, errors, "epilogue")
+            b = t % G
+            yield from wait(g_ready[b], t // G, errors, "epilogue")
             for _ in range(subtiles):  # the row sub-tiles' reads of g
                 if g_slot[b] != t:
                     errors.append(f"epilogue: tile {t} read g buffer {b} holding {g_slot[b]}")
@@ -225,6 +228,16 @@ def test_the_kernels_designs_are_sound_in_every_interleaving_tried(design):
         for seed in range(12):
             errors = run(design, tiles, nk, stages, slots, seed)
             assert not errors, (design, tiles, nk, stages, slots, seed, errors[:3])
+
+
+@pytest.mark.parametrize("design", ["q8", "q8_self"])
+def test_the_split_design_with_one_g_buffer_is_sound(design):
+    """gluon_f32's one-buffer tiles (F32WSConfig(g_buffers=1)): the MMA warps hand tile t over once the
+    epilogue has read tile t - 1's g (g_empty's phase t - 1), the epilogue waits g_ready's phase t."""
+    for tiles, nk, stages, _ in SHAPES:
+        for seed in range(12):
+            errors = run(design, tiles, nk, stages, 1, seed, g_buffers=1)
+            assert not errors, (design, tiles, nk, stages, seed, errors[:3])
 
 
 def test_pingpong_without_turns_reads_unloaded_slots_from_two_tiles_a_program():
