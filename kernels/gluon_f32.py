@@ -205,9 +205,7 @@ class F32WSConfig(_ws.ValueConfig):
         if g_buffers not in (1, 2):
             raise ValueError(f"F32WSConfig: 1 or 2 g buffers, got {g_buffers}")
         self.self_load, self.load_cursor, self.prefetch, self.g_buffers = self_load, load_cursor, prefetch, g_buffers
-        if self.shared_bytes() + 1024 > 227 * 1024:
-            raise ValueError(f"F32WSConfig: {self.shared_bytes()} B of shared memory a program exceed the 227 KB "
-                             "of a block on sm_90")
+        self.check_shared_memory()
 
     @property
     def label(self) -> str:

@@ -567,16 +567,8 @@ def allocate_rings(dy_desc, x_desc, STAGES: gl.constexpr, G_BUFS: gl.constexpr):
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
     g_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BN], gl.float32)
     g_bufs = gl.allocate_shared_memory(gl.float32, [G_BUFS, BM, BN], g_layout)
-    op_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    op_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    g_ready = gl.allocate_shared_memory(gl.int64, [G_BUFS, 1], mbarrier.MBarrierLayout())
-    g_empty = gl.allocate_shared_memory(gl.int64, [G_BUFS, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(op_ready.index(s), count=1)
-        mbarrier.init(op_empty.index(s), count=1)
-    for b in gl.static_range(G_BUFS):
-        mbarrier.init(g_ready.index(b), count=1)
-        mbarrier.init(g_empty.index(b), count=1)
+    op_ready, op_empty = _ws.barrier_pairs(STAGES)
+    g_ready, g_empty = _ws.barrier_pairs(G_BUFS)
     return dy_bufs, x_bufs, g_bufs, op_ready, op_empty, g_ready, g_empty
 
 
@@ -690,9 +682,7 @@ class Q8WSConfig(_ws.ValueConfig):
         self.prefetch, self.stage_state, self.mma_stage = prefetch, stage_state, mma_stage
         self.BM, self.BN, self.BK, self.STAGES, self.ROWS, self.GROUP_M = BM, BN, BK, STAGES, ROWS, GROUP_M
         self.num_warps, self.mma_registers, self.max_registers = num_warps, mma_registers, max_registers
-        if self.shared_bytes() + 1024 > 227 * 1024:
-            raise ValueError(f"Q8WSConfig: {self.shared_bytes()} B of shared memory a program exceed the 227 KB "
-                             "of a block on sm_90")
+        self.check_shared_memory()
 
     @property
     def label(self) -> str:

@@ -560,6 +560,17 @@ def pingpong_consumer(descs, bufs, bars, M, N, K, h, grad_scale, rand, norm_sq_p
 # three by value (i32, i64 or u64: five specializations), so a cached launch could meet a kernel
 # compiled for an i32 counter base with a base past 2^31 (an OverflowError in session 20's call 2).
 # tests/test_ptx.py holds the binder to one specialization.
+@gluon.jit
+def barrier_pairs(n: gl.constexpr):
+    """(ready, empty): n mbarriers each, of one arrival, initialized: the barriers of a ring of n slots."""
+    ready = gl.allocate_shared_memory(gl.int64, [n, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [n, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(n):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    return ready, empty
+
+
 @gluon.jit(do_not_specialize=["seed", "rand_stride", "rand_base"])
 def fused_linear_update_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, norm_sq_ptr, nonfinite_ptr,
                                   M, N, K, h, grad_scale, seed: tl.uint64, rand_stride: tl.int64, rand_base: tl.int64,
@@ -585,25 +596,13 @@ def fused_linear_update_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, nor
     N_STATE: gl.constexpr = (s0_desc is not None) + (s1_desc is not None)
     out_bufs = gl.allocate_shared_memory(w_desc.dtype, [OUT_SLOTS * (1 + N_STATE)] + w_desc.block_type.shape,
                                          w_desc.layout)
-    op_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    op_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    st_ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
-    st_empty = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(op_ready.index(s), count=1)
-        mbarrier.init(op_empty.index(s), count=1)
-    for s in gl.static_range(SLOTS):
-        mbarrier.init(st_ready.index(s), count=1)
-        mbarrier.init(st_empty.index(s), count=1)
+    op_ready, op_empty = barrier_pairs(STAGES)
+    st_ready, st_empty = barrier_pairs(SLOTS)
     descs = (dy_desc, x_desc, w_desc, s0_desc, s1_desc)
     if SPLIT_MMA:
         # g between the MMA warp group and the epilogue warps: two tiles' four column sub-tiles
         g_bufs = gl.allocate_shared_memory(gl.float32, [8] + w_desc.block_type.shape, w_desc.layout)
-        g_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        g_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for b in gl.static_range(2):
-            mbarrier.init(g_ready.index(b), count=1)
-            mbarrier.init(g_empty.index(b), count=1)
+        g_ready, g_empty = barrier_pairs(2)
         bufs = (dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs, g_bufs)
         bars = (op_ready, op_empty, st_ready, st_empty, g_ready, g_empty)
         gl.warp_specialize([
@@ -668,6 +667,12 @@ class ValueConfig:
 
     def __repr__(self):
         return f"{type(self).__name__}({self.label})"
+
+    def check_shared_memory(self):
+        """Raise unless one program's shared_bytes() and its barriers (1 KB) fit the 227 KB of a block on sm_90."""
+        if self.shared_bytes() + 1024 > 227 * 1024:
+            raise ValueError(f"{type(self).__name__}: {self.shared_bytes()} B of shared memory a program exceed the "
+                             "227 KB of a block on sm_90")
 
 
 class WSConfig(ValueConfig):
