@@ -32,7 +32,6 @@ bit for bit.
 
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
@@ -373,25 +372,14 @@ def config_for(M: int, N: int, K: int) -> F32WSConfig | None:
     return tile
 
 
-def _config_by_label(label: str) -> F32WSConfig:
-    """The tile (the default or a candidate) whose label is ``label``, '_' for ' '."""
-    tiles = {c.label: c for c in (DEFAULT_F32_WS_CONFIG, *F32_WS_CANDIDATE_CONFIGS)}
-    tile = tiles.get(label.replace("_", " "))
-    if tile is None:
-        raise ValueError(f"FORGE_NUM_GLUON_F32={label!r} is neither 0, 1 nor a tile's label; known: "
-                         + ", ".join(sorted(k.replace(" ", "_") for k in tiles)))
-    return tile
-
-
 def route_config(weight: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, states) -> F32WSConfig | None:
     """config_for's tile (or the tile FORGE_NUM_GLUON_F32=<label> names) for an fp32-regime update that passed
     the Triton launcher's checks (plain states, no accumulation buffer), else None: switched off, not an sm_90
     GPU, not bf16 operands, no tokens, M or N not a multiple of 8, fewer than MIN_TILES tiles, a tensor not
     contiguous or not 16-byte aligned."""
-    switch = os.environ.get("FORGE_NUM_GLUON_F32", "1" if ROUTED else "0")
-    if switch == "0":
+    forced = _ws.switched_tile("FORGE_NUM_GLUON_F32", ROUTED, (DEFAULT_F32_WS_CONFIG, *F32_WS_CANDIDATE_CONFIGS))
+    if forced is False:
         return None
-    forced = None if switch == "1" else _config_by_label(switch)  # a wrong label is an error anywhere
     if weight.device.type != "cuda" or weight.dtype != torch.float32 or x.dtype != torch.bfloat16:
         return None
     M, N = weight.shape

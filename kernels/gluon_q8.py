@@ -1036,27 +1036,15 @@ def config_for(M: int, N: int, K: int) -> Q8WSConfig | None:
     return tile
 
 
-def _config_by_label(label: str) -> Q8WSConfig:
-    """The tile (the default or a candidate) whose label is ``label``, '_' for ' ' (FORGE_NUM_GLUON_Q8=<label>:
-    a benchmark's A/B switch)."""
-    tiles = {c.label: c for c in (DEFAULT_Q8_WS_CONFIG, *Q8_WS_CANDIDATE_CONFIGS)}
-    tile = tiles.get(label.replace("_", " "))
-    if tile is None:
-        raise ValueError(f"FORGE_NUM_GLUON_Q8={label!r} is neither 0, 1 nor a tile's label; known: "
-                         + ", ".join(sorted(k.replace(" ", "_") for k in tiles)))
-    return tile
-
-
 def route_config(weight: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, states) -> Q8WSConfig | None:
     """config_for's tile (or the tile FORGE_NUM_GLUON_Q8=<label> names) for an 8bit update that passed
     the Triton launcher's checks (plain states, no accumulation buffer, no gathered rows), else None:
     switched off (above), or not an sm_90 GPU, not bf16 operands, no tokens, M or N not a multiple of 8,
     fewer than MIN_TILES tiles, a tensor not contiguous or not 16-byte aligned (TMA's descriptors; the
     launch key's alignment)."""
-    switch = os.environ.get("FORGE_NUM_GLUON_Q8", "1" if ROUTED else "0")
-    if switch == "0":
+    forced = _ws.switched_tile("FORGE_NUM_GLUON_Q8", ROUTED, (DEFAULT_Q8_WS_CONFIG, *Q8_WS_CANDIDATE_CONFIGS))
+    if forced is False:
         return None
-    forced = None if switch == "1" else _config_by_label(switch)  # a wrong label is an error anywhere
     if weight.device.type != "cuda" or x.dtype != torch.bfloat16 or not states:
         return None
     M, N = weight.shape

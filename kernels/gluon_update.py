@@ -675,6 +675,24 @@ class ValueConfig:
                              "227 KB of a block on sm_90")
 
 
+def switched_tile(variable: str, routed: bool, tiles):
+    """What the A/B switch ``variable`` in the environment (read at each call) asks of a Gluon kernel's route:
+    False (0, or unset where the kernel is not routed: no route), None (1, or unset where it is: its measured
+    ranges), or the tile of ``tiles`` whose label it names ('_' for ' ': that tile wherever the kernel applies).
+    A label no tile has is an error naming the known ones, wherever the update runs."""
+    switch = os.environ.get(variable, "1" if routed else "0")
+    if switch == "0":
+        return False
+    if switch == "1":
+        return None
+    by_label = {c.label: c for c in tiles}
+    tile = by_label.get(switch.replace("_", " "))
+    if tile is None:
+        raise ValueError(f"{variable}={switch!r} is neither 0, 1 nor a tile's label; known: "
+                         + ", ".join(sorted(k.replace(" ", "_") for k in by_label)))
+    return tile
+
+
 class WSConfig(ValueConfig):
     """The warp-specialized kernel's tile: BM x BN output tiles (BM = 64 or 128: one or two consumer
     warp groups, 16 rows a warp), K blocks of BK, the epilogue on four column sub-tiles of SW = BN / 4;

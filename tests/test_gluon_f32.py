@@ -13,6 +13,7 @@ import torch
 from forge_num import kernels, rules
 
 gluon_f32 = pytest.importorskip("forge_num.kernels.gluon_f32")
+gluon_update = pytest.importorskip("forge_num.kernels.gluon_update")
 
 H = rules.ADAMW.scalars({"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}, 1)
 LION = rules.LION.scalars({"lr": 1e-4, "betas": (0.9, 0.99), "weight_decay": 0.0}, 1)
@@ -82,7 +83,8 @@ def test_no_route_off_the_gpu_or_unless_switched_on(monkeypatch):
         monkeypatch.setenv("FORGE_NUM_GLUON_F32", flag)
         assert gluon_f32.route_config(w, x, dy, s) is None  # CPU tensors
         assert kernels._ws_f32_route(w, x, dy, s) is None
-    assert gluon_f32._config_by_label(TILES[1].label.replace(" ", "_")) == TILES[1]
+    monkeypatch.setenv("FORGE_NUM_GLUON_F32", TILES[1].label.replace(" ", "_"))
+    assert gluon_update.switched_tile("FORGE_NUM_GLUON_F32", gluon_f32.ROUTED, TILES) == TILES[1]
     monkeypatch.setenv("FORGE_NUM_GLUON_F32", "wsf_nonesuch")
     with pytest.raises(ValueError, match="neither 0, 1 nor a tile's label; known: wsf_1?[0-9]+x128x"):
         gluon_f32.route_config(w, x, dy, s)

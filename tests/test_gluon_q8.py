@@ -14,6 +14,7 @@ import torch
 from forge_num import kernels, rules
 
 gluon_q8 = pytest.importorskip("forge_num.kernels.gluon_q8")
+gluon_update = pytest.importorskip("forge_num.kernels.gluon_update")
 
 H = rules.ADAMW.scalars({"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}, 1)
 
@@ -209,8 +210,9 @@ def test_a_tile_is_switched_on_by_its_label(monkeypatch):
     """FORGE_NUM_GLUON_Q8=<label> names the tile the route takes ('_' for ' '); an unknown one is an
     error naming the known labels (checked before the device is looked at)."""
     w, x, dy, q = _problem(M=4096, N=4096, K=4096)
-    assert gluon_q8._config_by_label(gluon_q8.Q8_WS_CANDIDATE_CONFIGS[0].label.replace(" ", "_")) \
-        == gluon_q8.Q8_WS_CANDIDATE_CONFIGS[0]
+    tiles = (gluon_q8.DEFAULT_Q8_WS_CONFIG, *gluon_q8.Q8_WS_CANDIDATE_CONFIGS)
+    monkeypatch.setenv("FORGE_NUM_GLUON_Q8", gluon_q8.Q8_WS_CANDIDATE_CONFIGS[0].label.replace(" ", "_"))
+    assert gluon_update.switched_tile("FORGE_NUM_GLUON_Q8", True, tiles) == gluon_q8.Q8_WS_CANDIDATE_CONFIGS[0]
     monkeypatch.setenv("FORGE_NUM_GLUON_Q8", "ws8_nonesuch")
     with pytest.raises(ValueError, match="neither 0, 1 nor a tile's label; known: ws8_64x128x"):
         gluon_q8.route_config(w, x, dy, q)
