@@ -63,24 +63,19 @@ CANDIDATES = kernels.CANDIDATE_CONFIGS
 Q8_CANDIDATES = kernels.CANDIDATE_Q8_CONFIGS
 
 
-def _gluon_q8_tiles(M: int, N: int) -> tuple:
-    """The Gluon 8bit kernel's tiles (kernels/gluon_q8.py) where it runs: an sm_90 GPU, M and N
-    multiples of 8; timed beside the Triton 8bit tiles, labelled "ws8 ..."."""
-    if gluon_q8 is None or M % 8 or N % 8 or torch.cuda.get_device_capability() != (9, 0):
+def _gluon_tiles(kernel, M: int, N: int) -> tuple:
+    """A Gluon kernel module's tiles (kernels/gluon_q8.py: labelled "ws8 ...", kernels/gluon_f32.py: "wsf ..."),
+    its default and candidates, where it runs: an sm_90 GPU, M and N multiples of 8; timed beside the Triton
+    tiles of its regime."""
+    if kernel is None or M % 8 or N % 8 or torch.cuda.get_device_capability() != (9, 0):
         return ()
-    return (gluon_q8.DEFAULT_Q8_WS_CONFIG, *gluon_q8.Q8_WS_CANDIDATE_CONFIGS)
+    if kernel is gluon_q8:
+        return (gluon_q8.DEFAULT_Q8_WS_CONFIG, *gluon_q8.Q8_WS_CANDIDATE_CONFIGS)
+    return (gluon_f32.DEFAULT_F32_WS_CONFIG, *gluon_f32.F32_WS_CANDIDATE_CONFIGS)
 
 
 def _is_gluon_q8(config) -> bool:
     return gluon_q8 is not None and isinstance(config, gluon_q8.Q8WSConfig)
-
-
-def _gluon_f32_tiles(M: int, N: int) -> tuple:
-    """The fp32 split Gluon kernel's tiles (kernels/gluon_f32.py) where it runs, as _gluon_q8_tiles; labelled
-    "wsf ..."."""
-    if gluon_f32 is None or M % 8 or N % 8 or torch.cuda.get_device_capability() != (9, 0):
-        return ()
-    return (gluon_f32.DEFAULT_F32_WS_CONFIG, *gluon_f32.F32_WS_CANDIDATE_CONFIGS)
 
 
 def _is_gluon_f32(config) -> bool:
@@ -191,9 +186,9 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", o
             kernels.fused_linear_update(w, x, dy, states, rules.ADAMW, h, config=config, seed=seed)
 
     h_checked = tuple(float(v) for v in h)
-    if precision == "8bit" and _gluon_q8_tiles(M, N):
+    if precision == "8bit" and _gluon_tiles(gluon_q8, M, N):
         gluon_q8.fused_linear_update_q8_ws(w, x, dy, states, rules.ADAMW, h, seed=seed)  # the operands' checks, once
-    if precision == "fp32" and _gluon_f32_tiles(M, N):
+    if precision == "fp32" and _gluon_tiles(gluon_f32, M, N):
         gluon_f32.fused_linear_update_f32_ws(w, x, dy, states, rules.ADAMW, h)  # the operands' checks, once
 
     # the unfused baseline keeps its parameter in the regime's weight dtype: fp32 under AMP, or bf16
@@ -208,8 +203,8 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", o
 
     per_config, compiled, failed = {}, {}, {}
     configs = kernels.Q8_CONFIGS[torch.bfloat16] if precision == "8bit" else kernels.configs_for(torch.bfloat16)
-    candidates = (Q8_CANDIDATES + _gluon_q8_tiles(M, N) if precision == "8bit"
-                  else CANDIDATES + _gluon_f32_tiles(M, N) if precision == "fp32" else CANDIDATES)
+    candidates = (Q8_CANDIDATES + _gluon_tiles(gluon_q8, M, N) if precision == "8bit"
+                  else CANDIDATES + _gluon_tiles(gluon_f32, M, N) if precision == "fp32" else CANDIDATES)
     default = (kernels.default_q8_config(M, N, K, torch.bfloat16) if precision == "8bit"
                else kernels.default_config(M, N, K, torch.bfloat16, precision == "bf16-sr"))
     # Each tile timed once a round, the rounds one after another (interleaved), its time the median of its
@@ -265,8 +260,11 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", o
         p.grad = None
     labels = {str(c): c.label for c in (*configs, *candidates)}
     # what the launcher runs with no tile given: the Gluon kernel where kernels._ws_route sends it
-    routed = (kernels._ws_q8_route(w, x, dy, states) if precision == "8bit"
-              else (precision == "fp32" and kernels._ws_f32_route(w, x, dy, states)) or kernels._ws_route(w, x, dy, states))
+    if precision == "8bit":
+        routed = kernels._ws_q8_route(w, x, dy, states)
+    else:  # fp32: the split kernel first, as the launcher takes it
+        routed = (kernels._ws_f32_route(w, x, dy, states) if precision == "fp32" else None) \
+            or kernels._ws_route(w, x, dy, states)
     if routed is not None:
         default = routed
     flops = 2.0 * K * M * N
