@@ -805,9 +805,10 @@ def _linear_launch_arguments(weight, states, x, dy, accum, acc_out, norm_sq, non
 #   BF16_SR_LARGE_K = 8192, measured in session 6: at K = 4096 the capped TMA 128x128 was slower
 #   than the capped 64x64 (0.587 against 0.564 ms on 4096x4096, 2.155 against 2.019 on
 #   14336x4096); at 8192 it was 1.31x and 1.39x faster.
-# The fp32 regime on sm_90 with bf16 operands TMA can address: from 256 to 8192 tokens with at least 132
+# The fp32 regime on sm_90 with bf16 operands TMA can address: from 256 to 16384 tokens with at least 132
 #   tiles, not a Triton tile but the split Gluon kernel (kernels/gluon_f32.py, config_for; session 35:
-#   0.86-0.99x the route below at 256-2048 tokens, its 128-row tile 0.89-0.95x at 3072-4096); elsewhere below
+#   0.86-0.99x the route below at 256-2048 tokens, its 128-row tile 0.89-0.95x at 3072-4096; session 36: its
+#   one-buffer 128-row tile 0.86-0.99x the Triton tile at 16384); elsewhere below
 #   LARGE_K tokens and from 2^33 = M N K the warp-specialized Gluon kernel (kernels/gluon_update.py,
 #   config_for; session 10: 1.21-1.28x this default at K = 256 and 1.05-1.20x at 1024 on the Llama-8B/70B
 #   shapes); all with the same bits; fused_linear_update routes there when no tile is given.

@@ -60,6 +60,21 @@ def load_rows(offs, in_tile, w_ptr, s0_ptr, s1_ptr, N_STATE: gl.constexpr):
 
 
 @gluon.jit
+def read_staged_rows(st_w, st_s0, st_s1, slot, layout: gl.constexpr, N_STATE: gl.constexpr):
+    """load_rows' values from staging slot ``slot`` (gluon_q8.stage_row_blocks' copies of W and the N_STATE
+    states, fp32, rows and columns past M and N as zeros: values the masked stores never write), in
+    ``layout``."""
+    p = st_w.index(slot).load(layout)
+    s0 = p
+    s1 = p
+    if N_STATE >= 1:
+        s0 = st_s0.index(slot).load(layout)
+    if N_STATE >= 2:
+        s1 = st_s1.index(slot).load(layout)
+    return p, s0, s1
+
+
+@gluon.jit
 def update_loaded_rows(g, loaded, offs, in_tile, w_ptr, s0_ptr, s1_ptr, h, grad_scale, GUARDED_UPDATE: gl.constexpr,
                        N_STATE: gl.constexpr):
     """The fp32 epilogue on a row sub-tile g whose W and states load_rows loaded: the guarded rule, the results
@@ -76,13 +91,19 @@ def update_loaded_rows(g, loaded, offs, in_tile, w_ptr, s0_ptr, s1_ptr, h, grad_
 
 @gluon.jit
 def f32_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_scale, norm_sq_ptr, nonfinite_ptr,
-                 GUARDED_UPDATE: gl.constexpr, N_STATE: gl.constexpr, ROWS: gl.constexpr, GROUP_M: gl.constexpr,
-                 PREFETCH: gl.constexpr, num_warps: gl.constexpr):
+                 staging, GUARDED_UPDATE: gl.constexpr, N_STATE: gl.constexpr, ROWS: gl.constexpr,
+                 GROUP_M: gl.constexpr, PREFETCH: gl.constexpr, STAGE_STATE: gl.constexpr, num_warps: gl.constexpr):
     """Default partition: per tile, its BM / ROWS row sub-tiles of g from g buffer t % G (G buffers), each's W and states
     loaded and updated (the buffer handed back once the last sub-tile of g is in registers); the sub-tiles'
     telemetry terms added element by element, in order, then reduced into the tile's slot pid_m * tiles_n +
     pid_n. PREFETCH: each sub-tile's W and states loaded one sub-tile ahead (the tile's first before the wait
-    for g), so that their latency passes under the previous sub-tile's update. The same values either way."""
+    for g), so that their latency passes under the previous sub-tile's update. STAGE_STATE: instead, W and the
+    states stream through S shared-memory slots by TMA (staging = (w_desc, s0_desc, s1_desc, st_w, st_s0, st_s1,
+    st_ready), gluon_q8.stage_row_blocks): the program's first S sub-tiles before its loop, then, as soon as
+    sub-tile u's values are in registers, sub-tile u + S (this tile's, or its next tile's) into the slot u
+    has read; no register holds a load in flight, and S sub-tiles' bytes (24 KB each at 16 x 128 with two
+    states) are in flight where the loads by pointer keep at most one. Stores by pointer either way. The same
+    values every way."""
     G: gl.constexpr = g_bufs.type.shape[0]
     BM: gl.constexpr = g_bufs.type.shape[1]
     BN: gl.constexpr = g_bufs.type.shape[2]
@@ -94,14 +115,29 @@ def f32_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_
     rows: gl.constexpr = gl.SliceLayout(1, epi)
     tiles_m = gl.cdiv(M, BM)
     tiles_n = gl.cdiv(N, BN)
+    tiles = tiles_m * tiles_n
+    w_desc, s0_desc, s1_desc, st_w, st_s0, st_s1, st_ready = staging
+    if STAGE_STATE:
+        S: gl.constexpr = st_ready.type.shape[0]
+        gl.static_assert(SUBTILES >= S, "a tile's sub-tiles cover the staging distance")
+        first_m, first_n = _ws.tile_coords(gl.program_id(0), tiles_m, tiles_n, GROUP_M)  # every program has one
+        for a in gl.static_range(S):
+            _q8.stage_row_blocks(w_desc, s0_desc, s1_desc, st_w, st_s0, st_s1, st_ready, a, first_m * BM + a * ROWS,
+                                 first_n * BN, N_STATE)
+    u = 0  # the program's sub-tiles so far (STAGE_STATE: the staging slots' uses)
     t = 0
-    for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
+    for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
         pid_m, pid_n = _ws.tile_coords(tile, tiles_m, tiles_n, GROUP_M)
         b = t % G
         offs_n = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, epi))
         offs_m = pid_m * BM + gl.arange(0, ROWS, layout=rows)
         offs = offs_m[:, None].to(gl.int64) * N + offs_n[None, :]
         in_tile = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        if STAGE_STATE:
+            # the tile after this one, whose first sub-tiles this one's last ones stage; after the program's
+            # last tile this one again (never read; waited for after the loop), as gluon_q8's q8_epilogue
+            following = tile + gl.num_programs(0)
+            next_m, next_n = _ws.tile_coords(gl.where(following < tiles, following, tile), tiles_m, tiles_n, GROUP_M)
         if PREFETCH:
             loaded = load_rows(offs, in_tile, w_ptr, s0_ptr, s1_ptr, N_STATE)
         mbarrier.wait(g_ready.index(b), (t // G) & 1)
@@ -111,7 +147,16 @@ def f32_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_
             g = g_bufs.index(b).slice(j * ROWS, ROWS, dim=0).load(epi)
             if j == SUBTILES - 1:
                 mbarrier.arrive(g_empty.index(b), count=1)  # g is in registers: the MMA warps may refill it
-            if PREFETCH:
+            if STAGE_STATE:
+                loaded = read_staged_rows(st_w, st_s0, st_s1, _q8.staged_slot(st_ready, u), epi, N_STATE)
+                # sub-tile u + S into the slot just read: this tile's, or the next one's
+                if j + S < SUBTILES:
+                    _q8.stage_row_blocks(w_desc, s0_desc, s1_desc, st_w, st_s0, st_s1, st_ready, u + S,
+                                         pid_m * BM + (j + S) * ROWS, pid_n * BN, N_STATE)
+                else:
+                    _q8.stage_row_blocks(w_desc, s0_desc, s1_desc, st_w, st_s0, st_s1, st_ready, u + S,
+                                         next_m * BM + (j + S - SUBTILES) * ROWS, next_n * BN, N_STATE)
+            elif PREFETCH:
                 if j + 1 < SUBTILES:
                     ahead_m = offs_m + ROWS
                     ahead_offs = offs + ROWS * N
@@ -123,6 +168,7 @@ def f32_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_
                                              GUARDED_UPDATE, N_STATE)
             sq += sq_j
             bad += bad_j
+            u += 1
             if j + 1 < SUBTILES:
                 offs_m += ROWS
                 offs += ROWS * N
@@ -131,28 +177,42 @@ def f32_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_
                     loaded = ahead
         _q8.store_tile_telemetry(sq, bad, pid_m, pid_n, tiles_n, norm_sq_ptr, nonfinite_ptr)
         t += 1
+    if STAGE_STATE:
+        # the copies staged past the program's last tile (never read) land before it ends: no copy into its
+        # shared memory outlives it
+        for a in gl.static_range(S):
+            mbarrier.wait(st_ready.index((u + a) % S), ((u + a) // S) & 1)
 
 
 @gluon.jit
-def fused_linear_update_f32_ws_kernel(dy_desc, x_desc, w_ptr, s0_ptr, s1_ptr, norm_sq_ptr, nonfinite_ptr, M, N, K, h,
-                                      grad_scale, step_slot, GUARDED_UPDATE: gl.constexpr, N_STATE: gl.constexpr,
-                                      STAGES: gl.constexpr, ROWS: gl.constexpr, GROUP_M: gl.constexpr,
-                                      MMA_REGS: gl.constexpr, SELF_LOAD: gl.constexpr, LOAD_CURSOR: gl.constexpr,
-                                      PREFETCH: gl.constexpr, G_BUFS: gl.constexpr, num_warps: gl.constexpr):
+def fused_linear_update_f32_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, w_ptr, s0_ptr, s1_ptr, norm_sq_ptr,
+                                      nonfinite_ptr, M, N, K, h, grad_scale, step_slot, GUARDED_UPDATE: gl.constexpr,
+                                      N_STATE: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr,
+                                      GROUP_M: gl.constexpr, MMA_REGS: gl.constexpr, SELF_LOAD: gl.constexpr,
+                                      LOAD_CURSOR: gl.constexpr, PREFETCH: gl.constexpr, G_BUFS: gl.constexpr,
+                                      STAGE_SLOTS: gl.constexpr, num_warps: gl.constexpr):
     """The operand ring, the double-buffered g and their barriers, then the partitions (module docstring).
     dy_desc [K, M] block [BK, BM], x_desc [K, N] block [BK, BN]; w_ptr the fp32 weight [M, N], s0/s1_ptr its
     N_STATE fp32 states (the others any pointer, never read); step_slot None, or where h and grad_scale are read
     when the kernel runs (linear_update.step_scalars). G_BUFS: g buffers, 2 (the MMA warps start the next tile's
     hand-over while the epilogue updates this one) or 1 (they wait at the hand-over for the epilogue to have
-    read this tile's g: nothing where the mainloop is the longer part; 64 KB freed at 128 rows)."""
+    read this tile's g: nothing where the mainloop is the longer part; 64 KB freed at 128 rows). STAGE_SLOTS:
+    0, or the staging slots through which the epilogue streams W and the states (f32_epilogue's STAGE_STATE),
+    w_desc, s0_desc, s1_desc their descriptors in blocks [ROWS, BN] (an absent state's the weight's; all three
+    None without staging)."""
     h, grad_scale, _ = _ws._LINEAR.step_scalars(step_slot, h, grad_scale, 0)
     BM: gl.constexpr = dy_desc.block_type.shape[1]  # the MMA partition: a warp a 16-row slice of the tile
     dy_bufs, x_bufs, g_bufs, op_ready, op_empty, g_ready, g_empty = _q8.allocate_rings(dy_desc, x_desc, STAGES, G_BUFS)
+    staging = (w_desc, s0_desc, s1_desc, None, None, None, None)
+    if STAGE_SLOTS:
+        st_w, st_s0, st_s1, st_ready = _q8.allocate_staging(w_desc, s0_desc, s1_desc, STAGE_SLOTS, N_STATE)
+        staging = (w_desc, s0_desc, s1_desc, st_w, st_s0, st_s1, st_ready)
     if SELF_LOAD:
         # no staged state: gluon_q8's tile_staging placeholders, never read (MMA_STAGE 0)
         gl.warp_specialize([
             (f32_epilogue, (g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_scale, norm_sq_ptr,
-                            nonfinite_ptr, GUARDED_UPDATE, N_STATE, ROWS, GROUP_M, PREFETCH, num_warps)),
+                            nonfinite_ptr, staging, GUARDED_UPDATE, N_STATE, ROWS, GROUP_M, PREFETCH,
+                            STAGE_SLOTS > 0, num_warps)),
             (_q8.mma_self_loaded_tiles, (dy_desc, x_desc, dy_bufs, x_bufs, op_ready, g_bufs, g_ready, g_empty, M, N,
                                          K, (None, None, None, None, None, None, None), GROUP_M, LOAD_CURSOR, 0,
                                          N_STATE)),
@@ -160,7 +220,8 @@ def fused_linear_update_f32_ws_kernel(dy_desc, x_desc, w_ptr, s0_ptr, s1_ptr, no
     else:
         gl.warp_specialize([
             (f32_epilogue, (g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_scale, norm_sq_ptr,
-                            nonfinite_ptr, GUARDED_UPDATE, N_STATE, ROWS, GROUP_M, PREFETCH, num_warps)),
+                            nonfinite_ptr, staging, GUARDED_UPDATE, N_STATE, ROWS, GROUP_M, PREFETCH,
+                            STAGE_SLOTS > 0, num_warps)),
             (_ws.operand_loader, (dy_desc, x_desc, dy_bufs, x_bufs, op_ready, op_empty, M, N, K, GROUP_M)),
             (_q8.mma_whole_tiles, (dy_bufs, x_bufs, op_ready, op_empty, g_bufs, g_ready, g_empty, M, N, K, GROUP_M)),
         ], [1, BM // 16], [24, MMA_REGS])
@@ -178,10 +239,10 @@ class F32WSConfig(_ws.ValueConfig):
     PREFETCH."""
 
     __slots__ = ("BM", "BN", "BK", "STAGES", "ROWS", "GROUP_M", "num_warps", "mma_registers", "max_registers",
-                 "self_load", "load_cursor", "prefetch", "g_buffers")
+                 "self_load", "load_cursor", "prefetch", "g_buffers", "stage_slots")
 
     def __init__(self, BM=64, BN=128, BK=64, STAGES=4, ROWS=16, GROUP_M=8, num_warps=16, mma_registers=96,
-                 max_registers=96, self_load=True, load_cursor=True, prefetch=False, g_buffers=2):
+                 max_registers=96, self_load=True, load_cursor=True, prefetch=False, g_buffers=2, stage_slots=0):
         if BM not in (64, 128) or BN % 128:
             raise ValueError(f"F32WSConfig: BM must be 64 or 128 (one or two MMA warp groups) and BN a multiple of "
                              f"128 (a warp a row, 4 columns a thread), got {BM}x{BN}")
@@ -203,7 +264,12 @@ class F32WSConfig(_ws.ValueConfig):
         self.num_warps, self.mma_registers, self.max_registers = num_warps, mma_registers, max_registers
         if g_buffers not in (1, 2):
             raise ValueError(f"F32WSConfig: 1 or 2 g buffers, got {g_buffers}")
+        if stage_slots and (prefetch or not 2 <= stage_slots <= BM // ROWS):
+            raise ValueError(f"F32WSConfig: stage_slots streams W and the states through 2 to BM / ROWS = "
+                             f"{BM // ROWS} slots of a sub-tile each (instead of prefetch's loads by pointer), got "
+                             f"stage_slots={stage_slots}, prefetch={prefetch}")
         self.self_load, self.load_cursor, self.prefetch, self.g_buffers = self_load, load_cursor, prefetch, g_buffers
+        self.stage_slots = stage_slots
         self.check_shared_memory()
 
     @property
@@ -212,11 +278,13 @@ class F32WSConfig(_ws.ValueConfig):
                 + (f" g{self.GROUP_M}" if self.GROUP_M != 8 else "")
                 + f" mma{self.mma_registers} r{self.max_registers}" + (" sl" if self.self_load else "")
                 + (" cur" if self.load_cursor else "") + (" pf" if self.prefetch else "")
-                + (" gb1" if self.g_buffers == 1 else ""))
+                + (" gb1" if self.g_buffers == 1 else "") + (f" ss{self.stage_slots}" if self.stage_slots else ""))
 
-    def shared_bytes(self) -> int:
-        """Shared memory of one program: the operand ring and the g buffers, barriers aside."""
-        return self.STAGES * self.BK * (self.BM + self.BN) * 2 + self.g_buffers * self.BM * self.BN * 4
+    def shared_bytes(self, n_state: int = 2) -> int:
+        """Shared memory of one program: the operand ring, the g buffers and the staging slots of W and n_state
+        states, barriers aside."""
+        staging = self.stage_slots * self.ROWS * self.BN * 4 * (1 + n_state)
+        return self.STAGES * self.BK * (self.BM + self.BN) * 2 + self.g_buffers * self.BM * self.BN * 4 + staging
 
 
 # The tiles written first (session 35, CPU): gluon_q8's deep cursor (sixteen epilogue warps, four operand stages,
@@ -227,6 +295,12 @@ class F32WSConfig(_ws.ValueConfig):
 # AdamW) spills nothing with the MMA warps at 96 registers, 20-44 B at 104-112, 272 B at 120.
 DEFAULT_F32_WS_CONFIG = F32WSConfig()
 TALL_F32_WS_CONFIG = F32WSConfig(BM=128, STAGES=3, num_warps=8, mma_registers=96, max_registers=128)
+# the 128-row tile with one g buffer and four operand stages (v45b): where the mainloop is the longer part (from
+# ~4096 tokens) the epilogue has read a tile's g long before the next hand-over, so a second buffer buys nothing
+# there, and its 64 KB take a fourth operand stage (192 KB); the two-buffer tile's mainloop ran at ~450 TFLOP/s
+# with three. ptxas (Triton 3.6): AdamW spills nothing, Lion and SGD 152 B, as the two-buffer tile
+TALL_ONE_BUFFER_F32_WS_CONFIG = F32WSConfig(BM=128, STAGES=4, num_warps=8, mma_registers=96, max_registers=128,
+                                            g_buffers=1)
 F32_WS_CANDIDATE_CONFIGS = (
     F32WSConfig(prefetch=True),
     F32WSConfig(ROWS=32),
@@ -234,13 +308,23 @@ F32_WS_CANDIDATE_CONFIGS = (
     F32WSConfig(num_warps=8, self_load=False, load_cursor=False, mma_registers=104, max_registers=128,
                 prefetch=True),
     TALL_F32_WS_CONFIG,
-    # the 128-row tile with one g buffer (session 35, after the calls; not yet run on a GPU): where the mainloop
-    # is the longer part (from ~4096 tokens) the epilogue has read a tile's g long before the next hand-over, so
-    # the second buffer buys nothing there, and its 64 KB take a fourth and fifth operand stage (192 and 224 KB);
-    # the 128-row tile's two warp groups ran at ~450 TFLOP/s with three (4096x14336, 16384 tokens). ptxas
-    # (Triton 3.6): AdamW spills nothing, Lion and SGD 116-152 B, as the two-buffer tile
-    F32WSConfig(BM=128, STAGES=4, num_warps=8, mma_registers=96, max_registers=128, g_buffers=1),
+    TALL_ONE_BUFFER_F32_WS_CONFIG,
+    # its five-stage twin (224 KB; Lion and SGD spill 116-140 B): 1.00-1.06x its time at 4096-16384 tokens
     F32WSConfig(BM=128, STAGES=5, num_warps=8, mma_registers=96, max_registers=128, g_buffers=1),
+    # the default tile with deeper operand rings (session 36, CPU; not yet run on a GPU): its MMA warps load
+    # STAGES - 1 K blocks ahead and reuse a slot once the wgmma before it retired, so STAGES - 2 blocks cover a
+    # load's latency; a 64x128x64 wgmma is ~0.14 us at the SM's peak, so four stages cover ~0.3 us where a TMA
+    # load from L2 takes ~0.5-1 us. Five and six stages (184 and 208 KB) change no register: the same epilogue
+    F32WSConfig(STAGES=5),
+    F32WSConfig(STAGES=6),
+    # v46 (session 36, CPU; not yet run on a GPU): the default tile with W and the states streamed through
+    # shared-memory slots by TMA (f32_epilogue's STAGE_STATE). Why: its update streams at ~2.4-2.6 TB/s (0.586 ms
+    # at 4096x14336, 256 tokens, against a 0.467 ms floor), with at most one 16-row sub-tile's loads (24 KB an
+    # SM) in flight; at ~3 TB/s and ~1 us of loaded latency an SM needs ~23 KB in flight all the time. Two or
+    # three slots keep one or two sub-tiles ahead without a register; 208 KB, or 200 with one g buffer
+    F32WSConfig(STAGES=3, stage_slots=3),
+    F32WSConfig(STAGES=4, stage_slots=2),
+    F32WSConfig(STAGES=4, g_buffers=1, stage_slots=3),
 )
 
 
@@ -297,9 +381,26 @@ def _launch_arguments(weight, x, dy, states, rule, h, grad_scale, c: F32WSConfig
     # None or an int32 tensor (and its alignment).
     key = (id(rule), id(c), len(states), weight.device.index, M == 1, N == 1, K == 1, M % 16 == 0, N % 16 == 0,
            K % 16 == 0, None if step_slot is None else step_slot.data_ptr() % 16 == 0)
-    args = (_ws._nvmma_desc(dy, (c.BK, c.BM), gl.bfloat16), _ws._nvmma_desc(x, (c.BK, c.BN), gl.bfloat16), weight,
-            given[0], given[1], norm_sq, nonfinite, M, N, K, h, grad_scale, step_slot)
+    args = (_ws._nvmma_desc(dy, (c.BK, c.BM), gl.bfloat16), _ws._nvmma_desc(x, (c.BK, c.BN), gl.bfloat16),
+            *_staging_descs(weight, states, c), weight, given[0], given[1], norm_sq, nonfinite, M, N, K, h, grad_scale,
+            step_slot)
     return key, (rule, c), (programs,), args, lambda: _launch_constants(rule, c, len(states))
+
+
+def _staging_descs(weight, states, c: F32WSConfig) -> tuple:
+    """(w_desc, s0_desc, s1_desc) of a staged tile, fp32 blocks [ROWS, BN] as the rows lie in memory (an absent
+    state's: the weight's, never copied: gluon_q8.copy_state counts the states' bytes N_STATE times), or three
+    Nones. Rows are 4 N bytes apart, a multiple of 16 where the route sends a weight (N a multiple of 8)."""
+    if not c.stage_slots:
+        return None, None, None
+    descs = [_ws._nvmma_desc(t, (c.ROWS, c.BN), gl.float32, _PLAIN_32) for t in (weight, *states)]
+    descs += [descs[0]] * (3 - len(descs))
+    return descs[0], descs[1], descs[2]
+
+
+# The staging slots' layout: rows as they lie in memory, no swizzle (the epilogue reads a row a warp, 16
+# contiguous bytes a thread: no bank conflict to avoid)
+_PLAIN_32 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 
 
 def _launch_constants(rule: Rule, c: F32WSConfig, n_state: int) -> tuple[dict, dict]:
@@ -307,7 +408,7 @@ def _launch_constants(rule: Rule, c: F32WSConfig, n_state: int) -> tuple[dict, d
     states."""
     constexprs = dict(GUARDED_UPDATE=_ws.guarded_update_gluon(rule), N_STATE=n_state, STAGES=c.STAGES, ROWS=c.ROWS,
                       GROUP_M=c.GROUP_M, MMA_REGS=c.mma_registers, SELF_LOAD=c.self_load, LOAD_CURSOR=c.load_cursor,
-                      PREFETCH=c.prefetch, G_BUFS=c.g_buffers, num_warps=c.num_warps)
+                      PREFETCH=c.prefetch, G_BUFS=c.g_buffers, STAGE_SLOTS=c.stage_slots, num_warps=c.num_warps)
     return constexprs, dict(maxnreg=c.max_registers, enable_fp_fusion=False)
 
 
@@ -323,9 +424,11 @@ def compile_for_sm90(rule: Rule, config: F32WSConfig = DEFAULT_F32_WS_CONFIG, M:
     constexprs, launch_options = _launch_constants(rule, c, len(rule.state))
     dy = torch.empty(K, M, dtype=torch.bfloat16)
     x = torch.empty(K, N, dtype=torch.bfloat16)
+    w, states = torch.empty(M, N), [torch.empty(M, N) for _ in rule.state]
+    w_desc, s0_desc, s1_desc = _staging_descs(w, states, c)
     args = dict(dy_desc=_ws._nvmma_desc(dy, (c.BK, c.BM), gl.bfloat16),
-                x_desc=_ws._nvmma_desc(x, (c.BK, c.BN), gl.bfloat16),
-                w_ptr=torch.empty(M, N), s0_ptr=torch.empty(M, N), s1_ptr=torch.empty(M, N),
+                x_desc=_ws._nvmma_desc(x, (c.BK, c.BN), gl.bfloat16), w_desc=w_desc, s0_desc=s0_desc,
+                s1_desc=s1_desc, w_ptr=w, s0_ptr=torch.empty(M, N), s1_ptr=torch.empty(M, N),
                 norm_sq_ptr=torch.empty(4, dtype=torch.float64), nonfinite_ptr=torch.empty(4, dtype=torch.int32),
                 M=M, N=N, K=K, h=tuple(1.0 for _ in rule.scalar_names), grad_scale=1.0,
                 step_slot=_ws._cpu_slot(rule) if slot else None, **constexprs)
@@ -346,14 +449,19 @@ def compile_for_sm90(rule: Rule, config: F32WSConfig = DEFAULT_F32_WS_CONFIG, M:
 #     (1.07x the unfused step on the two large shapes), at 6144 0.99-1.02x, at 8192 0.95-1.00x, at 16384
 #     0.99-1.12x (the Triton tile stays there). Llama-3B's 4x1024 step (captured, checkpointing) with it forced:
 #     0.323 s against 0.327 routed before (0.988x, call 2).
+# Measured in session 36 (H200, bench/results/2026-12-06-s36/call2, the same shapes, against the route then):
+#   TALL_ONE_BUFFER_F32_WS_CONFIG: 1.03-1.08x the two-buffer tile's time at 3072 tokens, 0.91-0.93x at 4096,
+#     0.82-0.90x at 8192, 0.87-0.90x at 16384; against the Triton tile the route kept at 16384, 0.86-0.99x
+#     (1.00-1.09x the unfused step at 4096-8192, 0.93-0.96x at 16384); its five-stage twin 1.00-1.06x its time.
 # So DEFAULT_F32_WS_CONFIG from 256 tokens (below, not measured: gluon_update's route and the Triton tiles), the
-# 128-row tile from 3072 to ROUTE_MAX_K, each with at least gluon_q8.MIN_TILES tiles of its own. FORGE_NUM_GLUON_F32
+# 128-row tile from 3072, its one-buffer twin from 4096 to ROUTE_MAX_K, each with at least gluon_q8.MIN_TILES
+# tiles of its own. FORGE_NUM_GLUON_F32
 # in the environment (read at each call): 0 never, 1 or unset these ranges, a tile's label ('_' for ' ') that
 # tile wherever the kernel applies (an A/B switch for benchmarks).
 ROUTED = True
 # (first K, tile), in order of K: the last one whose first K is at most K is taken
-ROUTE_BY_K = ((256, DEFAULT_F32_WS_CONFIG), (3072, TALL_F32_WS_CONFIG))
-ROUTE_MAX_K = 8192
+ROUTE_BY_K = ((256, DEFAULT_F32_WS_CONFIG), (3072, TALL_F32_WS_CONFIG), (4096, TALL_ONE_BUFFER_F32_WS_CONFIG))
+ROUTE_MAX_K = 16384
 ROUTE_CONFIGS = tuple(dict.fromkeys(c for _, c in ROUTE_BY_K))
 
 

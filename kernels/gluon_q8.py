@@ -299,15 +299,16 @@ def load_scales(offs_m, block, M, scale0_ptr, scale1_ptr, n_blocks, N_STATE: gl.
 @gluon.jit
 def stage_row_blocks(w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready, u, row0, col0,
                      N_STATE: gl.constexpr):
-    """The stage_state candidate's loads (Q8WSConfig): W [ROWS, BN] bf16 and each state's uint8 codes of
-    the row sub-tile at (row0, col0), by TMA, into staging slot u % STAGING_SLOTS (the program's u-th
-    sub-tile), counted against st_ready[u % STAGING_SLOTS]. Rows and columns past M and N arrive as zeros,
-    what load_row_blocks' masked loads give (other=0). The slot's last reads (sub-tile u - STAGING_SLOTS's,
-    by every epilogue warp, in the generic proxy) come before the copy's writes (the async proxy): each
-    thread's fence orders its own reads, and the barrier of the partition that Gluon puts before the copy
-    (one thread issues it) waits for every warp's fence."""
+    """The stage_state candidate's loads (Q8WSConfig; gluon_f32's staged tiles, with fp32 W and states): W
+    [ROWS, BN] bf16 and each state's uint8 codes of the row sub-tile at (row0, col0), by TMA, into staging
+    slot u % S (S = the slots st_ready counts; the program's u-th sub-tile), counted against st_ready[u % S].
+    Rows and columns past M and N arrive as zeros, what load_row_blocks' masked loads give (other=0). The
+    slot's last reads (sub-tile u - S's, by every epilogue warp, in the generic proxy) come before the copy's
+    writes (the async proxy): each thread's fence orders its own reads, and the barrier of the partition that
+    Gluon puts before the copy (one thread issues it) waits for every warp's fence."""
+    S: gl.constexpr = st_ready.type.shape[0]
     fence_async_shared()
-    copy_state(w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready, u % STAGING_SLOTS, row0, col0, N_STATE)
+    copy_state(w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready, u % S, row0, col0, N_STATE)
 
 
 @gluon.jit
@@ -343,11 +344,19 @@ def read_state(w_rows, c0_rows, c1_rows, scales0, scales1, layout: gl.constexpr,
 def staged_row_blocks(st_w, st_c0, st_c1, st_ready, u, scales0, scales1, layout: gl.constexpr,
                       N_STATE: gl.constexpr):
     """load_row_blocks' values of the program's u-th sub-tile from its staging slot, once its TMA loads
-    have landed (phase (u // STAGING_SLOTS) & 1 of st_ready[u % STAGING_SLOTS]), in ``layout``; its rows'
-    scales as given."""
-    s = u % STAGING_SLOTS
-    mbarrier.wait(st_ready.index(s), (u // STAGING_SLOTS) & 1)
+    have landed (staged_slot), in ``layout``; its rows' scales as given."""
+    s = staged_slot(st_ready, u)
     return read_state(st_w.index(s), st_c0.index(s), st_c1.index(s), scales0, scales1, layout, N_STATE)
+
+
+@gluon.jit
+def staged_slot(st_ready, u):
+    """The staging slot of the program's u-th sub-tile (u % S, S = the slots st_ready counts), once
+    stage_row_blocks' TMA loads into it have landed (phase (u // S) & 1 of st_ready[u % S])."""
+    S: gl.constexpr = st_ready.type.shape[0]
+    s = u % S
+    mbarrier.wait(st_ready.index(s), (u // S) & 1)
+    return s
 
 
 @gluon.jit
@@ -572,6 +581,25 @@ def allocate_rings(dy_desc, x_desc, STAGES: gl.constexpr, G_BUFS: gl.constexpr):
     return dy_bufs, x_bufs, g_bufs, op_ready, op_empty, g_ready, g_empty
 
 
+@gluon.jit
+def allocate_staging(w_desc, c0_desc, c1_desc, SLOTS: gl.constexpr, N_STATE: gl.constexpr):
+    """(st_w, st_c0, st_c1, st_ready): SLOTS shared-memory slots of W's block and of each of the N_STATE states'
+    blocks (each descriptor's block shape, dtype and layout; an absent state's slots are the one before it,
+    never written), and a barrier a slot, for stage_row_blocks and stage_tile_state."""
+    st_w = gl.allocate_shared_memory(w_desc.dtype, [SLOTS] + w_desc.block_type.shape, w_desc.layout)
+    st_c0 = st_w
+    st_c1 = st_w
+    if N_STATE >= 1:
+        st_c0 = gl.allocate_shared_memory(c0_desc.dtype, [SLOTS] + c0_desc.block_type.shape, c0_desc.layout)
+        st_c1 = st_c0
+    if N_STATE >= 2:
+        st_c1 = gl.allocate_shared_memory(c1_desc.dtype, [SLOTS] + c1_desc.block_type.shape, c1_desc.layout)
+    st_ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
+    for b in gl.static_range(SLOTS):
+        mbarrier.init(st_ready.index(b), count=1)
+    return st_w, st_c0, st_c1, st_ready
+
+
 # seed, rand_stride, rand_base typed and not specialized (gluon_update's kernel says why)
 @gluon.jit(do_not_specialize=["seed", "rand_stride", "rand_base"])
 def fused_linear_update_q8_ws_kernel(dy_desc, x_desc, w_desc, c0_desc, c1_desc, w_ptr, c0_ptr, scale0_ptr, c1_ptr,
@@ -596,17 +624,7 @@ def fused_linear_update_q8_ws_kernel(dy_desc, x_desc, w_desc, c0_desc, c1_desc, 
     staging = (w_desc, c0_desc, c1_desc, None, None, None, None)
     if STAGE_STATE or MMA_STAGE:
         slots: gl.constexpr = STAGING_SLOTS if STAGE_STATE else 2  # MMA_STAGE: a slot a g buffer
-        st_w = gl.allocate_shared_memory(w_desc.dtype, [slots] + w_desc.block_type.shape, w_desc.layout)
-        st_c0 = st_w
-        st_c1 = st_w
-        if N_STATE >= 1:
-            st_c0 = gl.allocate_shared_memory(c0_desc.dtype, [slots] + c0_desc.block_type.shape, c0_desc.layout)
-            st_c1 = st_c0
-        if N_STATE >= 2:
-            st_c1 = gl.allocate_shared_memory(c1_desc.dtype, [slots] + c1_desc.block_type.shape, c1_desc.layout)
-        st_ready = gl.allocate_shared_memory(gl.int64, [slots, 1], mbarrier.MBarrierLayout())
-        for b in gl.static_range(slots):
-            mbarrier.init(st_ready.index(b), count=1)
+        st_w, st_c0, st_c1, st_ready = allocate_staging(w_desc, c0_desc, c1_desc, slots, N_STATE)
         staging = (w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready)
     # (the epilogue partition's entry is written out in both branches: a tuple holding a jit function
     # cannot be a variable in Gluon)

@@ -123,14 +123,16 @@ def test_the_launch_key_determines_its_specialization(monkeypatch):
 
 @pytest.mark.parametrize("M,N,K,expect", [
     (4096, 14336, 256, "default"), (4096, 14336, 1024, "default"), (4096, 14336, 3071, "default"),
-    (4096, 14336, 3072, "tall"), (4096, 14336, 4096, "tall"), (4096, 14336, 8192, "tall"),
-    (4096, 14336, 8193, None), (4096, 14336, 16384, None),          # the Triton tile past the measured
+    (4096, 14336, 3072, "tall"), (4096, 14336, 4095, "tall"), (4096, 14336, 4096, "tall1"),
+    (4096, 14336, 8192, "tall1"), (4096, 14336, 16384, "tall1"),
+    (4096, 14336, 16385, None), (4096, 14336, 32768, None),         # the Triton tile past the measured
     (4096, 14336, 255, None), (4096, 14336, 64, None),              # below: gluon_update's route, the Triton tiles
     (1024, 2048, 1024, "default"), (1024, 2048, 4096, None),         # 16 x 16 = 256 tiles, 8 x 16 = 128 tall ones
     (512, 2048, 1024, None),                                        # 8 x 16 = 128 tiles, below MIN_TILES
     (4100, 8192, 1024, None), (8192, 4100, 4096, None), (8192, 8192, 0, None),
 ])
 def test_config_for_the_measured_ranges(M, N, K, expect):
-    want = {"default": gluon_f32.DEFAULT_F32_WS_CONFIG, "tall": gluon_f32.TALL_F32_WS_CONFIG, None: None}[expect]
+    want = {"default": gluon_f32.DEFAULT_F32_WS_CONFIG, "tall": gluon_f32.TALL_F32_WS_CONFIG,
+            "tall1": gluon_f32.TALL_ONE_BUFFER_F32_WS_CONFIG, None: None}[expect]
     assert gluon_f32.config_for(M, N, K) == want
     assert want is None or want in gluon_f32.ROUTE_CONFIGS

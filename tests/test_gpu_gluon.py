@@ -233,7 +233,7 @@ def test_f32_split_kernel_refuses_what_it_does_not_cover():
                                    [t[:, :100].contiguous() for t in s], rule, h)
 
 
-@pytest.mark.parametrize("K", [256, 2048, 3072, 8192, 16384])  # each routed tile's range, and past them
+@pytest.mark.parametrize("K", [256, 2048, 3072, 4096, 16385])  # each routed tile's range, and past them
 def test_the_launcher_routes_fp32_to_the_split_tiles(K):
     """kernels.fused_linear_update with no tile given, fp32: gluon_f32.config_for's tile with FORGE_NUM_GLUON_F32
     unset (twice: the second launch cached) and =1; with =<label> the named split tile wherever it applies; with

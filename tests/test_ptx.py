@@ -188,11 +188,17 @@ GLUON_F32_SPILL_EXCEPTIONS = {
     # at 88-112 whatever the MMA warps' share
     ("wsf 128x128x64 st3 w8 rows16 mma96 r128 sl cur", "lion"): 152,
     ("wsf 128x128x64 st3 w8 rows16 mma96 r128 sl cur", "sgd"): 156,
-    # its one-buffer twins with four and five operand stages (not yet timed)
-    ("wsf 128x128x64 st4 w8 rows16 mma96 r128 sl cur gb1", "lion"): 152,
+    # its one-buffer twins with four and five operand stages
+    ("wsf 128x128x64 st4 w8 rows16 mma96 r128 sl cur gb1", "lion"): 152,  # routed from 4096 tokens (session 36)
     ("wsf 128x128x64 st4 w8 rows16 mma96 r128 sl cur gb1", "sgd"): 152,
     ("wsf 128x128x64 st5 w8 rows16 mma96 r128 sl cur gb1", "lion"): 116,
     ("wsf 128x128x64 st5 w8 rows16 mma96 r128 sl cur gb1", "sgd"): 140,
+    # the default's deeper operand rings: its epilogue's spills
+    ("wsf 64x128x64 st5 w16 rows16 mma96 r96 sl cur", "adamw"): 64,
+    ("wsf 64x128x64 st6 w16 rows16 mma96 r96 sl cur", "adamw"): 64,
+    # v46's staged tiles (W and the states read from shared memory: no load addresses in registers)
+    ("wsf 64x128x64 st3 w16 rows16 mma96 r96 sl cur ss3", "adamw"): 4,
+    ("wsf 64x128x64 st4 w16 rows16 mma96 r96 sl cur ss2", "adamw"): 24,
 }
 
 
@@ -236,6 +242,7 @@ STEP_SLOT_SPILLS = {
     "ws 128x128x64 st3 sl1 o1": 12,
     "wsf 64x128x64 st4 w16 rows16 mma96 r96 sl cur": 64,  # routed since session 35; as without a slot
     "wsf 128x128x64 st3 w8 rows16 mma96 r128 sl cur": 0,  # routed since session 35
+    "wsf 128x128x64 st4 w8 rows16 mma96 r128 sl cur gb1": 0,  # routed since session 36
 }
 
 

@@ -58,12 +58,14 @@ def wait(bar: Barrier, phase: int, errors: list, who: str):
 
 
 def run(design: str, tiles: int, nk: int, stages: int, slots: int, seed: int, subtiles: int = 4,
-        g_buffers: int = 2) -> list:
+        g_buffers: int = 2, stage_state: bool = False, stage_ahead: int | None = None) -> list:
     """One random interleaving of one program's warps over ``tiles`` tiles of ``nk`` K blocks; returns
     the errors found (empty: the run was sound). design: "routed" (one consumer takes every tile),
     "pingpong" (two consumers on alternate tiles, sharing the rings, as written in session 11),
     "pingpong_turns" (the same with mma_turn and epi_turn, as the kernel has it now), "q8" and "q8_self"
-    (the split design of gluon_q8.py, also gluon_f32.py's, with ``g_buffers`` g buffers)."""
+    (the split design of gluon_q8.py, also gluon_f32.py's, with ``g_buffers`` g buffers; stage_state: its
+    epilogue streaming each sub-tile's state through ``slots`` slots by copies it issues itself, each sub-tile's
+    ``stage_ahead`` (the kernels': ``slots``) sub-tiles ahead)."""
     rng = random.Random(seed)
     errors: list = []
     op_ready = [Barrier(f"op_ready[{s}]") for s in range(stages)]
@@ -180,17 +182,44 @@ def run(design: str, tiles: int, nk: int, stages: int, slots: int, seed: int, su
             reading.clear()  # wait(0)
             yield from hand_over(t)
 
+    def stage(u: int):  # gluon_q8.stage_row_blocks: sub-tile u's copies into slot u % slots, counted on st_ready
+        s = u % slots
+        st_slot[s] = None
+        st_ready[s].arrive(errors, tx=1)  # expect + the copies
+        in_flight.append((st_slot, s, u, st_ready[s]))
+
     def q8_epilogue():
+        # stage_state (q8_epilogue's STAGE_STATE, f32_epilogue's): the program's first ``slots`` sub-tiles
+        # staged before the loop; sub-tile u + slots into u's slot once u's reads are done (past the program's
+        # last tile: copies never read, waited for after the loop)
+        ahead = slots if stage_ahead is None else stage_ahead
+        if stage_state:
+            for a in range(ahead):
+                stage(a)
+        u = 0
         for t in range(tiles):
             b = t % G
             yield from wait(g_ready[b], t // G, errors, "epilogue")
-            for _ in range(subtiles):  # the row sub-tiles' reads of g
+            for _ in range(subtiles):  # the row sub-tiles' reads of g (and of their staged state)
                 if g_slot[b] != t:
                     errors.append(f"epilogue: tile {t} read g buffer {b} holding {g_slot[b]}")
+                if stage_state:
+                    s = u % slots
+                    yield from wait(st_ready[s], u // slots, errors, "epilogue")
+                    if st_slot[s] != u:
+                        errors.append(f"epilogue: state use {u} read slot {s} holding {st_slot[s]}")
+                    yield  # the reads
+                    stage(u + ahead)
+                u += 1
                 yield
             g_empty[b].arrive(errors)
             for _ in range(rng.randint(1, 4)):  # the update
                 yield
+        if stage_state:
+            for a in range(ahead):
+                yield from wait(st_ready[(u + a) % slots], (u + a) // slots, errors, "epilogue")
+            if any(contents is st_slot for contents, *_ in in_flight):
+                errors.append("epilogue: a staged copy outlives the program")
 
     if design == "q8":
         agents = [operand_loader(), mma_whole_tiles(), q8_epilogue()]
@@ -238,6 +267,30 @@ def test_the_split_design_with_one_g_buffer_is_sound(design):
         for seed in range(12):
             errors = run(design, tiles, nk, stages, 1, seed, g_buffers=1)
             assert not errors, (design, tiles, nk, stages, seed, errors[:3])
+
+
+@pytest.mark.parametrize("design", ["q8", "q8_self"])
+@pytest.mark.parametrize("g_buffers", [1, 2])
+def test_the_split_epilogue_streaming_its_state_is_sound(design, g_buffers):
+    """gluon_f32's staged tiles (F32WSConfig(stage_slots=S), S = 2-3 here) and gluon_q8's stage_state: the
+    epilogue waits for sub-tile u's copies (st_ready's phase u // S), reads them, then stages sub-tile u + S
+    into the same slot; every read holds its use, and no copy outlives the program."""
+    for tiles, nk, stages, slots in SHAPES:
+        if slots < 2:
+            continue
+        for seed in range(12):
+            errors = run(design, tiles, nk, stages, slots, seed, g_buffers=g_buffers, stage_state=True)
+            assert not errors, (design, tiles, nk, stages, slots, seed, errors[:3])
+
+
+def test_the_staged_epilogue_model_sees_a_wrong_distance():
+    """Not vacuous: staging S + 1 sub-tiles ahead through S slots (a copy into the slot the next sub-tile is to
+    read) is caught, S - 1 ahead is sound (one slot idle)."""
+    found = [run("q8_self", tiles, 4, 3, 3, seed, stage_state=True, stage_ahead=4) for tiles in (2, 4)
+             for seed in range(12)]
+    assert sum(bool(e) for e in found) >= 6, found
+    assert not any(run("q8_self", tiles, 4, 3, 3, seed, stage_state=True, stage_ahead=2) for tiles in (2, 4)
+                   for seed in range(12))
 
 
 def test_pingpong_without_turns_reads_unloaded_slots_from_two_tiles_a_program():
