@@ -3,7 +3,7 @@ case differed in 8 of 24 runs with the 8bit route at 1024 tokens, the staged dee
 cursor forced; 0 of 12 with the Triton 8bit tile; the weight that differed, when the losses agreed, was layer 0's
 down_proj, 2048 x 8192, its states equal.)
 
-`python bench/results/2026-12-06-s36/stress.py REPEATS`: per tile and shape, one update from fixed inputs as the
+`python bench/results/2026-12-06-s36/stress.py REPEATS [8bit]`: per tile (8bit: the 8bit tiles only) and shape, one update from fixed inputs as the
 reference, then REPEATS more from the same inputs (each with a cuBLAS product of another size queued before it,
 so that the launches meet the GPU in different states), each compared bit for bit with the reference; prints a
 line per (tile, shape): runs differing, and for the first one the tensors, elements and tiles that differ."""
@@ -29,15 +29,22 @@ def where(a, b, N, BM, BN):
     return f"{d.numel()} elements ({tuple(zip(rows, cols))}... tiles {tiles[:6]}{'...' if len(tiles) > 6 else ''})"
 
 
-def run_q8(config, M, N, K, repeats, noise):
+def run_q8(config, M, N, K, repeats, noise, slotted=False):
+    """slotted: through kernels.fused_linear_update with the tile forced (FORGE_NUM_GLUON_Q8=<label>) and the
+    scalars read from a step slot, as a training step's launches are."""
     rule, h, w32, s32, x, dy = _case("adamw", M, N, K, seed=11)
     w0, s0 = w32.bfloat16(), _q8_states(s32, 11)
     key = derive_seed(11, 3, 2**40 + M)
+    slot = torch.tensor(kernels.step_slot_words(h, 1.0, key), dtype=torch.int32, device="cuda")
+    if slotted:
+        os.environ["FORGE_NUM_GLUON_Q8"] = config.label.replace(" ", "_")
 
     def once():
         w, s = w0.clone(), _q8_clone(s0)
         noise()
-        if config is None:
+        if slotted:
+            kernels.fused_linear_update(w, x, dy, s, rule, h, seed=key, step_slot=slot)
+        elif config is None:
             kernels.fused_linear_update(w, x, dy, s, rule, h, config=kernels.DEFAULT_Q8_CONFIGS["tma"], seed=key)
         else:
             gluon_q8.fused_linear_update_q8_ws(w, x, dy, s, rule, h, config=config, seed=key)
@@ -77,6 +84,7 @@ def compare(once, repeats, N, names, config):
 
 def main():
     repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 100
+    only_8bit = sys.argv[2:] == ["8bit"]
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     sink = torch.empty(4096, 4096, device="cuda", dtype=torch.bfloat16)
     step = [0]
@@ -96,7 +104,12 @@ def main():
             n, first = run_q8(c, M, N, 1024, repeats, noise)
             print(f"8bit {name:12s} {M}x{N} K=1024: {n} of {repeats} differ{'; first: ' + first if first else ''}",
                   flush=True)
-        for name, c in f32_tiles:
+        for name, c in q8_tiles[:2]:
+            n, first = run_q8(c, M, N, 1024, repeats, noise, slotted=True)
+            os.environ.pop("FORGE_NUM_GLUON_Q8", None)
+            print(f"8bit {name + ' slot':12s} {M}x{N} K=1024: {n} of {repeats} differ"
+                  f"{'; first: ' + first if first else ''}", flush=True)
+        for name, c in [] if only_8bit else f32_tiles:
             n, first = run_f32(c, M, N, 1024, repeats // 2, noise)
             print(f"fp32 {name:12s} {M}x{N} K=1024: {n} of {repeats // 2} differ{'; first: ' + first if first else ''}",
                   flush=True)
