@@ -95,6 +95,7 @@ def main():
         torch.mm(a[:n], a[:, :n], out=sink[:n, :n])
 
     q8_tiles = [("staged", gluon_q8.MMA_STAGED_CONFIG), ("deep", gluon_q8.DEEP_CURSOR_CONFIG),
+                ("wide", gluon_q8.WIDE_EPILOGUE_CONFIG), ("cursor", gluon_q8.CURSOR_CONFIG),
                 ("k128", gluon_q8.K128_CURSOR_CONFIG), ("triton8", None)]
     f32_tiles = [("f32 default", gluon_f32.DEFAULT_F32_WS_CONFIG), ("f32 tall", gluon_f32.TALL_F32_WS_CONFIG),
                  ("f32 triton", None)]
