@@ -191,7 +191,7 @@ def check_gluon_f32(rule_name: str, config, slot: bool = False) -> dict:
             "mul_hi": len(re.findall(r"mul\.hi\.u32", ptx)), "mul_wide": len(re.findall(r"mul\.wide\.u32", ptx)),
             "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "tma": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
             "setmaxnreg": len(re.findall(r"setmaxnreg", ptx)), "shared": int(compiled.metadata.shared),
-            "shared_model": config.shared_bytes(), **resource_usage(ptx)}
+            "shared_model": config.shared_bytes(len(rule.state)), **resource_usage(ptx)}
 
 
 def _gluon_f32_configs():

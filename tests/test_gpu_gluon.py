@@ -569,9 +569,9 @@ def test_ws_kernel_8bit_refuses_what_it_does_not_cover():
 
 @pytest.mark.parametrize("K", [1024, 2048, 3072, 4096, 8192])  # each routed tile's range
 def test_the_launcher_routes_8bit_where_measured_faster(K):
-    """kernels.fused_linear_update with no tile given, 8bit states: gluon_q8.config_for's tile (with
-    FORGE_NUM_GLUON_Q8 unset, and =1), none with =0 (the Triton kernel); the same bits, and a cached
-    second launch (kernels/launch_cache.py) the same bits again."""
+    """kernels.fused_linear_update with no tile given, 8bit states: gluon_q8.config_for's tile with
+    FORGE_NUM_GLUON_Q8=1 (and unset, where gluon_q8.ROUTED), none with =0 (the Triton kernel); the same bits, and
+    a cached second launch (kernels/launch_cache.py) the same bits again."""
     from forge_num.emulator.philox import derive_seed
     from forge_num.kernels import gluon_q8
 
@@ -591,7 +591,8 @@ def test_the_launcher_routes_8bit_where_measured_faster(K):
             if flag is not None:
                 os.environ["FORGE_NUM_GLUON_Q8"] = flag
             kernels.fused_linear_update(w, x, dy, s, rule, h, seed=key)
-        assert [c.args[7] for c in spy.call_args_list] == ([expect] if flag != "0" else [])
+        routed = flag == "1" or (flag is None and gluon_q8.ROUTED)
+        assert [c.args[7] for c in spy.call_args_list] == ([expect] if routed else [])
         outs.append((w, s))
     for w, s in outs[1:]:
         assert same_bits(w, outs[0][0]) and all(_same_q8(a, b) for a, b in zip(s, outs[0][1]))
@@ -622,6 +623,7 @@ def test_a_launch_reads_its_scalars_from_the_step_slot(regime, M, N, K, monkeypa
         monkeypatch.delenv("FORGE_NUM_GLUON_F32", raising=False)
     else:
         monkeypatch.setenv("FORGE_NUM_GLUON_F32", "0")
+    monkeypatch.setenv("FORGE_NUM_GLUON_Q8", "1")  # the 8bit Gluon route, off by default (gluon_q8.ROUTED)
     regime = "fp32" if regime == "fp32-split" else regime
     if regime == "fp32":
         w0, s0, clone = w32, s32, (lambda s: [t.clone() for t in s])
