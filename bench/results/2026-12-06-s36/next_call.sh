@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The next session's first device call (written in session 36; carry .whl): NOTES "Next device session (plan,
+# written after session 36)", items 1-2. flake_where.py trains the 8bit-hf-wide model twice a run and prints,
+# where the runs part, which tensors, tiles and rows differ.
+#   where     FORGE_NUM_GLUON_Q8=1 (the staged deep cursor at 1024 tokens): four processes x 4 runs, eager
+#             against captured; then eager against eager (does the fault need the capture?)
+#   blocking  the same, eager against captured, with CUDA_LAUNCH_BLOCKING=1 (does it need launches in flight?)
+#   alone     one process, 8 runs (does it need other processes on the GPU?)
+#   handover  the staged tile copying at the hand-over instead (mma_stage=2)
+#   fp32      the fp32 wide model, routed, then with v46's streamed tile forced (4 x 4 each)
+PART=${PART:-where,blocking,alone,handover,fp32}
+source bench/device_call.sh
+call_begin
+W=bench/results/2026-12-06-s36/flake_where.py
+procs() {  # procs TAG N RUNS ARGS... : N processes of RUNS runs, the environment as exported
+  local tag=$1 n=$2 runs=$3; shift 3
+  echo "== $tag $(date -u +%T)"
+  for p in $(seq "$n"); do timeout "$(budget 120)" python3 $W "$runs" "$tag$p" "$@" >"$R/$tag$p.log" 2>&1 & done
+  wait
+  grep -h "PARTED\|  \|parted" "$R/$tag"*.log | grep -v Warning | cut -c1-300 | head -40
+}
+part_where() { FORGE_NUM_GLUON_Q8=1 procs where 4 4; FORGE_NUM_GLUON_Q8=1 procs eager 4 4 --eager-eager; }
+part_blocking() { FORGE_NUM_GLUON_Q8=1 CUDA_LAUNCH_BLOCKING=1 procs blocking 4 4; }
+part_alone() { FORGE_NUM_GLUON_Q8=1 procs alone 1 8; }
+part_handover() { FORGE_NUM_GLUON_Q8=ws8_64x128x64_st4_w16_rows16_mma96_r96_sl_cur_msh procs handover 4 4; }
+part_fp32() {
+  procs fp32 4 4 --precision fp32
+  FORGE_NUM_GLUON_F32=wsf_64x128x64_st4_w16_rows16_mma96_r96_sl_cur_ss2 procs fp32ss2 4 4 --precision fp32
+}
+for part in ${PART//,/ }; do "part_$part"; done
+call_end
+exit 0
