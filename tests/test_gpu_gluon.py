@@ -547,6 +547,81 @@ def test_ws_kernel_8bit_staged_state_at_the_edges():
             _check_q8("lion", 320, 384, 64, seed=46, config=config)
 
 
+class _Guarded:
+    """Tensors carved from one buffer of random bytes, GUARD bytes of it before, between and after them (each
+    tensor 256-byte aligned, as TMA needs 16): ``untouched()`` says whether every byte outside the tensors is
+    as it was. Why (session 36): an update that writes past its own tensors changes a neighbour's memory, and
+    the bit tests, which read the update's own tensors, cannot see it; in a model the neighbour may be a
+    weight."""
+
+    GUARD = 4096
+
+    def __init__(self, specs, seed):
+        sizes = [math.prod(shape) * torch.empty(0, dtype=dtype).element_size() for shape, dtype in specs]
+        spans, offset = [], self.GUARD
+        for size in sizes:
+            spans.append((offset, offset + size))
+            offset += -(-size // 256) * 256 + self.GUARD
+        g = torch.Generator(device=CUDA).manual_seed(seed)
+        self.buffer = torch.randint(0, 256, (offset,), dtype=torch.uint8, device=CUDA, generator=g)
+        self.outside = torch.ones(offset, dtype=torch.bool, device=CUDA)
+        self.tensors = []
+        for (shape, dtype), (a, b) in zip(specs, spans):
+            self.outside[a:b] = False
+            self.tensors.append(self.buffer[a:b].view(dtype).view(shape))
+        self.before = self.buffer.clone()
+
+    def untouched(self) -> bool:
+        torch.cuda.synchronize()
+        return torch.equal(self.buffer[self.outside], self.before[self.outside])
+
+
+@pytest.mark.parametrize("M,N,K", [(2048, 8192, 1024), (200, 400, 150)])
+def test_the_kernels_write_nothing_outside_their_tensors(M, N, K):
+    """Every Gluon tile (8bit: the default, the candidates, the staged ones; fp32: the split tiles) and the Triton
+    twins, on weight and state tensors carved from one buffer with guard bytes around each (_Guarded): the guard
+    bytes unchanged after the update, and the update's bits the same as on tensors of their own."""
+    from forge_num.emulator.philox import derive_seed
+    from forge_num.kernels.gluon_f32 import fused_linear_update_f32_ws
+    from forge_num.kernels.gluon_q8 import fused_linear_update_q8_ws
+
+    rule, h, w32, s32, x, dy = _case("adamw", M, N, K, seed=51)
+    key = derive_seed(51, 3, 7)
+    w0, q0 = w32.bfloat16(), _q8_states(s32, 51)
+    n_blocks = q0[0].scales.shape[1]
+    for config in [None, *_q8_configs()]:
+        specs = [((M, N), torch.bfloat16)] + [((M, N), torch.uint8), ((M, n_blocks), torch.float32)] * 2
+        guarded = _Guarded(specs, seed=52)
+        w, c0, sc0, c1, sc1 = guarded.tensors
+        for t, v in zip((w, c0, sc0, c1, sc1), (w0, q0[0].codes, q0[0].scales, q0[1].codes, q0[1].scales)):
+            t.copy_(v)
+        states = [kernels.Q8State(c0, sc0), kernels.Q8State(c1, sc1)]
+        own_w, own_s = w0.clone(), _q8_clone(q0)
+        if config is None:
+            for ww, ss in ((w, states), (own_w, own_s)):
+                kernels.fused_linear_update(ww, x, dy, ss, rule, h, config=Q8_TRITON_TWIN, seed=key)
+        else:
+            for ww, ss in ((w, states), (own_w, own_s)):
+                fused_linear_update_q8_ws(ww, x, dy, ss, rule, h, config=config, seed=key)
+        label = "triton 8bit" if config is None else config.label
+        assert guarded.untouched(), f"{label}: bytes outside the tensors changed"
+        assert same_bits(w, own_w) and all(_same_q8(a, b) for a, b in zip(states, own_s)), label
+    for config in [None, *_f32_configs()]:
+        guarded = _Guarded([((M, N), torch.float32)] * 3, seed=53)
+        w, m, v = guarded.tensors
+        for t, src in zip((w, m, v), (w32, *s32)):
+            t.copy_(src)
+        own = [w32.clone(), *(t.clone() for t in s32)]
+        for ww, *ss in ((w, m, v), own):
+            if config is None:
+                kernels.fused_linear_update(ww, x, dy, ss, rule, h, config=TRITON_TWIN)
+            else:
+                fused_linear_update_f32_ws(ww, x, dy, ss, rule, h, config=config)
+        label = "triton fp32" if config is None else config.label
+        assert guarded.untouched(), f"{label}: bytes outside the tensors changed"
+        assert all(same_bits(a, b) for a, b in zip((w, m, v), own)), label
+
+
 def test_ws_kernel_8bit_refuses_what_it_does_not_cover():
     from forge_num.kernels.gluon_q8 import fused_linear_update_q8_ws
 

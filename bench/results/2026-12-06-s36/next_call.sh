@@ -2,13 +2,15 @@
 # The next session's first device call (written in session 36; carry .whl): NOTES "Next device session (plan,
 # written after session 36)", items 1-2. flake_where.py trains the 8bit-hf-wide model twice a run and prints,
 # where the runs part, which tensors, tiles and rows differ.
+#   canary    tests/test_gpu_gluon.py's test that no kernel writes outside its tensors (guard bytes around each:
+#             a write past a tensor would change a neighbour, in a model perhaps another weight)
 #   where     FORGE_NUM_GLUON_Q8=1 (the staged deep cursor at 1024 tokens): four processes x 4 runs, eager
 #             against captured; then eager against eager (does the fault need the capture?)
 #   blocking  the same, eager against captured, with CUDA_LAUNCH_BLOCKING=1 (does it need launches in flight?)
 #   alone     one process, 8 runs (does it need other processes on the GPU?)
 #   handover  the staged tile copying at the hand-over instead (mma_stage=2)
 #   fp32      the fp32 wide model, routed, then with v46's streamed tile forced (4 x 4 each)
-PART=${PART:-where,blocking,alone,handover,fp32}
+PART=${PART:-canary,where,blocking,alone,handover,fp32}
 source bench/device_call.sh
 call_begin
 W=bench/results/2026-12-06-s36/flake_where.py
@@ -18,6 +20,10 @@ procs() {  # procs TAG N RUNS ARGS... : N processes of RUNS runs, the environmen
   for p in $(seq "$n"); do timeout "$(budget 120)" python3 $W "$runs" "$tag$p" "$@" >"$R/$tag$p.log" 2>&1 & done
   wait
   grep -h "PARTED\|  \|parted" "$R/$tag"*.log | grep -v Warning | cut -c1-300 | head -40
+}
+part_canary() {
+  timeout "$(budget 120)" python3 -m pytest -q -m gpu tests/test_gpu_gluon.py -k nothing_outside >"$R/canary.log" 2>&1
+  echo "canary rc=$?"; grep -E "^E  .*changed|^FAILED|passed|failed" "$R/canary.log" | cut -c1-200 | tail -6
 }
 part_where() { FORGE_NUM_GLUON_Q8=1 procs where 4 4; FORGE_NUM_GLUON_Q8=1 procs eager 4 4 --eager-eager; }
 part_blocking() { FORGE_NUM_GLUON_Q8=1 CUDA_LAUNCH_BLOCKING=1 procs blocking 4 4; }
