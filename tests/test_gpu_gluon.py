@@ -563,10 +563,12 @@ class _Guarded:
             spans.append((offset, offset + size))
             offset += -(-size // 256) * 256 + self.GUARD
         g = torch.Generator(device=CUDA).manual_seed(seed)
-        self.buffer = torch.randint(0, 256, (offset,), dtype=torch.uint8, device=CUDA, generator=g)
-        self.outside = torch.ones(offset, dtype=torch.bool, device=CUDA)
+        self.buffer = torch.randint(0, 256, (offset + 256,), dtype=torch.uint8, device=CUDA, generator=g)
+        self.outside = torch.ones(offset + 256, dtype=torch.bool, device=CUDA)
+        shift = -self.buffer.data_ptr() % 256  # each tensor 256-byte aligned whatever the buffer's alignment
         self.tensors = []
         for (shape, dtype), (a, b) in zip(specs, spans):
+            a, b = a + shift, b + shift
             self.outside[a:b] = False
             self.tensors.append(self.buffer[a:b].view(dtype).view(shape))
         self.before = self.buffer.clone()
