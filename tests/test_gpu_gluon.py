@@ -581,8 +581,23 @@ class _Guarded:
 @pytest.mark.parametrize("M,N,K", [(2048, 8192, 1024), (200, 400, 150)])
 def test_the_kernels_write_nothing_outside_their_tensors(M, N, K):
     """Every Gluon tile (8bit: the default, the candidates, the staged ones; fp32: the split tiles) and the Triton
-    twins, on weight and state tensors carved from one buffer with guard bytes around each (_Guarded): the guard
-    bytes unchanged after the update, and the update's bits the same as on tensors of their own."""
+    twins, on weight and state tensors carved from one buffer with guard bytes around each (_Guarded), and
+    telemetry slots carved likewise: the guard bytes unchanged after the update, and the update's bits the same
+    as on tensors of their own."""
+    telemetry = []
+
+    def guarded_telemetry(tiles, device, launched):
+        guarded = _Guarded([((tiles,), torch.float64), ((tiles,), torch.int32)], seed=54 + len(telemetry))
+        telemetry.append(guarded)
+        return guarded.tensors[0], guarded.tensors[1]
+
+    with mock.patch.object(kernels, "_telemetry_buffers", guarded_telemetry):
+        _write_nothing_outside(M, N, K)
+    assert telemetry and all(g.untouched() for g in telemetry), "a kernel wrote past its telemetry slots"
+
+
+def _write_nothing_outside(M, N, K):
+    """test_the_kernels_write_nothing_outside_their_tensors' updates, tile by tile."""
     from forge_num.emulator.philox import derive_seed
     from forge_num.kernels.gluon_f32 import fused_linear_update_f32_ws
     from forge_num.kernels.gluon_q8 import fused_linear_update_q8_ws
