@@ -4,13 +4,18 @@
 # where the runs part, which tensors, tiles and rows differ.
 #   canary    tests/test_gpu_gluon.py's test that no kernel writes outside its tensors (guard bytes around each:
 #             a write past a tensor would change a neighbour, in a model perhaps another weight)
+#   sanitize  compute-sanitizer (Firecracker machines have it: .library/device/KINDS.md) on stress.py's 8bit tiles,
+#             one update each from fixed inputs at down_proj's shapes: memcheck (stray global accesses), then
+#             racecheck (shared-memory hazards; the async proxy's copies may not be modelled)
 #   where     FORGE_NUM_GLUON_Q8=1 (the staged deep cursor at 1024 tokens): four processes x 4 runs, eager
 #             against captured; then eager against eager (does the fault need the capture?)
 #   blocking  the same, eager against captured, with CUDA_LAUNCH_BLOCKING=1 (does it need launches in flight?)
 #   alone     one process, 8 runs (does it need other processes on the GPU?)
 #   handover  the staged tile copying at the hand-over instead (mma_stage=2)
 #   fp32      the fp32 wide model, routed, then with v46's streamed tile forced (4 x 4 each)
-PART=${PART:-canary,where,blocking,alone,handover,fp32}
+# Too much for one call's 600 s: run it as three, PART=canary,sanitize then PART=where,blocking,alone then
+# PART=handover,fp32 (each part's time is capped by what is left of its call: bench/device_call.sh's budget)
+PART=${PART:-canary,sanitize}
 source bench/device_call.sh
 call_begin
 W=bench/results/2026-12-06-s36/flake_where.py
@@ -24,6 +29,13 @@ procs() {  # procs TAG N RUNS ARGS... : N processes of RUNS runs, the environmen
 part_canary() {
   timeout "$(budget 120)" python3 -m pytest -q -m gpu tests/test_gpu_gluon.py -k nothing_outside >"$R/canary.log" 2>&1
   echo "canary rc=$?"; grep -E "^E  .*changed|^FAILED|passed|failed" "$R/canary.log" | cut -c1-200 | tail -6
+}
+part_sanitize() {
+  for tool in memcheck racecheck; do
+    timeout "$(budget 150)" compute-sanitizer --tool $tool --print-limit 20 \
+      python3 bench/results/2026-12-06-s36/stress.py 1 8bit >"$R/sanitize_$tool.log" 2>&1
+    echo "sanitize $tool rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|differ" "$R/sanitize_$tool.log" | cut -c1-200 | head -12
+  done
 }
 part_where() { FORGE_NUM_GLUON_Q8=1 procs where 4 4; FORGE_NUM_GLUON_Q8=1 procs eager 4 4 --eager-eager; }
 part_blocking() { FORGE_NUM_GLUON_Q8=1 CUDA_LAUNCH_BLOCKING=1 procs blocking 4 4; }
