@@ -325,6 +325,14 @@ F32_WS_CANDIDATE_CONFIGS = (
     F32WSConfig(STAGES=3, stage_slots=3),
     F32WSConfig(STAGES=4, stage_slots=2),
     F32WSConfig(STAGES=4, g_buffers=1, stage_slots=3),
+    # v46b (session 36, after the calls; not yet run on a GPU): the one-buffer 128-row tile with the state
+    # streamed, for 1024-3071 tokens. Why: at 1024 tokens the default tile takes ~0.58 ms (H200) where its update
+    # alone would take ~0.42: the mainloop and the update overlap only in part. One suspect is L2: a 64x128 tile
+    # reads (64 + 128) x 2 B of operands a token from L2, 48 B an element at 1024 tokens beside the update's 24 B
+    # from HBM; a 128x128 tile reads 32 B. The 128-row tiles had only eight epilogue warps to keep loads in flight
+    # by pointer (1.25x the default's time at 1024, session 35); streamed, the warps no longer matter for that.
+    # 208 KB; ptxas (Triton 3.6): AdamW spills 4 B, Lion and SGD 88 B
+    F32WSConfig(BM=128, STAGES=3, num_warps=8, mma_registers=96, max_registers=128, g_buffers=1, stage_slots=2),
 )
 
 

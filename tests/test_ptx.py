@@ -199,6 +199,9 @@ GLUON_F32_SPILL_EXCEPTIONS = {
     # v46's staged tiles (W and the states read from shared memory: no load addresses in registers)
     ("wsf 64x128x64 st3 w16 rows16 mma96 r96 sl cur ss3", "adamw"): 4,
     ("wsf 64x128x64 st4 w16 rows16 mma96 r96 sl cur ss2", "adamw"): 24,
+    ("wsf 128x128x64 st3 w8 rows16 mma96 r128 sl cur gb1 ss2", "adamw"): 4,
+    ("wsf 128x128x64 st3 w8 rows16 mma96 r128 sl cur gb1 ss2", "lion"): 88,
+    ("wsf 128x128x64 st3 w8 rows16 mma96 r128 sl cur gb1 ss2", "sgd"): 88,
 }
 
 

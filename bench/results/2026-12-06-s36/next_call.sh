@@ -13,8 +13,10 @@
 #   alone     one process, 8 runs (does it need other processes on the GPU?)
 #   handover  the staged tile copying at the hand-over instead (mma_stage=2)
 #   fp32      the fp32 wide model, routed, then with v46's streamed tile forced (4 x 4 each)
+#   f32tall   v46b (the one-buffer 128-row tile streaming its state) beside the default, v46 and the one-buffer
+#             128-row tile at 512-3072 tokens: is the 1024-token tile's partial overlap the operands' L2 traffic?
 # Too much for one call's 600 s: run it as three, PART=canary,sanitize then PART=where,blocking,alone then
-# PART=handover,fp32 (each part's time is capped by what is left of its call: bench/device_call.sh's budget)
+# PART=handover,fp32,f32tall (each part's time is capped by what is left of its call: bench/device_call.sh's budget)
 PART=${PART:-canary,sanitize}
 source bench/device_call.sh
 call_begin
@@ -44,6 +46,13 @@ part_handover() { FORGE_NUM_GLUON_Q8=ws8_64x128x64_st4_w16_rows16_mma96_r96_sl_c
 part_fp32() {
   procs fp32 4 4 --precision fp32
   FORGE_NUM_GLUON_F32=wsf_64x128x64_st4_w16_rows16_mma96_r96_sl_cur_ss2 procs fp32ss2 4 4 --precision fp32
+}
+part_f32tall() {
+  local D=wsf_64x128x64_st4_w16_rows16_mma96_r96_sl_cur T=wsf_128x128x64_st3_w8_rows16_mma96_r128_sl_cur_gb1_ss2
+  timeout "$(budget 150)" python3 bench/kernels.py --precision fp32 --rounds 2 \
+    --configs "$D,${D}_ss2,$T,wsf_128x128x64_st4_w8_rows16_mma96_r128_sl_cur_gb1" \
+    --shapes 4096x14336,14336x4096,4096x4096 --tokens 512,1024,2048,3072 --out "$R/f32tall.json" >"$R/f32tall.log" 2>&1
+  echo "f32tall rc=$?"; kern_table "$R/f32tall.json"
 }
 for part in ${PART//,/ }; do "part_$part"; done
 call_end
