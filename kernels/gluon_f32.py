@@ -116,14 +116,12 @@ def f32_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_
     tiles_m = gl.cdiv(M, BM)
     tiles_n = gl.cdiv(N, BN)
     tiles = tiles_m * tiles_n
-    w_desc, s0_desc, s1_desc, st_w, st_s0, st_s1, st_ready = staging
+    _, _, _, st_w, st_s0, st_s1, st_ready = staging
     if STAGE_STATE:
         S: gl.constexpr = st_ready.type.shape[0]
         gl.static_assert(SUBTILES >= S, "a tile's sub-tiles cover the staging distance")
         first_m, first_n = _ws.tile_coords(gl.program_id(0), tiles_m, tiles_n, GROUP_M)  # every program has one
-        for a in gl.static_range(S):
-            _q8.stage_row_blocks(w_desc, s0_desc, s1_desc, st_w, st_s0, st_s1, st_ready, a, first_m * BM + a * ROWS,
-                                 first_n * BN, N_STATE)
+        _q8.stage_first_row_blocks(staging, first_m, first_n, BM, ROWS, N_STATE)
     u = 0  # the program's sub-tiles so far (STAGE_STATE: the staging slots' uses)
     t = 0
     for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
@@ -150,12 +148,7 @@ def f32_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_
             if STAGE_STATE:
                 loaded = read_staged_rows(st_w, st_s0, st_s1, _q8.staged_slot(st_ready, u), epi, N_STATE)
                 # sub-tile u + S into the slot just read: this tile's, or the next one's
-                if j + S < SUBTILES:
-                    _q8.stage_row_blocks(w_desc, s0_desc, s1_desc, st_w, st_s0, st_s1, st_ready, u + S,
-                                         pid_m * BM + (j + S) * ROWS, pid_n * BN, N_STATE)
-                else:
-                    _q8.stage_row_blocks(w_desc, s0_desc, s1_desc, st_w, st_s0, st_s1, st_ready, u + S,
-                                         next_m * BM + (j + S - SUBTILES) * ROWS, next_n * BN, N_STATE)
+                _q8.stage_row_blocks_ahead(staging, u, j, pid_m, pid_n, next_m, next_n, BM, ROWS, SUBTILES, N_STATE)
             elif PREFETCH:
                 if j + 1 < SUBTILES:
                     ahead_m = offs_m + ROWS
@@ -178,10 +171,7 @@ def f32_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_
         _q8.store_tile_telemetry(sq, bad, pid_m, pid_n, tiles_n, norm_sq_ptr, nonfinite_ptr)
         t += 1
     if STAGE_STATE:
-        # the copies staged past the program's last tile (never read) land before it ends: no copy into its
-        # shared memory outlives it
-        for a in gl.static_range(S):
-            mbarrier.wait(st_ready.index((u + a) % S), ((u + a) // S) & 1)
+        _q8.drain_staging(st_ready, u)
 
 
 @gluon.jit

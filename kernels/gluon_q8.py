@@ -350,6 +350,44 @@ def staged_row_blocks(st_w, st_c0, st_c1, st_ready, u, scales0, scales1, layout:
 
 
 @gluon.jit
+def stage_first_row_blocks(staging, first_m, first_n, BM: gl.constexpr, ROWS: gl.constexpr, N_STATE: gl.constexpr):
+    """The program's first S sub-tiles (S = the slots st_ready counts; all of its first tile's, whose
+    coordinates are given) staged by stage_row_blocks before its loop."""
+    w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready = staging
+    S: gl.constexpr = st_ready.type.shape[0]
+    BN: gl.constexpr = w_desc.block_type.shape[1]
+    for a in gl.static_range(S):
+        stage_row_blocks(w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready, a, first_m * BM + a * ROWS,
+                         first_n * BN, N_STATE)
+
+
+@gluon.jit
+def stage_row_blocks_ahead(staging, u, J: gl.constexpr, pid_m, pid_n, next_m, next_n, BM: gl.constexpr,
+                           ROWS: gl.constexpr, SUBTILES: gl.constexpr, N_STATE: gl.constexpr):
+    """Once the program's u-th sub-tile (row sub-tile J of tile (pid_m, pid_n)) has been read from its slot:
+    sub-tile u + S into that slot (stage_row_blocks), row sub-tile J + S of this tile or, past its last, of the
+    next one (next_m, next_n)."""
+    w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready = staging
+    S: gl.constexpr = st_ready.type.shape[0]
+    BN: gl.constexpr = w_desc.block_type.shape[1]
+    if J + S < SUBTILES:
+        stage_row_blocks(w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready, u + S, pid_m * BM + (J + S) * ROWS,
+                         pid_n * BN, N_STATE)
+    else:
+        stage_row_blocks(w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready, u + S,
+                         next_m * BM + (J + S - SUBTILES) * ROWS, next_n * BN, N_STATE)
+
+
+@gluon.jit
+def drain_staging(st_ready, u):
+    """After the program's u sub-tiles: the S copies staged past its last tile (never read) waited for, so that
+    no copy into its shared memory outlives it."""
+    S: gl.constexpr = st_ready.type.shape[0]
+    for a in gl.static_range(S):
+        mbarrier.wait(st_ready.index((u + a) % S), ((u + a) // S) & 1)
+
+
+@gluon.jit
 def staged_slot(st_ready, u):
     """The staging slot of the program's u-th sub-tile (u % S, S = the slots st_ready counts), once
     stage_row_blocks' TMA loads into it have landed (phase (u // S) & 1 of st_ready[u % S])."""
@@ -474,15 +512,13 @@ def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_pt
     tiles_m = gl.cdiv(M, BM)
     tiles_n = gl.cdiv(N, BN)
     tiles = tiles_m * tiles_n
-    w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready = staging
+    _, _, _, st_w, st_c0, st_c1, st_ready = staging
     u = 0  # the program's sub-tiles so far (STAGE_STATE: the staging slots' uses)
     if STAGE_STATE or MMA_STAGE:
         first_m, first_n = _ws.tile_coords(gl.program_id(0), tiles_m, tiles_n, GROUP_M)  # every program has one
     if STAGE_STATE:
         gl.static_assert(SUBTILES >= STAGING_SLOTS, "a tile's sub-tiles cover the staging distance")
-        for a in gl.static_range(STAGING_SLOTS):
-            stage_row_blocks(w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready, a, first_m * BM + a * ROWS,
-                             first_n * BN, N_STATE)
+        stage_first_row_blocks(staging, first_m, first_n, BM, ROWS, N_STATE)
     if STAGE_STATE or MMA_STAGE:
         next_scales = load_scales(first_m * BM + gl.arange(0, ROWS, layout=rows), first_n, M, scale0_ptr, scale1_ptr,
                                   n_blocks, N_STATE)
@@ -541,12 +577,7 @@ def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_pt
             if STAGE_STATE:
                 # sub-tile u + STAGING_SLOTS into the slot this one's update has read (u's): this tile's, or
                 # the next's; it lands while the next sub-tile is updated
-                if j + STAGING_SLOTS < SUBTILES:
-                    stage_row_blocks(w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready, u + STAGING_SLOTS,
-                                     pid_m * BM + (j + STAGING_SLOTS) * ROWS, pid_n * BN, N_STATE)
-                else:
-                    stage_row_blocks(w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready, u + STAGING_SLOTS,
-                                     next_m * BM + (j + STAGING_SLOTS - SUBTILES) * ROWS, next_n * BN, N_STATE)
+                stage_row_blocks_ahead(staging, u, j, pid_m, pid_n, next_m, next_n, BM, ROWS, SUBTILES, N_STATE)
             if STAGE_STATE or MMA_STAGE:
                 if j + 1 < SUBTILES:
                     next_scales = load_scales(offs_m + ROWS, pid_n, M, scale0_ptr, scale1_ptr, n_blocks, N_STATE)
@@ -559,10 +590,7 @@ def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_pt
         store_tile_telemetry(sq, bad, pid_m, pid_n, tiles_n, norm_sq_ptr, nonfinite_ptr)
         t += 1
     if STAGE_STATE:
-        # the copies staged past the program's last tile (never read) land before it ends: no copy into its
-        # shared memory outlives it
-        for a in gl.static_range(STAGING_SLOTS):
-            mbarrier.wait(st_ready.index((u + a) % STAGING_SLOTS), ((u + a) // STAGING_SLOTS) & 1)
+        drain_staging(st_ready, u)
 
 
 @gluon.jit
