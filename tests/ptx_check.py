@@ -121,13 +121,24 @@ def launch_specializations(kernel, names=("seed", "rand_base")) -> list:
     return sorted(json.loads(s) for s in seen)
 
 
+def _gluon_resources(compiled) -> dict:
+    """What every Gluon kernel's check reports beside its op counts: the Philox products, the wgmma and TMA
+    instructions, the setmaxnreg register caps, the shared memory Triton allocates and ptxas's resources."""
+    from bench.registers import resource_usage
+
+    ptx = compiled.asm["ptx"]
+    return {"mul_hi": len(re.findall(r"mul\.hi\.u32", ptx)), "mul_wide": len(re.findall(r"mul\.wide\.u32", ptx)),
+            "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "tma": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
+            "setmaxnreg": len(re.findall(r"setmaxnreg", ptx)), "shared": int(compiled.metadata.shared),
+            **resource_usage(ptx)}
+
+
 def check_gluon_ws(rule_name: str, config, precision: str = "fp32", slot: bool = False) -> dict:
     """The warp-specialized Gluon kernel (kernels/gluon_update.py) for sm_90 with one tile, in the
     fp32 or bf16-sr regime: IEEE op counts (each vocabulary op of the rule once per element a
     consumer thread updates), the wgmma chain, TMA copies, the partitions' register caps, ptxas
     resources and shared memory; bf16-sr: the Philox rounds' multiplications (two a round, ten
     rounds, per element: mul.hi.u32, or mul.wide.u32 with kernels/random.py's WIDE_PRODUCTS)."""
-    from bench.registers import resource_usage
     from forge_num import rules
     from forge_num.kernels.gluon_update import compile_for_sm90
 
@@ -142,10 +153,7 @@ def check_gluon_ws(rule_name: str, config, precision: str = "fp32", slot: bool =
             "forbidden": forbidden(ptx),
             "expected": {op: calls.get(op, 0) * per_thread * consumers for op in PTX_OP},
             "consumers": consumers, "per_thread": per_thread,
-            "mul_hi": len(re.findall(r"mul\.hi\.u32", ptx)), "mul_wide": len(re.findall(r"mul\.wide\.u32", ptx)),
-            "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "tma": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
-            "setmaxnreg": len(re.findall(r"setmaxnreg", ptx)), "shared": int(compiled.metadata.shared),
-            "shared_model": config.shared_bytes(len(rule.state), 2 if bf16 else 4), **resource_usage(ptx)}
+            **_gluon_resources(compiled), "shared_model": config.shared_bytes(len(rule.state), 2 if bf16 else 4)}
 
 
 def check_gluon_q8(rule_name: str, config, slot: bool = False, pairs: bool = True) -> dict:
@@ -153,7 +161,6 @@ def check_gluon_q8(rule_name: str, config, slot: bool = False, pairs: bool = Tru
     the rule once per element an epilogue thread updates, and dequantization's two products a state:
     a code's bit fields times 2^(127 - TOP) and q * scale), the wgmma chain, TMA loads, the register
     caps, ptxas resources and shared memory; its Philox rounds' products (as in check_gluon_ws)."""
-    from bench.registers import resource_usage
     from forge_num import rules
     from forge_num.kernels.gluon_q8 import compile_for_sm90
 
@@ -166,17 +173,13 @@ def check_gluon_q8(rule_name: str, config, slot: bool = False, pairs: bool = Tru
     return {"rule": rule_name, "config": config.label, "slot": slot, "pairs": pairs, "BK": config.BK, "ptx": count(ptx),
             "forbidden": forbidden(ptx),
             "expected": {op: calls.get(op, 0) * per_thread for op in PTX_OP}, "per_thread": per_thread,
-            "mul_hi": len(re.findall(r"mul\.hi\.u32", ptx)), "mul_wide": len(re.findall(r"mul\.wide\.u32", ptx)),
-            "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "tma": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
-            "setmaxnreg": len(re.findall(r"setmaxnreg", ptx)), "shared": int(compiled.metadata.shared),
-            "shared_model": config.shared_bytes(len(rule.state)), **resource_usage(ptx)}
+            **_gluon_resources(compiled), "shared_model": config.shared_bytes(len(rule.state))}
 
 
 def check_gluon_f32(rule_name: str, config, slot: bool = False) -> dict:
     """The fp32 split Gluon kernel (kernels/gluon_f32.py) for sm_90 with one tile: IEEE op counts (each op of
     the rule once per element an epilogue thread updates), the wgmma chain, TMA loads, the register caps, ptxas
     resources and shared memory."""
-    from bench.registers import resource_usage
     from forge_num import rules
     from forge_num.kernels.gluon_f32 import compile_for_sm90
 
@@ -188,10 +191,7 @@ def check_gluon_f32(rule_name: str, config, slot: bool = False) -> dict:
     return {"rule": rule_name, "config": config.label, "slot": slot, "BK": config.BK, "ptx": count(ptx),
             "forbidden": forbidden(ptx),
             "expected": {op: calls.get(op, 0) * per_thread for op in PTX_OP}, "per_thread": per_thread,
-            "mul_hi": len(re.findall(r"mul\.hi\.u32", ptx)), "mul_wide": len(re.findall(r"mul\.wide\.u32", ptx)),
-            "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "tma": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
-            "setmaxnreg": len(re.findall(r"setmaxnreg", ptx)), "shared": int(compiled.metadata.shared),
-            "shared_model": config.shared_bytes(len(rule.state)), **resource_usage(ptx)}
+            **_gluon_resources(compiled), "shared_model": config.shared_bytes(len(rule.state))}
 
 
 def _gluon_f32_configs():
