@@ -1054,9 +1054,9 @@ def _ws_f32_route(weight, x, dy, states):
 
 
 def _ws_q8_route(weight, x, dy, states):
-    """The tile of kernels/gluon_q8.py for this 8bit-regime update where that kernel is the measured
-    default (its route_config: sm_90, the measured K ranges, enough tiles; FORGE_NUM_GLUON_Q8 its own
-    switch), else None (_gluon_route)."""
+    """The tile of kernels/gluon_q8.py for this 8bit-regime update where that kernel is switched on
+    (FORGE_NUM_GLUON_Q8: off unless set since session 36, gluon_q8.ROUTED says why) and its route_config
+    takes it (sm_90, the measured K ranges, enough tiles), else None (_gluon_route)."""
     return _gluon_route("gluon_q8", weight, x, dy, states)
 
 

@@ -932,8 +932,8 @@ _LAUNCH = CachedLaunch(fused_linear_update_ws_kernel)
 #   ROUTE_SMALL_K < K < ROUTE_MAX_K: one 128x128 program an SM (two consumer warp groups): 1.05-1.20x
 #     at K = 1024, equal at 2048 (1.03-1.11x unfused there); at K = 4096 0.96-1.03x, so from ROUTE_MAX_K
 #     on the Triton persistent 128x128 stays (0.92-0.99x of it at 16384).
-# Since session 35 the fp32 split kernel (kernels/gluon_f32.py) goes first where it applies (256-8192 tokens, at
-# least 132 of its tiles); these ranges take the fp32 updates it leaves (fewer tiles, K below 256).
+# Since session 35 the fp32 split kernel (kernels/gluon_f32.py) goes first where it applies (256-16384 tokens since
+# session 36, at least 132 of its tiles); these ranges take the fp32 updates it leaves (fewer tiles, K below 256).
 # Below ROUTE_MIN_WORK = M N K the step is host-bound (the Triton launcher's SMALL_WORK, session 7),
 # and this launch costs the host more (five TMA descriptors built per call: 1.46x the Triton
 # launch's host time in session 11's call 1, 1.17x with the layouts computed once, call 4).
