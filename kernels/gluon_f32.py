@@ -215,6 +215,9 @@ def fused_linear_update_f32_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc,
             (_ws.operand_loader, (dy_desc, x_desc, dy_bufs, x_bufs, op_ready, op_empty, M, N, K, GROUP_M)),
             (_q8.mma_whole_tiles, (dy_bufs, x_bufs, op_ready, op_empty, g_bufs, g_ready, g_empty, M, N, K, GROUP_M)),
         ], [1, BM // 16], [24, MMA_REGS])
+    _q8.invalidate_rings(op_ready, op_empty, g_ready, g_empty)
+    if STAGE_SLOTS:
+        _ws.invalidate_barriers(staging[6])
 
 
 # ---------------------------------------------------------------------------------------------

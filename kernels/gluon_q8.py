@@ -594,6 +594,16 @@ def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_pt
 
 
 @gluon.jit
+def invalidate_rings(op_ready, op_empty, g_ready, g_empty):
+    """allocate_rings' barriers invalidated, after the partitions have joined (gluon_update.invalidate_barriers
+    says why)."""
+    _ws.invalidate_barriers(op_ready)
+    _ws.invalidate_barriers(op_empty)
+    _ws.invalidate_barriers(g_ready)
+    _ws.invalidate_barriers(g_empty)
+
+
+@gluon.jit
 def allocate_rings(dy_desc, x_desc, STAGES: gl.constexpr, G_BUFS: gl.constexpr):
     """(dy_bufs, x_bufs, g_bufs, op_ready, op_empty, g_ready, g_empty): the split design's shared memory, its
     barriers initialized: STAGES operand slots of dY's and X's K blocks, G_BUFS g buffers [BM, BN] fp32 (BM, BN
@@ -674,6 +684,9 @@ def fused_linear_update_q8_ws_kernel(dy_desc, x_desc, w_desc, c0_desc, c1_desc, 
             (_ws.operand_loader, (dy_desc, x_desc, dy_bufs, x_bufs, op_ready, op_empty, M, N, K, GROUP_M)),
             (mma_whole_tiles, (dy_bufs, x_bufs, op_ready, op_empty, g_bufs, g_ready, g_empty, M, N, K, GROUP_M)),
         ], [1, 4], [24, MMA_REGS])
+    invalidate_rings(op_ready, op_empty, g_ready, g_empty)
+    if STAGE_STATE or MMA_STAGE:
+        _ws.invalidate_barriers(staging[6])
 
 
 # ---------------------------------------------------------------------------------------------

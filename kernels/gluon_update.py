@@ -571,6 +571,18 @@ def barrier_pairs(n: gl.constexpr):
     return ready, empty
 
 
+@gluon.jit
+def invalidate_barriers(bars):
+    """Every mbarrier of the array ``bars`` invalidated (mbarrier.inval), once the partitions have joined and every
+    copy counted on one has been waited for. Why: PTX requires an mbarrier object invalidated before its
+    shared memory is put to any other use, and a CTA's shared memory is the next CTA's on that SM (the next
+    launch's, perhaps a TMA destination); Triton's own pipelines invalidate theirs (triton-lang/triton#3858:
+    sporadic memory corruption suspected without)."""
+    n: gl.constexpr = bars.type.shape[0]
+    for i in gl.static_range(n):
+        mbarrier.invalidate(bars.index(i))
+
+
 @gluon.jit(do_not_specialize=["seed", "rand_stride", "rand_base"])
 def fused_linear_update_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, norm_sq_ptr, nonfinite_ptr,
                                   M, N, K, h, grad_scale, seed: tl.uint64, rand_stride: tl.int64, rand_base: tl.int64,
@@ -612,6 +624,8 @@ def fused_linear_update_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, nor
             (state_loader, (descs, bufs, bars, M, N, K, GROUP_M)),
             (mma_worker, (descs, bufs, bars, M, N, K, GROUP_M)),
         ], [1, 1, 4], [24, 24, 152])
+        invalidate_barriers(g_ready)
+        invalidate_barriers(g_empty)
     elif PINGPONG:
         # the second consumer's own store staging slots (the g slots of the split design: placeholders)
         out_b = gl.allocate_shared_memory(w_desc.dtype, [OUT_SLOTS * (1 + N_STATE)] + w_desc.block_type.shape,
@@ -633,6 +647,8 @@ def fused_linear_update_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, nor
             (pingpong_consumer, (descs, bufs_b, bars, M, N, K, h, grad_scale, rand, norm_sq_ptr, nonfinite_ptr,
                                  GUARDED_UPDATE, BF16_STORAGE, GROUP_M, 1)),
         ], [1, 1, 4], [24, 24, PINGPONG_REGS])
+        invalidate_barriers(mma_turn)
+        invalidate_barriers(epi_turn)
     else:
         # (the g slots and barriers of the split design are not used: placeholders keep one tuple shape)
         bufs = (dy_bufs, x_bufs, w_bufs, s0_bufs, s1_bufs, out_bufs, out_bufs)
@@ -643,6 +659,11 @@ def fused_linear_update_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, nor
             (operand_loader, (dy_desc, x_desc, dy_bufs, x_bufs, op_ready, op_empty, M, N, K, GROUP_M)),
             (state_loader, (descs, bufs, bars, M, N, K, GROUP_M)),
         ], [1, 1], [24, 24])
+    # (the barriers of every design; the split and pingpong designs' own invalidated in their branches)
+    invalidate_barriers(op_ready)
+    invalidate_barriers(op_empty)
+    invalidate_barriers(st_ready)
+    invalidate_barriers(st_empty)
 
 
 # ---------------------------------------------------------------------------------------------

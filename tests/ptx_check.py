@@ -121,16 +121,47 @@ def launch_specializations(kernel, names=("seed", "rand_base")) -> list:
     return sorted(json.loads(s) for s in seen)
 
 
+# a constant shared-memory address in Triton's LLVM IR: byte offset OFF of the kernel's shared memory
+_SMEM = r"getelementptr \(i8, ptr addrspace\(3\) @global_smem, i32 (\d+)\)"
+
+
+def barrier_reuse(llir: str) -> dict:
+    """The kernel's mbarriers in its LLVM IR: how many it initializes and invalidates, and the byte offsets of
+    shared memory that an mbarrier occupies and something else also uses as data (a TMA copy's destination, a
+    pointer to a non-i64 element, a plain load or store), which must be none: PTX requires an mbarrier object
+    invalidated before its memory has another use, and Triton's allocator reuses the bytes of a barrier array
+    once past its last use in the program (an unused array: past its initialization; session 37 found the
+    staged tiles' first staging slot over one). Barriers and their uses are found by their constant offsets
+    (the kernels initialize theirs in unrolled loops)."""
+    inits, invals, data = [], 0, set()
+    for line in llir.splitlines():
+        if "mbarrier.init" in line:
+            inits += [int(o) for o in re.findall(_SMEM, line)]
+        elif "mbarrier.inval" in line:
+            invals += 1
+        elif "cp.async.bulk" in line:  # a copy's destination: its first shared-memory operand
+            m = re.search(r"\"\(i1 %\w+, ptr addrspace\(3\) " + _SMEM, line)
+            if m:
+                data.add(int(m.group(1)))
+        elif "mbarrier" not in line:
+            data.update(int(m.group(2)) for m in re.finditer(r"getelementptr (?:inbounds )?(\w+), ptr addrspace\(3\) "
+                                                             + _SMEM, line) if m.group(1) != "i64")
+            data.update(int(m.group(1)) for m in re.finditer(r"(?:load|store) [^,]*, ptr addrspace\(3\) " + _SMEM, line))
+    return {"mbarrier_init": len(inits), "mbarrier_inval": invals,
+            "barrier_bytes_as_data": sorted(o for o in data if any(b <= o < b + 8 for b in inits))}
+
+
 def _gluon_resources(compiled) -> dict:
     """What every Gluon kernel's check reports beside its op counts: the Philox products, the wgmma and TMA
-    instructions, the setmaxnreg register caps, the shared memory Triton allocates and ptxas's resources."""
+    instructions, the setmaxnreg register caps, the shared memory Triton allocates, its mbarriers
+    (barrier_reuse) and ptxas's resources."""
     from bench.registers import resource_usage
 
     ptx = compiled.asm["ptx"]
     return {"mul_hi": len(re.findall(r"mul\.hi\.u32", ptx)), "mul_wide": len(re.findall(r"mul\.wide\.u32", ptx)),
             "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "tma": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
             "setmaxnreg": len(re.findall(r"setmaxnreg", ptx)), "shared": int(compiled.metadata.shared),
-            **resource_usage(ptx)}
+            **barrier_reuse(compiled.asm["llir"]), **resource_usage(ptx)}
 
 
 def check_gluon_ws(rule_name: str, config, precision: str = "fp32", slot: bool = False) -> dict:
