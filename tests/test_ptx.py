@@ -360,3 +360,30 @@ def test_gluon_kernels_invalidate_their_barriers_and_reuse_none_of_their_bytes(r
     for r in reports:
         assert r["mbarrier_init"] > 0 and r["mbarrier_inval"] == r["mbarrier_init"], r["config"]
         assert r["barrier_bytes_as_data"] == [], (r["config"], r["barrier_bytes_as_data"])
+
+
+def test_barrier_reuse_finds_a_barriers_bytes_used_as_data():
+    """tests.ptx_check.barrier_reuse on lines of the forms Triton 3.6's LLVM IR gave before session 37's fix
+    (shortened): a barrier's bytes as a TMA copy's destination, as a float pointer's base, by a plain store;
+    not its own array's i64 indexing or the mbarrier instructions."""
+    from tests.ptx_check import barrier_reuse
+
+    def smem(offset):
+        return f"getelementptr (i8, ptr addrspace(3) @global_smem, i32 {offset})"
+
+    init = f'call void asm sideeffect "@$0 mbarrier.init.shared::cta.b64 [$1], 1;", "b,r"(i1 %p, ptr addrspace(3) {smem(512)})'
+    own = f"%a = getelementptr i64, ptr addrspace(3) {smem(512)}, i32 %i"
+    wait = f'call void asm sideeffect "mbarrier.try_wait.parity.shared.b64 complete, [$0], $1;", "r,r"(ptr addrspace(3) {smem(512)})'
+    tma = (f'call void asm sideeffect "@$0 cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes '
+           f'[$1], [$2, {{$3, $4}}], [$5];", "b,r,l,r,r,r"(i1 %p, ptr addrspace(3) {smem(512)}, ptr %d, i32 0, i32 0, '
+           f'ptr addrspace(3) {smem(4096)})')
+    as_float = f"%b = getelementptr float, ptr addrspace(3) {smem(516)}, i32 %i"
+    store = f"store double 0.0, ptr addrspace(3) {smem(512)}, align 16"
+    inval = f'call void asm sideeffect "mbarrier.inval.shared::cta.b64 [$0];", "r"(ptr addrspace(3) {smem(512)})'
+    clean = "\n".join([init, own, wait, inval])
+    assert barrier_reuse(clean) == {"mbarrier_init": 1, "mbarrier_inval": 1, "barrier_bytes_as_data": []}
+    for line, offset in ((tma, 512), (as_float, 516), (store, 512)):
+        assert barrier_reuse(clean + "\n" + line)["barrier_bytes_as_data"] == [offset], line
+    # a copy whose barrier, not its destination, sits there is no reuse
+    assert barrier_reuse(clean + "\n" + tma.replace(smem(512), smem(8192)).replace(smem(4096), smem(512)))[
+        "barrier_bytes_as_data"] == []
