@@ -21,7 +21,7 @@ import triton  # noqa: E402
 
 from forge_num.emulator.philox import derive_seed  # noqa: E402
 from forge_num.kernels import gluon_f32, gluon_q8  # noqa: E402
-from tests.test_gpu_gluon import _case, _q8_clone, _q8_states  # noqa: E402
+from tests.test_gpu_gluon import _case, _q8_states  # noqa: E402
 
 TILES = {
     "q8_staged": ("8bit", gluon_q8.MMA_STAGED_CONFIG),
