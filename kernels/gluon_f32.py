@@ -304,17 +304,21 @@ F32_WS_CANDIDATE_CONFIGS = (
     TALL_ONE_BUFFER_F32_WS_CONFIG,
     # its five-stage twin (224 KB; Lion and SGD spill 116-140 B): 1.00-1.06x its time at 4096-16384 tokens
     F32WSConfig(BM=128, STAGES=5, num_warps=8, mma_registers=96, max_registers=128, g_buffers=1),
-    # the default tile with deeper operand rings (session 36, CPU; not yet run on a GPU): its MMA warps load
+    # the default tile with deeper operand rings (session 36; H200: within 2-3% of its time at 256-2048 tokens,
+    # either way, so the mainloop does not wait for operands): its MMA warps load
     # STAGES - 1 K blocks ahead and reuse a slot once the wgmma before it retired, so STAGES - 2 blocks cover a
     # load's latency; a 64x128x64 wgmma is ~0.14 us at the SM's peak, so four stages cover ~0.3 us where a TMA
     # load from L2 takes ~0.5-1 us. Five and six stages (184 and 208 KB) change no register: the same epilogue
     F32WSConfig(STAGES=5),
     F32WSConfig(STAGES=6),
-    # v46 (session 36, CPU; not yet run on a GPU): the default tile with W and the states streamed through
-    # shared-memory slots by TMA (f32_epilogue's STAGE_STATE). Why: its update streams at ~2.4-2.6 TB/s (0.586 ms
-    # at 4096x14336, 256 tokens, against a 0.467 ms floor), with at most one 16-row sub-tile's loads (24 KB an
-    # SM) in flight; at ~3 TB/s and ~1 us of loaded latency an SM needs ~23 KB in flight all the time. Two or
-    # three slots keep one or two sub-tiles ahead without a register; 208 KB, or 200 with one g buffer
+    # v46 (session 36): the default tile with W and the states streamed through shared-memory slots by TMA
+    # (f32_epilogue's STAGE_STATE). Why: its update streams at ~2.4-2.6 TB/s (0.586 ms at 4096x14336, 256 tokens,
+    # against a 0.467 ms floor), with at most one 16-row sub-tile's loads (24 KB an SM) in flight; at ~3 TB/s and
+    # ~1 us of loaded latency an SM needs ~23 KB in flight all the time. Two or three slots keep one or two
+    # sub-tiles ahead without a register; 208 KB, or 200 with one g buffer. Two slots (session 37, H100, issue
+    # 5's five shapes): 0.91-0.93x the default's time at 256 tokens, 0.92-1.01x at 512, 0.92-0.96x at 768,
+    # 1.03-1.07x at 1024. Not routed until session 37's barrier fix holds on an H200: before it, its flake case
+    # parted in 1 of 16 runs there; with it, in 0 of 24 on an H100
     F32WSConfig(STAGES=3, stage_slots=3),
     F32WSConfig(STAGES=4, stage_slots=2),
     F32WSConfig(STAGES=4, g_buffers=1, stage_slots=3),

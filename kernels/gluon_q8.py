@@ -1079,8 +1079,12 @@ def compile_for_sm90(rule: Rule, config: Q8WSConfig = DEFAULT_Q8_WS_CONFIG, M: i
 # tile in 0 of 44 (12 on the H200, 32 on an H100). Where the losses agreed only layer 0's down_proj weight
 # differed, its states equal. Each tile alone, from fixed inputs, 60 repeats at down_proj's shapes (and 30 in four
 # processes at once), gave the same bits every time (bench/results/2026-12-06-s36/stress.py, H100): the fault
-# needs the training step around the kernel, and is not found. Until it is, the 8bit regime's updates run on
-# the Triton tile unless FORGE_NUM_GLUON_Q8=1 (or a label) asks for these.
+# needs the training step around the kernel. Its cause, found in session 37: no kernel invalidated its
+# mbarriers, and Triton's allocator gave an unused barrier array's bytes to the staging slot W is copied into
+# (gluon_update.invalidate_barriers; tests/test_ptx.py checks every kernel). With the fix the case parted in 0
+# of 24 runs with this route, on an H100 (bench/results/2026-12-06-s37/); until it runs clean on an H200, where
+# the faults showed, the 8bit regime's updates run on the Triton tile unless FORGE_NUM_GLUON_Q8=1 (or a label)
+# asks for these.
 ROUTED = False
 MIN_TILES = 132  # below one tile an SM of an H100/H200 the one-program-an-SM grid idles SMs
 # (first K, tile), in order of K; the last one that applies is taken, so the default's range from 5120 is
