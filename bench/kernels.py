@@ -207,12 +207,16 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", o
                   else CANDIDATES + _gluon_tiles(gluon_f32, M, N) if precision == "fp32" else CANDIDATES)
     default = (kernels.default_q8_config(M, N, K, torch.bfloat16) if precision == "8bit"
                else kernels.default_config(M, N, K, torch.bfloat16, precision == "bf16-sr"))
-    # Each tile timed once a round, the rounds one after another (interleaved), its time the median of its
-    # rounds: a drift of the GPU's clocks falls on every tile alike (session 33: two timings of one tile
-    # minutes apart in one run differed by 2-7%).
-    rounds_ms = {}
+    # Each tile timed once a round, then the launcher's route and the unfused step, the rounds one after
+    # another (interleaved), each time the median of its rounds: a drift of the GPU's clocks falls on every tile
+    # and on both baselines alike (session 33: two timings of one tile minutes apart in one run differed by
+    # 2-7%; session 37: the route, timed once after the rounds, read 4-7% above the same tile's median on the
+    # largest shape at 768-1024 tokens).
+    rounds_ms, route_rounds_ms, unfused_rounds_ms = {}, [], []
     selected = [cfg for cfg in (*configs, *candidates) if only is None or cfg.label in only]
     for _ in range(rounds):
+        route_rounds_ms.append(triton.testing.do_bench(forge, warmup=25, rep=200, return_mode="median"))
+        unfused_rounds_ms.append(triton.testing.do_bench(unfused, warmup=25, rep=200, return_mode="median"))
         for cfg in selected:
             if str(cfg) in failed:
                 continue
@@ -223,8 +227,8 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", o
             except Exception as e:  # a tile that does not compile here (shared memory): reported, not fatal
                 failed[str(cfg)] = f"{type(e).__name__}: {str(e)[:160]}"
     per_config = {k: statistics.median(v) * 1e-3 for k, v in rounds_ms.items()}
-    t_forge = triton.testing.do_bench(forge, warmup=25, rep=200, return_mode="median") * 1e-3
-    t_unfused = triton.testing.do_bench(unfused, warmup=25, rep=200, return_mode="median") * 1e-3
+    t_forge = statistics.median(route_rounds_ms) * 1e-3
+    t_unfused = statistics.median(unfused_rounds_ms) * 1e-3
     # The same two steps without the host: their launches replayed from a CUDA graph. do_bench's
     # interval runs from an event recorded behind its L2 flush to one behind the step, so a host that
     # fell behind would leave the GPU idle inside it; forge_ms - forge_graph_ms is that gap. (Session
@@ -277,6 +281,7 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", o
             # the same timings by label (64x128x64 w4 s4 e4 tma ...): stable when TileConfig gains a field
             "per_label_ms": {labels[k]: t * 1e3 for k, t in per_config.items()},
             "rounds_ms_by_label": {labels[k]: v for k, v in rounds_ms.items()},
+            "rounds_route_ms": route_rounds_ms, "rounds_unfused_ms": unfused_rounds_ms,
             "compiled": compiled, "failed": failed,
             "best_config": min(per_config, key=per_config.get),
             "best_label": labels[min(per_config, key=per_config.get)],
