@@ -10,6 +10,10 @@
 #   kern_table F prints bench/kernels.py's JSON F as a table: a row a shape and K, a column a tile label
 #                (its common prefix dropped), the medians of its rounds in ms; then the launcher's route, the
 #                unfused step and the floor, in ms
+#   flake TAG N RUNS ARGS...   bench/results/2026-12-06-s36/flake_where.py (a Llama-1B-wide model trained
+#                eager and captured, compared bit for bit) in N processes at once, RUNS runs each, with ARGS
+#                and the environment as exported, under 120 s of the budget, into $R/TAG<p>.log; prints each
+#                process's count of parted runs
 #   call_end     the results folder $R packed into $OUT/results.tgz, env.txt beside it
 set -uo pipefail
 DEADLINE=$((SECONDS + ${CALL_BUDGET_S:-570}))
@@ -52,6 +56,16 @@ for r in rows:
     print(f"{r['M']}x{r['N']} K={r['K']:<5d}".ljust(25) + "".join(f"{r['per_label_ms'][l]:24.3f}" for l in labels)
           + "".join(f"{r[c]:9.3f}" for c in ("forge_ms", "unfused_ms", "floor_ms")))
 PY
+}
+
+flake() {
+  local tag=$1 n=$2 runs=$3; shift 3
+  echo "== $tag $(date -u +%T)"
+  for p in $(seq "$n"); do
+    timeout "$(budget 120)" python3 bench/results/2026-12-06-s36/flake_where.py "$runs" "$tag$p" "$@" >"$R/$tag$p.log" 2>&1 &
+  done
+  wait
+  grep -h "parted\|Error" "$R/$tag"*.log | grep -v Warning | cut -c1-200 | head -8
 }
 
 call_end() {

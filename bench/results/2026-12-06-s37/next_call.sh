@@ -10,17 +10,9 @@
 PART=${PART:-flake,graphs,f32small}
 source bench/device_call.sh
 call_begin
-W=bench/results/2026-12-06-s36/flake_where.py
-procs() {  # procs TAG N RUNS ARGS... : N processes of RUNS runs, the environment as exported
-  local tag=$1 n=$2 runs=$3; shift 3
-  echo "== $tag $(date -u +%T)"
-  for p in $(seq "$n"); do timeout "$(budget 120)" python3 $W "$runs" "$tag$p" "$@" >"$R/$tag$p.log" 2>&1 & done
-  wait
-  grep -h "parted\|Error" "$R/$tag"*.log | grep -v Warning | cut -c1-200 | head -8
-}
 part_flake() {
-  FORGE_NUM_GLUON_Q8=1 procs q8route 4 6
-  FORGE_NUM_GLUON_F32=wsf_64x128x64_st4_w16_rows16_mma96_r96_sl_cur_ss2 procs f32ss2 4 6 --precision fp32
+  FORGE_NUM_GLUON_Q8=1 flake q8route 4 6
+  FORGE_NUM_GLUON_F32=wsf_64x128x64_st4_w16_rows16_mma96_r96_sl_cur_ss2 flake f32ss2 4 6 --precision fp32
 }
 part_graphs() {
   FORGE_NUM_GLUON_Q8=1 timeout "$(budget 200)" python3 -m pytest -q -m gpu -n 4 tests/test_gpu_graphs.py \
