@@ -575,9 +575,12 @@ def barrier_pairs(n: gl.constexpr):
 def invalidate_barriers(bars):
     """Every mbarrier of the array ``bars`` invalidated (mbarrier.inval), once the partitions have joined and every
     copy counted on one has been waited for. Why: PTX requires an mbarrier object invalidated before its
-    shared memory is put to any other use, and a CTA's shared memory is the next CTA's on that SM (the next
-    launch's, perhaps a TMA destination); Triton's own pipelines invalidate theirs (triton-lang/triton#3858:
-    sporadic memory corruption suspected without)."""
+    shared memory is put to any other use. Inside the kernel: Triton's allocator ends a buffer's life at its
+    last use, and without this an array never waited on (the self-loading tiles' operand empty barriers) ended
+    at its initialization and its bytes went to later buffers, the staged tiles' first staging slot, a TMA
+    destination, among them (session 37: the cause of the 8bit route's and v46's wrong weights); a use at the
+    kernel's end keeps every barrier allocated to the end (tests/test_ptx.py checks both). After it: a CTA's
+    shared memory is the next CTA's on that SM. Triton's own pipelines invalidate theirs (triton-lang/triton#3858)."""
     n: gl.constexpr = bars.type.shape[0]
     for i in gl.static_range(n):
         mbarrier.invalidate(bars.index(i))
