@@ -217,7 +217,7 @@ def fused_linear_update_f32_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc,
         ], [1, BM // 16], [24, MMA_REGS])
     _q8.invalidate_rings(op_ready, op_empty, g_ready, g_empty)
     if STAGE_SLOTS:
-        _ws.invalidate_barriers(staging[6])
+        _ws.invalidate_barriers(staging[6])  # st_ready
 
 
 # ---------------------------------------------------------------------------------------------

@@ -686,7 +686,7 @@ def fused_linear_update_q8_ws_kernel(dy_desc, x_desc, w_desc, c0_desc, c1_desc, 
         ], [1, 4], [24, MMA_REGS])
     invalidate_rings(op_ready, op_empty, g_ready, g_empty)
     if STAGE_STATE or MMA_STAGE:
-        _ws.invalidate_barriers(staging[6])
+        _ws.invalidate_barriers(staging[6])  # st_ready
 
 
 # ---------------------------------------------------------------------------------------------
