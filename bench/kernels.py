@@ -263,13 +263,9 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", o
         parts["torch_update_only_ms"] = bench(torch_step)
         p.grad = None
     labels = {str(c): c.label for c in (*configs, *candidates)}
-    # what the launcher runs with no tile given: the Gluon kernel where kernels._ws_route sends it
-    if precision == "8bit":
-        routed = kernels._ws_q8_route(w, x, dy, states)
-    else:  # fp32: the split kernel first, as the launcher takes it
-        routed = (kernels._ws_f32_route(w, x, dy, states) if precision == "fp32" else None) \
-            or kernels._ws_route(w, x, dy, states)
-    if routed is not None:
+    # what the launcher runs with no tile given (kernels.launcher_tile): a Gluon kernel's tile where routed
+    kernel, routed = kernels.launcher_tile(w, x, dy, states)
+    if kernel != "triton":
         default = routed
     flops = 2.0 * K * M * N
     min_bytes = 2 * (K * N + K * M) + STATE_BYTES[precision] * M * N

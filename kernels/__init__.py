@@ -65,6 +65,7 @@ __all__ = [
     "weight_grad_norm_sq",
     "accumulate_weight_grad",
     "configs_for",
+    "launcher_tile",
     "step_slot_size",
     "step_slot_words",
 ]
@@ -639,6 +640,14 @@ def _tma_descriptor(t: torch.Tensor, shape: list, strides: list, block: list):
     return d
 
 
+def _triton_tile(M: int, N: int, K: int, dtype: torch.dtype, bf16: bool, q8: bool, tma_ok: bool) -> TileConfig:
+    """The Triton kernel's tile where none is given: the measured default of the regime (default_q8_config,
+    default_config), or the interpreter's small tile."""
+    if q8:
+        return INTERPRETER_Q8_CONFIG if _interpreting() else default_q8_config(M, N, K, dtype, tma_ok)
+    return INTERPRETER_CONFIG if _interpreting() else default_config(M, N, K, dtype, bf16, tma_ok=tma_ok)
+
+
 def _launch_linear(
     weight, states, x, dy, accum, acc_out, rule, h, grad_scale, *, update: bool, config: TileConfig | None,
     n_state: int, seed: int = 0, bf16: bool = False, q8: bool = False, rand: tuple | None = None,
@@ -649,10 +658,7 @@ def _launch_linear(
     device = x.device
     tma_ok = _tma_addressable(x, dy)
     if config is None:
-        if q8:
-            config = INTERPRETER_Q8_CONFIG if _interpreting() else default_q8_config(M, N, K, x.dtype, tma_ok)
-        else:
-            config = INTERPRETER_CONFIG if _interpreting() else default_config(M, N, K, x.dtype, bf16, tma_ok=tma_ok)
+        config = _triton_tile(M, N, K, x.dtype, bf16, q8, tma_ok)
     if q8 and (config.BN % QBLOCK or config.epilogue_split > (8 if config.staged else 4)
                or config.BM % config.epilogue_split):
         raise ValueError(f"the 8bit regime needs BN a multiple of {QBLOCK} and its epilogue split into 1, 2 or 4 "
@@ -998,31 +1004,60 @@ def fused_linear_update(
                       *(states if not q8 else ()))
     _check_step_slot(step_slot, rule, weight)
     _, rand_stride, rand_base, rand_rows = _kernel_counter(counter, M * N, weight.device, cols=N)
-    plain = accum is None and acc_out is None and not q8 and rand_rows is None
-    if config is None and plain and not _interpreting():
-        split = None if bf16 else _ws_f32_route(weight, x, dy, states)
-        if split is not None:  # the fp32 split Gluon kernel (gluon_f32.py), where routed: the same bits
+    gluon = None
+    if config is None and accum is None and acc_out is None and rand_rows is None:
+        gluon = _gluon_tile(weight, x, dy, states, bf16, q8)
+    if gluon is not None:  # a Gluon kernel where routed (measured faster): the same bits
+        module, tile = gluon
+        if module == "gluon_f32":  # the fp32 split kernel
             from . import gluon_f32
 
-            return gluon_f32.launch(weight, x, dy, states, rule, h, grad_scale, split, step_slot)
-        ws = _ws_route(weight, x, dy, states)
-        if ws is not None:  # the warp-specialized Gluon kernel, where measured faster: the same bits
+            return gluon_f32.launch(weight, x, dy, states, rule, h, grad_scale, tile, step_slot)
+        if module == "gluon_update":  # the warp-specialized fp32 / bf16-sr kernel
             from . import gluon_update
 
             rand = (int(seed), rand_stride, rand_base) if bf16 else None
-            return gluon_update.launch(weight, x, dy, states, rule, h, grad_scale, ws, rand, step_slot)
-    elif config is None and q8 and accum is None and acc_out is None and rand_rows is None and not _interpreting():
-        ws = _ws_q8_route(weight, x, dy, states)
-        if ws is not None:  # the warp-specialized Gluon 8bit kernel, where measured faster: the same bits
-            from . import gluon_q8
+            return gluon_update.launch(weight, x, dy, states, rule, h, grad_scale, tile, rand, step_slot)
+        from . import gluon_q8
 
-            return gluon_q8.launch(weight, x, dy, states, rule, h, grad_scale, ws, (int(seed), rand_stride, rand_base),
-                                   step_slot)
+        return gluon_q8.launch(weight, x, dy, states, rule, h, grad_scale, tile, (int(seed), rand_stride, rand_base),
+                               step_slot)
     return _launch_linear(
         weight, states, x, dy, accum, acc_out, rule, h, grad_scale, update=True, config=config,
         n_state=len(states), seed=seed or 0, bf16=bf16 and not q8, q8=q8,
         rand=(rand_stride, rand_base, rand_rows), step_slot=step_slot,
     )
+
+
+def _gluon_tile(weight, x, dy, states, bf16: bool, q8: bool):
+    """(module, tile) of the Gluon kernel a plain update (no tile given, no accumulation, no gathered rows) takes,
+    or None (the Triton kernel; always under the interpreter): in the 8bit regime gluon_q8's route; in the fp32
+    regime gluon_f32's split tiles where routed, else, in the fp32 and bf16-sr regimes, gluon_update's."""
+    if _interpreting():
+        return None
+    if q8:
+        tile = _ws_q8_route(weight, x, dy, states)
+        return None if tile is None else ("gluon_q8", tile)
+    split = None if bf16 else _ws_f32_route(weight, x, dy, states)
+    if split is not None:
+        return "gluon_f32", split
+    tile = _ws_route(weight, x, dy, states)
+    return None if tile is None else ("gluon_update", tile)
+
+
+def launcher_tile(weight: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, states) -> tuple[str, object]:
+    """(kernel, tile) that fused_linear_update, given no tile, launches for this update with no accumulation
+    buffer and no gathered rows: a Gluon kernel module's name ("gluon_f32", "gluon_update", "gluon_q8") and its
+    tile where routed, else ("triton", the Triton kernel's tile). The regime is read from the tensors as
+    fused_linear_update reads it (bf16 weight: bf16-sr, or 8bit with Q8State states). forge-num verify names
+    the kernel it checks with it."""
+    q8 = any(_is_q8(st) for st in states)
+    bf16 = weight.dtype == torch.bfloat16
+    gluon = _gluon_tile(weight, x, dy, states, bf16, q8)
+    if gluon is not None:
+        return gluon
+    M, N = weight.shape
+    return "triton", _triton_tile(M, N, x.shape[0], x.dtype, bf16 and not q8, q8, _tma_addressable(x, dy))
 
 
 def _gluon_route(module: str, weight, x, dy, states):
