@@ -12,7 +12,8 @@
 #   graphs  tests/test_gpu_graphs.py with the 8bit Gluon route on
 #   f32small v46 beside the default at 256-1024 tokens on issue 5's shapes, with the route, the unfused step and
 #           the floor (3 interleaved rounds)
-#   routes  the launchers' route tests, the step slot's launches and the routed training layer
+#   routes  the launchers' route tests, the step slot's launches and the routed training layer; forge-num verify
+#           --operands bf16 and kernels.launcher_tile against the launches (tests/test_verify.py)
 #   train8b the captured 8bit step with the chunked loss beside FlashOptim with gradient release, 8B 1x2048 (issue
 #           5's tokens/s target; its last timings, s35, were with this route on); train31: 3B and 1B 4x1024
 #   ncu16k  ncu (SpeedOfLight, MemoryWorkloadAnalysis, DRAM and L2 bytes) of the fp32 route's tile and cuBLAS's dW
@@ -42,8 +43,8 @@ part_f32small() {
   echo "f32small rc=$?"; kern_table "$R/f32small.json"
 }
 part_routes() {
-  timeout "$(budget 120)" python3 -m pytest -q -m gpu -n 4 tests/test_gpu_gluon.py \
-    -k "the_launcher_routes or step_slot or routed_layer" >"$R/routes.log" 2>&1
+  timeout "$(budget 120)" python3 -m pytest -q -m gpu -n 4 tests/test_verify.py tests/test_gpu_gluon.py \
+    -k "the_launcher_routes or step_slot or routed_layer or verify or launcher_tile" >"$R/routes.log" 2>&1
   echo "routes rc=$?"; grep -E "^FAILED|passed|failed" "$R/routes.log" | cut -c1-200 | tail -6
 }
 part_train8b() {
