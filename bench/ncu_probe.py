@@ -52,6 +52,18 @@ def tile_by_label(label: str, M: int, N: int, K: int, precision: str = "fp32"):
     return tiles[label]
 
 
+def profile_once(launches, warmups: int = 3) -> None:
+    """launches() run warmups times outside the profiled range (compilation, cuBLAS's heuristics), then once
+    between cudaProfilerStart and Stop: what ncu --profile-from-start off measures."""
+    for _ in range(warmups):
+        launches()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    launches()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="4096x4096", help="MxN of the weight")
@@ -106,13 +118,7 @@ def main(argv=None) -> int:
         if args.precision != "8bit":  # (an 8bit parameter's element-wise update is the fused kernel at K = 0)
             kernels.elementwise_update(w, g, states, rules.ADAMW, h, seed=seed)
 
-    for _ in range(3):
-        launches()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStart()
-    launches()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
+    profile_once(launches)
     print("profiled:", ", ".join(t.label for t in tiles), "+ cuBLAS dW, cast, torch AdamW(fused)",
           "" if args.precision == "8bit" else "+ forge update only",
           f"at {M}x{N}, K={K}")

@@ -10,10 +10,10 @@ MemoryWorkloadAnalysis give each kernel's L2 and DRAM throughput beside its dura
 import sys
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from bench.kernels import regime_problem  # noqa: E402
+from bench.ncu_probe import profile_once  # noqa: E402
 from forge_num import kernels, rules  # noqa: E402
 from forge_num.kernels import gluon_f32  # noqa: E402
 
@@ -28,10 +28,4 @@ def launches():
     dy.t() @ x
 
 
-for _ in range(3):
-    launches()
-torch.cuda.synchronize()
-torch.cuda.cudart().cudaProfilerStart()
-launches()
-torch.cuda.synchronize()
-torch.cuda.cudart().cudaProfilerStop()
+profile_once(launches)
