@@ -63,7 +63,7 @@ part_ncu16k() {
       --section MemoryWorkloadAnalysis --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum \
       python3 bench/results/2026-12-07-s38/ncu_mainloop.py 4096x14336 $K >"$R/ncu$K.txt" 2>&1
     echo "ncu rc=$?"
-    grep -E "^  [a-zA-Z_].*\(|routed tile|Duration|L2 Cache Throughput|DRAM Throughput|Compute \(SM\) Throughput|L2 Hit|Mem Busy|Max Bandwidth|dram__bytes|lts__t_bytes" \
+    grep -E "^  [a-zA-Z_].*\(|launcher.s kernel|Duration|L2 Cache Throughput|DRAM Throughput|Compute \(SM\) Throughput|L2 Hit|Mem Busy|Max Bandwidth|dram__bytes|lts__t_bytes" \
       "$R/ncu$K.txt" | cut -c1-110 | head -40
   done
 }

@@ -10,17 +10,16 @@ MemoryWorkloadAnalysis give each kernel's L2 and DRAM throughput beside its dura
 import sys
 from pathlib import Path
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from bench.kernels import regime_problem  # noqa: E402
 from bench.ncu_probe import profile_once  # noqa: E402
 from forge_num import kernels, rules  # noqa: E402
-from forge_num.kernels import gluon_f32  # noqa: E402
 
 M, N = (int(v) for v in sys.argv[1].split("x"))
 K = int(sys.argv[2])
 x, dy, w, states, h, _ = regime_problem(M, N, K, "fp32")
-print("routed tile:", gluon_f32.config_for(M, N, K))
+kernel, tile = kernels.launcher_tile(w, x, dy, states)
+print("the launcher's kernel:", kernel, tile.label)
 
 
 def launches():
