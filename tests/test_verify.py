@@ -15,12 +15,39 @@ CUDA = torch.cuda.is_available()
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("operands", ["fp32", "bf16"])
-def test_verify_passes_on_its_builtin_case(operands, capsys):
-    assert verify.main(["--shape", "40x24x20", "--operands", operands]) == 0
+@pytest.mark.parametrize("precision,operands", [("fp32", "fp32"), ("fp32", "bf16"), ("bf16-sr", "bf16"),
+                                                ("8bit", "bf16")])
+def test_verify_passes_on_its_builtin_case(precision, operands, capsys):
+    assert verify.main(["--shape", "40x24x20", "--precision", precision, "--operands", operands]) == 0
     out = capsys.readouterr().out
     assert out.count("bitwise") == 8 and "DIFFERENT" not in out  # two columns, four rules
     assert "the launcher's kernel: triton" in out and (f"{operands} operands" in out)
+
+
+@pytest.mark.parametrize("precision", ["bf16-sr", "8bit"])
+def test_the_stochastic_cases_pin_the_random_stream(precision):
+    """In the stochastic regimes verify's agreement with the emulator is agreement on the Philox stream: on
+    its kind of case another key gives other weight bits."""
+    from forge_num import kernels, rules
+    from forge_num.emulator import emulate
+    from forge_num.emulator.philox import derive_seed
+
+    g = torch.Generator().manual_seed(0)
+    M, N, K = 40, 128, 20
+    w = torch.randn(M, N, generator=g).bfloat16()
+    x, dy = torch.randn(K, N, generator=g).bfloat16(), (torch.randn(K, M, generator=g) * 0.1).bfloat16()
+    rule = rules.get_rule("adamw")
+    h = rule.scalars({"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}, 1)
+    w0, s0 = verify._as_arrays(w, [torch.zeros(M, N, dtype=torch.bfloat16)] * 2 if precision == "bf16-sr"
+                               else [kernels.Q8State.zeros(M, N)] * 2)
+    runs = [emulate(w0, verify._bits(x), verify._bits(dy), s0, rule=rule, h=h, tile=(16, 128, 16),
+                    precision=precision, seed=derive_seed(0, 1, p)) for p in (0, 1)]
+    assert not verify._same(runs[0].weight, runs[1].weight)
+
+
+def test_verify_rejects_fp32_operands_in_a_stochastic_regime():
+    with pytest.raises(SystemExit):
+        verify.main(["--precision", "8bit", "--operands", "fp32"])
 
 
 @pytest.mark.interpreter
@@ -104,11 +131,12 @@ def test_launcher_tile_is_the_tile_launched(M, N, K):
 
 @pytest.mark.gpu
 @pytest.mark.exactness
-def test_verify_passes_on_the_gpu_with_bf16_operands(capsys):
-    """On the GPU with bf16 operands: the routed kernel (on Hopper a Gluon kernel at the default shape),
-    bit for bit against the unfused comparator and the emulator's tensor-core model."""
-    assert verify.main(["--operands", "bf16"]) == 0
+@pytest.mark.parametrize("precision", ["fp32", "bf16-sr", "8bit"])
+def test_verify_passes_on_the_gpu_with_bf16_operands(precision, capsys):
+    """On the GPU with bf16 operands at the default shape: the kernel the launcher picks (in the fp32 regime on
+    Hopper a Gluon kernel), bit for bit against the unfused comparator and the emulator's tensor-core model."""
+    assert verify.main(["--operands", "bf16", "--precision", precision]) == 0
     out = capsys.readouterr().out
     assert out.count("bitwise") == 8
-    if torch.cuda.get_device_capability() == (9, 0):
+    if precision == "fp32" and torch.cuda.get_device_capability() == (9, 0):
         assert "the launcher's kernel: gluon" in out
