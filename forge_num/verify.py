@@ -48,7 +48,8 @@ def _bits(t):
 
 
 def _same(a, b) -> bool:
-    """Bit for bit: two float32 arrays (as uint32), two uint16 bf16 encodings, or two 8bit (codes, scales)."""
+    """Bit for bit (compared as bytes): two float32 arrays, two uint16 bf16 encodings, or two 8bit states'
+    (codes, scales) pairs."""
     import numpy as np
 
     if isinstance(a, tuple):

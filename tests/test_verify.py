@@ -82,8 +82,7 @@ def test_the_bf16_case_tells_the_tensor_cores_from_an_fma_chain():
     x, dy = torch.randn(K, N, generator=g).bfloat16(), (torch.randn(K, M, generator=g) * 0.1).bfloat16()
     rule = rules.get_rule("sgd")
     h = rule.scalars({"lr": 0.01}, 1)
-    bits = lambda t: t.view(torch.int16).numpy().view(np.uint16)  # noqa: E731
-    tc = emulate(w.numpy(), bits(x), bits(dy), rule=rule, h=h, tile=(32, 32, 16))
+    tc = emulate(w.numpy(), verify._bits(x), verify._bits(dy), rule=rule, h=h, tile=(32, 32, 16))
     fma = emulate(w.numpy(), x.float().numpy(), dy.float().numpy(), rule=rule, h=h, tile=(32, 32, 16))
     assert not np.array_equal(tc.weight.view(np.uint32), fma.weight.view(np.uint32))
 
