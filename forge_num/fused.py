@@ -375,17 +375,24 @@ class _TiedRows:
     Without those private functions (another torch version) nothing is deposited: more memory, the
     same bits."""
 
-    __slots__ = ("nodes", "heads", "deposit", "task", "opt", "split_last", "__weakref__")
+    __slots__ = ("nodes", "heads", "deposit", "task", "_opt", "split_last", "__weakref__")
 
     def __init__(self, opt: ForgeOptimizer | None = None):
         self.nodes: list[weakref.ref] = []  # the embedding's backward nodes that may still run
         self.heads: list[weakref.ref] = []  # the heads' backward nodes (linear_cross_entropy's) likewise
         self.deposit = None  # G_head, waiting for the embedding's backward of graph task ``task``
         self.task = None
-        self.opt = opt  # the optimizer of the tied weight (the split update: split_head_update)
+        # the optimizer of the tied weight (the split update: split_head_update), held weakly: _TIED_ROWS
+        # keys this entry by the weight, which the optimizer holds, so a strong reference would keep the
+        # key, the entry and the optimizer alive for the process's life
+        self._opt = weakref.ref(opt) if opt is not None else None
         # whether the embedding's last backward took a split update (the forward sorts its tokens for
         # the next one only then: _TokenRows; not under Hugging Face's own loss, where none follows)
         self.split_last = False
+
+    @property
+    def opt(self) -> ForgeOptimizer | None:
+        return self._opt() if self._opt is not None else None
 
     def add_node(self, node) -> None:
         self.nodes = [r for r in self.nodes if r() is not None]
@@ -874,6 +881,23 @@ class PreparedHandle:
         unprepare(self.model)
 
 
+def _grad_ready_hook(optimizer: ForgeOptimizer):
+    """The post-accumulate-grad hook prepare() puts on each trained parameter: ``optimizer._on_grad_ready``
+    through a weak reference. A tensor does not show the garbage collector its post-accumulate-grad hooks
+    (torch 2.13: tests/test_lifetime.py), so a hook holding the optimizer, which holds the parameter, would
+    be a cycle never collected: the model's weights and optimizer state kept for the process's life. The
+    model's PreparedHandle holds the optimizer while the model is prepared; once the optimizer is gone the
+    hook does nothing (the gradient stays in ``.grad``, as with no hook)."""
+    ref = weakref.ref(optimizer)
+
+    def on_grad_ready(p: torch.Tensor) -> None:
+        opt = ref()
+        if opt is not None:
+            opt._on_grad_ready(p)
+
+    return on_grad_ready
+
+
 def prepare(model: nn.Module, optimizer: ForgeOptimizer) -> nn.Module:
     """Fold ``optimizer``'s updates into ``model``'s backward; returns ``model`` (changed in place)."""
     if not isinstance(optimizer, ForgeOptimizer):
@@ -943,7 +967,7 @@ def prepare(model: nn.Module, optimizer: ForgeOptimizer) -> nn.Module:
             passive.append(p)  # trained by nobody: only kept out of the norm pass
             continue
         optimizer._register(p, pnames[0])
-        handle.hooks.append(p.register_post_accumulate_grad_hook(optimizer._on_grad_ready))
+        handle.hooks.append(p.register_post_accumulate_grad_hook(_grad_ready_hook(optimizer)))
         handle.hooked[pnames[0]] = p
     optimizer._passive = passive
 
