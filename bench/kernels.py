@@ -267,6 +267,7 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", o
     kernel, routed = kernels.launcher_tile(w, x, dy, states)
     if kernel != "triton":
         default = routed
+    best = min(per_config, key=per_config.get) if per_config else None
     flops = 2.0 * K * M * N
     min_bytes = 2 * (K * N + K * M) + STATE_BYTES[precision] * M * N
     floor = max(flops / ceilings["bf16_flops"], min_bytes / ceilings["copy_bytes_per_s"])
@@ -279,10 +280,10 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", o
             "rounds_ms_by_label": {labels[k]: v for k, v in rounds_ms.items()},
             "rounds_route_ms": route_rounds_ms, "rounds_unfused_ms": unfused_rounds_ms,
             "compiled": compiled, "failed": failed,
-            "best_config": min(per_config, key=per_config.get),
-            "best_label": labels[min(per_config, key=per_config.get)],
+            # with --configs none (the route, the unfused step and the floor only) no tile is timed alone
+            "best_config": best, "best_label": labels[best] if best else None,
             "candidates": [str(c) for c in candidates],
-            "best_config_speedup_vs_unfused": t_unfused / min(per_config.values()), **parts}
+            "best_config_speedup_vs_unfused": t_unfused / per_config[best] if best else None, **parts}
 
 
 # Mainloop-only tiles (--mainloop): the dW GEMM with a plain store epilogue, so that register
@@ -384,7 +385,8 @@ def main(argv=None) -> int:
         r = rows[-1]
         print(f"{precision:<7} {M:>6}x{N:<6} K={K:<6} forge {r['forge_ms']:8.3f} ms  unfused {r['unfused_ms']:8.3f} ms  "
               f"floor {r['floor_ms']:7.3f} ms  speedup {r['speedup_vs_unfused']:5.2f}x  "
-              f"forge/floor {r['forge_over_floor']:5.2f}  ({r['default_label']})  best {r['best_config_speedup_vs_unfused']:5.2f}x ({r['best_label']})"
+              f"forge/floor {r['forge_over_floor']:5.2f}  ({r['default_label']})"
+              + (f"  best {r['best_config_speedup_vs_unfused']:5.2f}x ({r['best_label']})" if r["best_label"] else "")
               + (f"  [dW triton {r['triton_dw_ms']:.3f} cublas {r['cublas_dw_ms']:.3f}; update forge "
                  f"{r['forge_update_only_ms']:.3f} torch {r['torch_update_only_ms']:.3f}]" if "triton_dw_ms" in r else "")
               + f"  [host us forge {r['forge_host_us']:.0f} unfused {r['unfused_host_us']:.0f}; graph ms forge "
