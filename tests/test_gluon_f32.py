@@ -122,7 +122,8 @@ def test_the_launch_key_determines_its_specialization(monkeypatch):
 
 
 @pytest.mark.parametrize("M,N,K,expect", [
-    (4096, 14336, 256, "default"), (4096, 14336, 1024, "default"), (4096, 14336, 3071, "default"),
+    (4096, 14336, 256, "streamed"), (4096, 14336, 895, "streamed"), (4096, 14336, 896, "default"),
+    (4096, 14336, 1024, "default"), (4096, 14336, 3071, "default"),
     (4096, 14336, 3072, "tall"), (4096, 14336, 4095, "tall"), (4096, 14336, 4096, "tall1"),
     (4096, 14336, 8192, "tall1"), (4096, 14336, 16384, "tall1"),
     (4096, 14336, 16385, None), (4096, 14336, 32768, None),         # the Triton tile past the measured
@@ -132,7 +133,8 @@ def test_the_launch_key_determines_its_specialization(monkeypatch):
     (4100, 8192, 1024, None), (8192, 4100, 4096, None), (8192, 8192, 0, None),
 ])
 def test_config_for_the_measured_ranges(M, N, K, expect):
-    want = {"default": gluon_f32.DEFAULT_F32_WS_CONFIG, "tall": gluon_f32.TALL_F32_WS_CONFIG,
+    want = {"streamed": gluon_f32.STREAMED_F32_WS_CONFIG, "default": gluon_f32.DEFAULT_F32_WS_CONFIG,
+            "tall": gluon_f32.TALL_F32_WS_CONFIG,
             "tall1": gluon_f32.TALL_ONE_BUFFER_F32_WS_CONFIG, None: None}[expect]
     assert gluon_f32.config_for(M, N, K) == want
     assert want is None or want in gluon_f32.ROUTE_CONFIGS

@@ -233,7 +233,7 @@ def test_f32_split_kernel_refuses_what_it_does_not_cover():
                                    [t[:, :100].contiguous() for t in s], rule, h)
 
 
-@pytest.mark.parametrize("K", [256, 2048, 3072, 4096, 16385])  # each routed tile's range, and past them
+@pytest.mark.parametrize("K", [256, 1024, 3072, 4096, 16385])  # each routed tile's range, and past them
 def test_the_launcher_routes_fp32_to_the_split_tiles(K):
     """kernels.fused_linear_update with no tile given, fp32: gluon_f32.config_for's tile with FORGE_NUM_GLUON_F32
     unset (twice: the second launch cached) and =1; with =<label> the named split tile wherever it applies; with
@@ -326,7 +326,8 @@ def test_the_launcher_routes_bf16_sr_where_enabled(K):
 
 
 def test_training_a_routed_layer_equals_the_materialized_reference():
-    """A layer large enough to be routed (4096 -> 8192 features, 256 tokens a step: the fp32 split tile),
+    """A layer large enough to be routed (4096 -> 8192 features, 256 tokens a step: the fp32 split tile that
+    gluon_f32.ROUTE_BY_K names for 256 tokens),
     trained for three steps under autocast: forge_num's fused path (through the Gluon kernel) gives
     the weights and state of its materialized backend bit for bit."""
     import copy
@@ -352,7 +353,7 @@ def test_training_a_routed_layer_equals_the_materialized_reference():
                 loss.backward()
                 o.step()
                 o.zero_grad()
-    assert _tiles(launch) == [gluon_f32.DEFAULT_F32_WS_CONFIG] * 3
+    assert _tiles(launch) == [gluon_f32.config_for(8192, 4096, 256)] * 3
     _assert_same(m1, o1, m2, o2)
 
 

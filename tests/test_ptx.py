@@ -246,6 +246,7 @@ STEP_SLOT_SPILLS = {
     "ws 64x128x64 st2 sl1 o1 p2 r128": 32,
     "ws 128x128x64 st3 sl1 o1": 12,
     "wsf 64x128x64 st4 w16 rows16 mma96 r96 sl cur": 64,  # routed since session 35; as without a slot
+    "wsf 64x128x64 st4 w16 rows16 mma96 r96 sl cur ss2": 8,  # routed since session 39; 24 B without a slot
     "wsf 128x128x64 st3 w8 rows16 mma96 r128 sl cur": 0,  # routed since session 35
     "wsf 128x128x64 st4 w8 rows16 mma96 r128 sl cur gb1": 0,  # routed since session 36
 }
