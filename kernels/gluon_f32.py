@@ -284,14 +284,15 @@ class F32WSConfig(_ws.ValueConfig):
 # the MMA warps loading by a cursor), with and without the one-ahead loads, and its loader-partition twin with
 # eight epilogue warps (gluon_q8's default, which led the 8bit regime from 5120 tokens). The 128-row tile (two MMA
 # warp groups: a one-warp-group 64x128 mainloop ran at 315-442 TFLOP/s where cuBLAS ran at 634-762, session 20)
-# for long K: three operand stages and two 64 KB g buffers, 224 KB; eight epilogue warps; ptxas (Triton 3.6,
-# AdamW) spills nothing with the MMA warps at 96 registers, 20-44 B at 104-112, 272 B at 120.
+# for long K: three operand stages and two 64 KB g buffers, 224 KB; eight epilogue warps. ptxas (Triton 3.6) with
+# the launch's 16-byte accesses: the default none, the 128-row tile 212 B for AdamW (tests/test_ptx.py's tables;
+# until session 39 they were read from compiles with 4-byte accesses, where it spilled none).
 DEFAULT_F32_WS_CONFIG = F32WSConfig()
 TALL_F32_WS_CONFIG = F32WSConfig(BM=128, STAGES=3, num_warps=8, mma_registers=96, max_registers=128)
 # the 128-row tile with one g buffer and four operand stages (v45b): where the mainloop is the longer part (from
 # ~4096 tokens) the epilogue has read a tile's g long before the next hand-over, so a second buffer buys nothing
 # there, and its 64 KB take a fourth operand stage (192 KB); the two-buffer tile's mainloop ran at ~450 TFLOP/s
-# with three. ptxas (Triton 3.6): AdamW spills nothing, Lion and SGD 152 B, as the two-buffer tile
+# with three. ptxas (Triton 3.6): AdamW spills 200 B, Lion 20, SGD 36
 TALL_ONE_BUFFER_F32_WS_CONFIG = F32WSConfig(BM=128, STAGES=4, num_warps=8, mma_registers=96, max_registers=128,
                                             g_buffers=1)
 # v46 (session 36): the default tile with W and the states streamed through two shared-memory slots by TMA
@@ -305,7 +306,8 @@ F32_WS_CANDIDATE_CONFIGS = (
                 prefetch=True),
     TALL_F32_WS_CONFIG,
     TALL_ONE_BUFFER_F32_WS_CONFIG,
-    # its five-stage twin (224 KB; Lion and SGD spill 116-140 B): 1.00-1.06x its time at 4096-16384 tokens
+    # its five-stage twin (224 KB; AdamW spills 200 B, Lion and SGD 76-120): 1.00-1.06x its time at 4096-16384
+    # tokens
     F32WSConfig(BM=128, STAGES=5, num_warps=8, mma_registers=96, max_registers=128, g_buffers=1),
     # the default tile with deeper operand rings (session 36; H200: within 2-3% of its time at 256-2048 tokens,
     # either way, so the mainloop does not wait for operands): its MMA warps load
@@ -331,8 +333,14 @@ F32_WS_CANDIDATE_CONFIGS = (
     # reads (64 + 128) x 2 B of operands a token from L2, 48 B an element at 1024 tokens beside the update's 24 B
     # from HBM; a 128x128 tile reads 32 B. The 128-row tiles had only eight epilogue warps to keep loads in flight
     # by pointer (1.25x the default's time at 1024, session 35); streamed, the warps no longer matter for that.
-    # 208 KB; ptxas (Triton 3.6): AdamW spills 4 B, Lion and SGD 88 B
+    # 208 KB; ptxas (Triton 3.6): AdamW spills 252 B, Lion 84, SGD 8
     F32WSConfig(BM=128, STAGES=3, num_warps=8, mma_registers=96, max_registers=128, g_buffers=1, stage_slots=2),
+    # v47 (session 39, CPU; not yet run on a GPU): the routed one-buffer 128-row tile with 8-row sub-tiles, for
+    # 4096-16384 tokens. Why: compiled as a launch specializes it (16-byte loads and stores), the routed tile's
+    # eight epilogue warps hold eight elements a thread at the 128-register cap, and AdamW spills 200 B a thread,
+    # each sub-tile's spills and reloads in the epilogue's path; with four elements a thread (an 8-row sub-tile,
+    # a row a warp) AdamW spills none (Lion 24 B, SGD 76). The same bytes and mainloop; twice the sub-tiles.
+    F32WSConfig(BM=128, STAGES=4, ROWS=8, num_warps=8, mma_registers=96, max_registers=128, g_buffers=1),
 )
 
 

@@ -1099,8 +1099,14 @@ def _cpu_slot(rule: Rule) -> torch.Tensor:
 def compile_gluon_for_sm90(kernel, args: dict, num_warps: int, launch_options: dict):
     """A Gluon kernel compiled for sm_90 without a GPU from its arguments by name (constexprs among
     them; tensors and descriptors on the CPU, for their types only; an argument None is a constexpr),
-    as Triton's binder would specialize a launch with them: the CompiledKernel."""
+    as Triton's binder would specialize a launch with them: the CompiledKernel. The specialization's
+    attributes too (JITFunction._pack_args: tt.divisibility 16 for a pointer 16-byte aligned and an
+    integer a multiple of 16), without which the epilogue's loads and stores by pointer compile to one
+    4-byte access an element where a launch on the GPU makes 16-byte ones (until session 39 the PTX
+    checks read such kernels: more registers and spills than the GPU's)."""
+    from triton._utils import find_paths_if, get_iterable_path
     from triton.backends.compiler import BaseBackend, GPUTarget
+    from triton.backends.nvidia.compiler import CUDABackend
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import create_function_from_signature
 
@@ -1112,6 +1118,9 @@ def compile_gluon_for_sm90(kernel, args: dict, num_warps: int, launch_options: d
         if args[p.name] is None:
             constexprs[p.name] = None
             signature[p.name] = "constexpr"
-    src = GluonASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    keys = [s[1] for s in spec]
+    attrs = {path: CUDABackend.parse_attr(get_iterable_path(keys, path))
+             for path in find_paths_if(keys, lambda _, key: isinstance(key, str))}
+    src = GluonASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     options = {"num_warps": num_warps, **{k: v for k, v in launch_options.items() if v is not None}}
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
