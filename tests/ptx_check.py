@@ -161,6 +161,8 @@ def _gluon_resources(compiled) -> dict:
     return {"mul_hi": len(re.findall(r"mul\.hi\.u32", ptx)), "mul_wide": len(re.findall(r"mul\.wide\.u32", ptx)),
             "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "tma": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
             "setmaxnreg": len(re.findall(r"setmaxnreg", ptx)), "shared": int(compiled.metadata.shared),
+            # 16-byte global stores: what the launch's specialization (divisibility 16) gives stores by pointer
+            "st_v4": len(re.findall(r"st\.global\.v4\.b32", ptx)),
             **barrier_reuse(compiled.asm["llir"]), **resource_usage(ptx)}
 
 

@@ -158,6 +158,9 @@ def test_the_fp32_split_gluon_kernel_compiles_to_ieee_ops_for_sm_90(report):
         assert r["mul_hi"] == 0 and r["mul_wide"] == 0, r
         assert r["wgmma"] == r["BK"] // 16 and r["tma"] >= 2 and r["setmaxnreg"] >= 2, r
         assert r["spill_stores"] <= GLUON_F32_SPILL_EXCEPTIONS.get((r["config"], r["rule"]), 0), r
+        # compiled as a launch specializes it: W and the states stored 16 bytes at a time, as on the GPU
+        # (compile_gluon_for_sm90; without the specialization one 4-byte store an element)
+        assert r["st_v4"] > 0, r
         assert 0 <= r["shared"] - r["shared_model"] <= 1024 and r["shared"] <= 227 * 1024, r
     seen = {(r["config"], r["rule"]) for r in report["gluon_f32"]}
     assert set(GLUON_F32_SPILL_EXCEPTIONS) <= seen, "an exception names a tile the report no longer compiles"
