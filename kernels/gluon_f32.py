@@ -47,15 +47,16 @@ from .launch_cache import CachedLaunch
 
 
 @gluon.jit
-def load_rows(offs, in_tile, w_ptr, s0_ptr, s1_ptr, N_STATE: gl.constexpr):
-    """(p, s0, s1): W and its N_STATE fp32 states at a row sub-tile's offsets (absent states: p, never stored)."""
-    p = _ws._LINEAR.load_f32(w_ptr, offs, in_tile, False)
+def load_rows(offs, in_tile, w_ptr, s0_ptr, s1_ptr, N_STATE: gl.constexpr, EVICT: gl.constexpr):
+    """(p, s0, s1): W and its N_STATE fp32 states at a row sub-tile's offsets (absent states: p, never stored), with
+    eviction policy EVICT (linear_update.load_f32's)."""
+    p = _ws._LINEAR.load_f32(w_ptr, offs, in_tile, False, EVICT)
     s0 = p
     s1 = p
     if N_STATE >= 1:
-        s0 = _ws._LINEAR.load_f32(s0_ptr, offs, in_tile, False)
+        s0 = _ws._LINEAR.load_f32(s0_ptr, offs, in_tile, False, EVICT)
     if N_STATE >= 2:
-        s1 = _ws._LINEAR.load_f32(s1_ptr, offs, in_tile, False)
+        s1 = _ws._LINEAR.load_f32(s1_ptr, offs, in_tile, False, EVICT)
     return p, s0, s1
 
 
@@ -76,23 +77,25 @@ def read_staged_rows(st_w, st_s0, st_s1, slot, layout: gl.constexpr, N_STATE: gl
 
 @gluon.jit
 def update_loaded_rows(g, loaded, offs, in_tile, w_ptr, s0_ptr, s1_ptr, h, grad_scale, GUARDED_UPDATE: gl.constexpr,
-                       N_STATE: gl.constexpr):
+                       N_STATE: gl.constexpr, EVICT: gl.constexpr):
     """The fp32 epilogue on a row sub-tile g whose W and states load_rows loaded: the guarded rule, the results
-    stored back (linear_update.apply_and_store's fp32 branch); returns its telemetry terms."""
+    stored back with eviction policy EVICT (linear_update.apply_and_store's fp32 branch); returns its telemetry
+    terms."""
     p, s0, s1 = loaded
     p, s0, s1, finite = GUARDED_UPDATE(p, g, s0, s1, h, grad_scale)
-    _ws._LINEAR.store_f32(w_ptr, offs, in_tile, p, offs, False)
+    _ws._LINEAR.store_f32(w_ptr, offs, in_tile, p, offs, False, EVICT)
     if N_STATE >= 1:
-        _ws._LINEAR.store_f32(s0_ptr, offs, in_tile, s0, offs, False)
+        _ws._LINEAR.store_f32(s0_ptr, offs, in_tile, s0, offs, False, EVICT)
     if N_STATE >= 2:
-        _ws._LINEAR.store_f32(s1_ptr, offs, in_tile, s1, offs, False)
+        _ws._LINEAR.store_f32(s1_ptr, offs, in_tile, s1, offs, False, EVICT)
     return _ws._LINEAR.telemetry_terms(g, in_tile, finite)
 
 
 @gluon.jit
 def f32_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_scale, norm_sq_ptr, nonfinite_ptr,
                  staging, GUARDED_UPDATE: gl.constexpr, N_STATE: gl.constexpr, ROWS: gl.constexpr,
-                 GROUP_M: gl.constexpr, PREFETCH: gl.constexpr, STAGE_STATE: gl.constexpr, num_warps: gl.constexpr):
+                 GROUP_M: gl.constexpr, PREFETCH: gl.constexpr, STAGE_STATE: gl.constexpr, STATE_EVICT: gl.constexpr,
+                 num_warps: gl.constexpr):
     """Default partition: per tile, its BM / ROWS row sub-tiles of g from g buffer t % G (G buffers), each's W and states
     loaded and updated (the buffer handed back once the last sub-tile of g is in registers); the sub-tiles'
     telemetry terms added element by element, in order, then reduced into the tile's slot pid_m * tiles_n +
@@ -102,8 +105,9 @@ def f32_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_
     st_ready), gluon_q8.stage_row_blocks): the program's first S sub-tiles before its loop, then, as soon as
     sub-tile u's values are in registers, sub-tile u + S (this tile's, or its next tile's) into the slot u
     has read; no register holds a load in flight, and S sub-tiles' bytes (24 KB each at 16 x 128 with two
-    states) are in flight where the loads by pointer keep at most one. Stores by pointer either way. The same
-    values every way."""
+    states) are in flight where the loads by pointer keep at most one. Stores by pointer either way. STATE_EVICT:
+    the eviction policy of the loads and stores by pointer ("" or "evict_first", linear_update.load_f32's). The
+    same values every way."""
     G: gl.constexpr = g_bufs.type.shape[0]
     BM: gl.constexpr = g_bufs.type.shape[1]
     BN: gl.constexpr = g_bufs.type.shape[2]
@@ -137,7 +141,7 @@ def f32_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_
             following = tile + gl.num_programs(0)
             next_m, next_n = _ws.tile_coords(gl.where(following < tiles, following, tile), tiles_m, tiles_n, GROUP_M)
         if PREFETCH:
-            loaded = load_rows(offs, in_tile, w_ptr, s0_ptr, s1_ptr, N_STATE)
+            loaded = load_rows(offs, in_tile, w_ptr, s0_ptr, s1_ptr, N_STATE, STATE_EVICT)
         mbarrier.wait(g_ready.index(b), (t // G) & 1)
         sq = gl.zeros((ROWS, BN), dtype=gl.float64, layout=epi)
         bad = gl.zeros((ROWS, BN), dtype=gl.int32, layout=epi)
@@ -154,11 +158,11 @@ def f32_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_
                     ahead_m = offs_m + ROWS
                     ahead_offs = offs + ROWS * N
                     ahead_in = (ahead_m[:, None] < M) & (offs_n[None, :] < N)
-                    ahead = load_rows(ahead_offs, ahead_in, w_ptr, s0_ptr, s1_ptr, N_STATE)
+                    ahead = load_rows(ahead_offs, ahead_in, w_ptr, s0_ptr, s1_ptr, N_STATE, STATE_EVICT)
             else:
-                loaded = load_rows(offs, in_tile, w_ptr, s0_ptr, s1_ptr, N_STATE)
+                loaded = load_rows(offs, in_tile, w_ptr, s0_ptr, s1_ptr, N_STATE, STATE_EVICT)
             sq_j, bad_j = update_loaded_rows(g, loaded, offs, in_tile, w_ptr, s0_ptr, s1_ptr, h, grad_scale,
-                                             GUARDED_UPDATE, N_STATE)
+                                             GUARDED_UPDATE, N_STATE, STATE_EVICT)
             sq += sq_j
             bad += bad_j
             u += 1
@@ -180,7 +184,7 @@ def fused_linear_update_f32_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc,
                                       N_STATE: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr,
                                       GROUP_M: gl.constexpr, MMA_REGS: gl.constexpr, SELF_LOAD: gl.constexpr,
                                       LOAD_CURSOR: gl.constexpr, PREFETCH: gl.constexpr, G_BUFS: gl.constexpr,
-                                      STAGE_SLOTS: gl.constexpr, num_warps: gl.constexpr):
+                                      STAGE_SLOTS: gl.constexpr, STATE_EVICT: gl.constexpr, num_warps: gl.constexpr):
     """The operand ring, the double-buffered g and their barriers, then the partitions (module docstring).
     dy_desc [K, M] block [BK, BM], x_desc [K, N] block [BK, BN]; w_ptr the fp32 weight [M, N], s0/s1_ptr its
     N_STATE fp32 states (the others any pointer, never read); step_slot None, or where h and grad_scale are read
@@ -202,7 +206,7 @@ def fused_linear_update_f32_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc,
         gl.warp_specialize([
             (f32_epilogue, (g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_scale, norm_sq_ptr,
                             nonfinite_ptr, staging, GUARDED_UPDATE, N_STATE, ROWS, GROUP_M, PREFETCH,
-                            STAGE_SLOTS > 0, num_warps)),
+                            STAGE_SLOTS > 0, STATE_EVICT, num_warps)),
             (_q8.mma_self_loaded_tiles, (dy_desc, x_desc, dy_bufs, x_bufs, op_ready, g_bufs, g_ready, g_empty, M, N,
                                          K, (None, None, None, None, None, None, None), GROUP_M, LOAD_CURSOR, 0,
                                          N_STATE)),
@@ -211,7 +215,7 @@ def fused_linear_update_f32_ws_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc,
         gl.warp_specialize([
             (f32_epilogue, (g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_scale, norm_sq_ptr,
                             nonfinite_ptr, staging, GUARDED_UPDATE, N_STATE, ROWS, GROUP_M, PREFETCH,
-                            STAGE_SLOTS > 0, num_warps)),
+                            STAGE_SLOTS > 0, STATE_EVICT, num_warps)),
             (_ws.operand_loader, (dy_desc, x_desc, dy_bufs, x_bufs, op_ready, op_empty, M, N, K, GROUP_M)),
             (_q8.mma_whole_tiles, (dy_bufs, x_bufs, op_ready, op_empty, g_bufs, g_ready, g_empty, M, N, K, GROUP_M)),
         ], [1, BM // 16], [24, MMA_REGS])
@@ -229,13 +233,15 @@ class F32WSConfig(_ws.ValueConfig):
     slots, num_warps epilogue warps on row sub-tiles of ROWS rows, the MMA warp group's registers (setmaxnreg)
     and the launch's register cap, GROUP_M tile rows per group; one program an SM. self_load, load_cursor: the
     MMA warps issue their own loads (gluon_q8.mma_self_loaded_tiles), by a cursor; prefetch: f32_epilogue's
-    PREFETCH."""
+    PREFETCH; evict_first: its STATE_EVICT, the loads and stores of W and the states by pointer hinted to leave L2
+    first."""
 
     __slots__ = ("BM", "BN", "BK", "STAGES", "ROWS", "GROUP_M", "num_warps", "mma_registers", "max_registers",
-                 "self_load", "load_cursor", "prefetch", "g_buffers", "stage_slots")
+                 "self_load", "load_cursor", "prefetch", "g_buffers", "stage_slots", "evict_first")
 
     def __init__(self, BM=64, BN=128, BK=64, STAGES=4, ROWS=16, GROUP_M=8, num_warps=16, mma_registers=96,
-                 max_registers=96, self_load=True, load_cursor=True, prefetch=False, g_buffers=2, stage_slots=0):
+                 max_registers=96, self_load=True, load_cursor=True, prefetch=False, g_buffers=2, stage_slots=0,
+                 evict_first=False):
         if BM not in (64, 128) or BN % 128:
             raise ValueError(f"F32WSConfig: BM must be 64 or 128 (one or two MMA warp groups) and BN a multiple of "
                              f"128 (a warp a row, 4 columns a thread), got {BM}x{BN}")
@@ -263,6 +269,7 @@ class F32WSConfig(_ws.ValueConfig):
                              f"stage_slots={stage_slots}, prefetch={prefetch}")
         self.self_load, self.load_cursor, self.prefetch, self.g_buffers = self_load, load_cursor, prefetch, g_buffers
         self.stage_slots = stage_slots
+        self.evict_first = evict_first
         self.check_shared_memory()
 
     @property
@@ -271,7 +278,8 @@ class F32WSConfig(_ws.ValueConfig):
                 + (f" g{self.GROUP_M}" if self.GROUP_M != 8 else "")
                 + f" mma{self.mma_registers} r{self.max_registers}" + (" sl" if self.self_load else "")
                 + (" cur" if self.load_cursor else "") + (" pf" if self.prefetch else "")
-                + (" gb1" if self.g_buffers == 1 else "") + (f" ss{self.stage_slots}" if self.stage_slots else ""))
+                + (" gb1" if self.g_buffers == 1 else "") + (f" ss{self.stage_slots}" if self.stage_slots else "")
+                + (" ef" if self.evict_first else ""))
 
     def shared_bytes(self, n_state: int = 2) -> int:
         """Shared memory of one program: the operand ring, the g buffers and the staging slots of W and n_state
@@ -341,6 +349,14 @@ F32_WS_CANDIDATE_CONFIGS = (
     # each sub-tile's spills and reloads in the epilogue's path; with four elements a thread (an 8-row sub-tile,
     # a row a warp) AdamW spills none (Lion 24 B, SGD 76). The same bytes and mainloop; twice the sub-tiles.
     F32WSConfig(BM=128, STAGES=4, ROWS=8, num_warps=8, mma_registers=96, max_registers=128, g_buffers=1),
+    # v48 (session 39, CPU; not yet run on a GPU): the default and v46 with W's and the states' accesses by pointer
+    # hinted evict_first (an L2 cache policy: createpolicy.fractional.L2::evict_first; v46's TMA copies take no
+    # hint in Gluon 3.6, its stores do). Why: at 1024 tokens on 4096x14336 (ncu, session 39, H100) the default
+    # moved 1.63 GB through DRAM where 1.45 GB is the least, its operands' K blocks read again after the state's
+    # 1.4 GB stream (24 B an element, read and written once) turned the 50 MB L2 over; its L2 hit rate was 62%.
+    # Prediction: DRAM bytes within 5% of 1.45 GB and 0.93-0.97x the routed tile's time at 512-2048 tokens.
+    F32WSConfig(evict_first=True),
+    F32WSConfig(STAGES=4, stage_slots=2, evict_first=True),
 )
 
 
@@ -424,7 +440,8 @@ def _launch_constants(rule: Rule, c: F32WSConfig, n_state: int) -> tuple[dict, d
     states."""
     constexprs = dict(GUARDED_UPDATE=_ws.guarded_update_gluon(rule), N_STATE=n_state, STAGES=c.STAGES, ROWS=c.ROWS,
                       GROUP_M=c.GROUP_M, MMA_REGS=c.mma_registers, SELF_LOAD=c.self_load, LOAD_CURSOR=c.load_cursor,
-                      PREFETCH=c.prefetch, G_BUFS=c.g_buffers, STAGE_SLOTS=c.stage_slots, num_warps=c.num_warps)
+                      PREFETCH=c.prefetch, G_BUFS=c.g_buffers, STAGE_SLOTS=c.stage_slots,
+                      STATE_EVICT="evict_first" if c.evict_first else "", num_warps=c.num_warps)
     return constexprs, dict(maxnreg=c.max_registers, enable_fp_fusion=False)
 
 

@@ -504,21 +504,24 @@ def update_rows_q8(
 
 
 @triton.jit
-def load_f32(ptr, offs, mask, BF16: tl.constexpr):
-    """fp32 values at ptr[offs]: fp32 storage, or bf16 storage widened exactly (bit shift)."""
+def load_f32(ptr, offs, mask, BF16: tl.constexpr, EVICT: tl.constexpr = tl.constexpr("")):
+    """fp32 values at ptr[offs]: fp32 storage, or bf16 storage widened exactly (bit shift). EVICT: the access's
+    cache eviction policy, "" (the default) or "evict_first" (on sm_90 an L1 and an L2 hint: for a stream read
+    and written once, which should not evict a GEMM's operands from L2); the values are the same either way."""
     if BF16:
-        return bf16_to_f32(tl.load(ptr + offs, mask=mask, other=0.0).to(tl.uint16, bitcast=True))
+        return bf16_to_f32(tl.load(ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.uint16,
+                                                                                                 bitcast=True))
     else:
-        return tl.load(ptr + offs, mask=mask, other=0.0)
+        return tl.load(ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT)
 
 
 @triton.jit
-def store_f32(ptr, offs, mask, x, rand16, BF16: tl.constexpr):
-    """Store x: as fp32, or stochastically rounded to bf16 with the 16 random bits rand16."""
+def store_f32(ptr, offs, mask, x, rand16, BF16: tl.constexpr, EVICT: tl.constexpr = tl.constexpr("")):
+    """Store x: as fp32, or stochastically rounded to bf16 with the 16 random bits rand16. EVICT: as load_f32's."""
     if BF16:
-        tl.store(ptr + offs, bf16_sr_bits(x, rand16).to(tl.bfloat16, bitcast=True), mask=mask)
+        tl.store(ptr + offs, bf16_sr_bits(x, rand16).to(tl.bfloat16, bitcast=True), mask=mask, eviction_policy=EVICT)
     else:
-        tl.store(ptr + offs, x, mask=mask)
+        tl.store(ptr + offs, x, mask=mask, eviction_policy=EVICT)
 
 
 @triton.jit

@@ -162,7 +162,7 @@ def _gluon_resources(compiled) -> dict:
             "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "tma": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
             "setmaxnreg": len(re.findall(r"setmaxnreg", ptx)), "shared": int(compiled.metadata.shared),
             # 16-byte global stores: what the launch's specialization (divisibility 16) gives stores by pointer
-            "st_v4": len(re.findall(r"st\.global\.v4\.b32", ptx)),
+            "st_v4": len(re.findall(r"st\.global[.\w:]*\.v4\.b32", ptx)),
             **barrier_reuse(compiled.asm["llir"]), **resource_usage(ptx)}
 
 
