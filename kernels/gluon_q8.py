@@ -769,7 +769,8 @@ class Q8WSConfig(_ws.ValueConfig):
 # with three.
 DEFAULT_Q8_WS_CONFIG = Q8WSConfig(STAGES=4)
 # The loader-free design (mma_self_loaded_tiles) with sixteen epilogue warps: 20 warps at 96 registers
-# (the epilogue gets 112 and spills 104 B for AdamW, ptxas of Triton 3.6), because call 2 found eight
+# (the epilogue gets 112 and spills 44 B for AdamW, ptxas of Triton 3.6 as the launch specializes it; 104 B
+# counted before session 39 without the specialization), because call 2 found eight
 # epilogue warps an SM the bound below 4096 tokens. Call 4 (H200): 0.77x the default's time at 256 and
 # 1024 tokens on 4096x14336, 0.73-0.77x on 2048x8192, but 1.38x at 4096, where its mainloop falls
 # behind the loader partition's: each K block's load, issued between one wgmma's retirement and the
@@ -808,8 +809,8 @@ K128_CURSOR_CONFIG = Q8WSConfig(num_warps=16, BK=128, STAGES=3, self_load=True, 
 # 14336x4096, 2048 tokens (H100, session 34): 52% of the issue rate, the long scoreboard the first stall
 # (24% of the samples), 14% of all on the dequantization's first use of the codes' loads; issuing those loads
 # earlier in the epilogue's registers spilled 328-356 B at 96 registers (ptxas), and v38 staged them from the
-# epilogue under a barrier of its sixteen warps a sub-tile. ptxas (Triton 3.6): AdamW spills 124 B (the
-# cursor's 96), 230 KB of shared memory. Session 34 (H100, bench/results/2026-12-06-s34/call3-5): every 8bit
+# epilogue under a barrier of its sixteen warps a sub-tile. ptxas (Triton 3.6, as launched): AdamW spills 76 B
+# (the cursor's 44; 124 and 96 counted before session 39 without the launch's specialization), 230 KB of shared memory. Session 34 (H100, bench/results/2026-12-06-s34/call3-5): every 8bit
 # case exact; at 1024 tokens 0.87-0.89x the cursor's time (the routed sixteen-warp tile's there), at 2048
 # 0.91-0.94x the cursor's on 4096x14336, 14336x4096 and 4096x4096 (1.02x on the 128256x4096 head, 0.92x on
 # 1024x4096), at 3072 0.96-1.02x the deep cursor's, at 4096 1.01-1.03x. Llama-8B's 1x2048 step (captured)

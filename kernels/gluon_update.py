@@ -976,7 +976,8 @@ ROUTE_CONFIGS = (ROUTE_SMALL_K_CONFIG, ROUTE_MID_K_CONFIG)
 # 6-11% slower at K = 256; with three state slots on the split design, 1-11% slower at K = 1024 on
 # four shapes and 2% faster on 28672x8192; with two on the 128x128, 2-10% slower at K = 512-2048.)
 # (Refuted in session 13, call 1, and dropped: the two-program tile with eight column sub-tiles and
-# a second state slot, spill-free at 128 registers where the routed one spills 32 B, 5-7% slower at
+# a second state slot, spill-free at 128 registers where the routed one spilled 32 B (none as the launch
+# specializes it, session 39), 5-7% slower at
 # K = 256 and 29% at 1024 on 4096x8192 and 14336x4096.)
 # The ping-pong design (bench/NOTES.md "v15"), two consumer warp groups on alternate tiles of one
 # program (12 warps with the loaders' padded group: 168 registers a thread at launch, 240 for each
