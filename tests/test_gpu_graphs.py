@@ -274,7 +274,7 @@ def test_a_dropped_captured_model_gives_its_memory_back(precision):
     import gc
     import weakref
 
-    def one_round():
+    def trained_then_dropped():
         model, opt = _model("narrow", precision, tie=True)
         step = fn.capture_step(opt, _loss_fn(model, "hf"), warmup=2)
         for ids in _batches(64):
@@ -286,7 +286,7 @@ def test_a_dropped_captured_model_gives_its_memory_back(precision):
                                            if isinstance(t, torch.Tensor) and t.is_cuda]
         return [weakref.ref(o) for o in (*tensors, opt, step, step._graph, model)]
 
-    refs = one_round()
+    refs = trained_then_dropped()
     gc.collect()
     alive = [type(r()).__name__ for r in refs if r() is not None]
-    assert not alive, f"{len(alive)} of {len(refs)} objects outlive the round: {alive[:6]}"
+    assert not alive, f"{len(alive)} of {len(refs)} objects outlive the model: {alive[:6]}"
