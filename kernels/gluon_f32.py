@@ -357,6 +357,11 @@ F32_WS_CANDIDATE_CONFIGS = (
     # Prediction: DRAM bytes within 5% of 1.45 GB and 0.93-0.97x the routed tile's time at 512-2048 tokens.
     F32WSConfig(evict_first=True),
     F32WSConfig(STAGES=4, stage_slots=2, evict_first=True),
+    # v48b (session 40, CPU; not yet run on a GPU): v47 with v48's hint, for 4096-16384 tokens, where ncu (session
+    # 39, H100, 4096x14336 at 16384 tokens) counted the operands read from DRAM ~6.3 times against cuBLAS's ~4.2,
+    # the state's 0.7 GB stream between their reuses. ptxas (Triton 3.6): AdamW spills none, as v47
+    F32WSConfig(BM=128, STAGES=4, ROWS=8, num_warps=8, mma_registers=96, max_registers=128, g_buffers=1,
+                evict_first=True),
 )
 
 

@@ -191,6 +191,10 @@ GLUON_F32_SPILL_EXCEPTIONS = {
     # v47 (session 39): the routed one-buffer tile with 8-row sub-tiles
     ("wsf 128x128x64 st4 w8 rows8 mma96 r128 sl cur gb1", "lion"): 24,
     ("wsf 128x128x64 st4 w8 rows8 mma96 r128 sl cur gb1", "sgd"): 76,
+    # v48b (session 40): v47 with W's and the states' accesses by pointer hinted evict_first (the hint's policy
+    # register beside the values)
+    ("wsf 128x128x64 st4 w8 rows8 mma96 r128 sl cur gb1 ef", "lion"): 32,
+    ("wsf 128x128x64 st4 w8 rows8 mma96 r128 sl cur gb1 ef", "sgd"): 76,
     # v46's staged tiles (W and the states read from shared memory: no load addresses in registers)
     ("wsf 64x128x64 st3 w16 rows16 mma96 r96 sl cur ss3", "adamw"): 4,
     ("wsf 128x128x64 st3 w8 rows16 mma96 r128 sl cur gb1 ss2", "adamw"): 252,
