@@ -306,6 +306,12 @@ TALL_ONE_BUFFER_F32_WS_CONFIG = F32WSConfig(BM=128, STAGES=4, num_warps=8, mma_r
 # v46 (session 36): the default tile with W and the states streamed through two shared-memory slots by TMA
 # (f32_epilogue's STAGE_STATE); why, below among the candidates it was timed with
 STREAMED_F32_WS_CONFIG = F32WSConfig(STAGES=4, stage_slots=2)
+# v47 (session 39; routed in session 40): the one-buffer 128-row tile with 8-row sub-tiles (four elements a
+# thread, a row a warp), so that AdamW's epilogue holds its sub-tile in registers at the 128-register cap (ptxas,
+# Triton 3.6: AdamW spills none, Lion 24 B, SGD 76; the 16-row tile 200, 20, 36). Why, below among the candidates
+# it was timed with
+TALL_SUBTILED_F32_WS_CONFIG = F32WSConfig(BM=128, STAGES=4, ROWS=8, num_warps=8, mma_registers=96, max_registers=128,
+                                          g_buffers=1)
 F32_WS_CANDIDATE_CONFIGS = (
     F32WSConfig(prefetch=True),
     F32WSConfig(ROWS=32),
@@ -335,31 +341,39 @@ F32_WS_CANDIDATE_CONFIGS = (
     F32WSConfig(STAGES=3, stage_slots=3),
     STREAMED_F32_WS_CONFIG,
     F32WSConfig(STAGES=4, g_buffers=1, stage_slots=3),
-    # v46b (session 36, after the calls; not yet run on a GPU): the one-buffer 128-row tile with the state
+    # v46b (session 36, after the calls; timed in session 40): the one-buffer 128-row tile with the state
     # streamed, for 1024-3071 tokens. Why: at 1024 tokens the default tile takes ~0.58 ms (H200) where its update
     # alone would take ~0.42: the mainloop and the update overlap only in part. One suspect is L2: a 64x128 tile
     # reads (64 + 128) x 2 B of operands a token from L2, 48 B an element at 1024 tokens beside the update's 24 B
     # from HBM; a 128x128 tile reads 32 B. The 128-row tiles had only eight epilogue warps to keep loads in flight
     # by pointer (1.25x the default's time at 1024, session 35); streamed, the warps no longer matter for that.
-    # 208 KB; ptxas (Triton 3.6): AdamW spills 252 B, Lion 84, SGD 8
+    # 208 KB; ptxas (Triton 3.6): AdamW spills 252 B, Lion 84, SGD 8. Outcome (session 40, H100, bench/results/
+    # 2026-12-07-s40/call5, 3 rounds): 1.23-1.26x the default's time at 1024 tokens, 1.12-1.17x at 1536,
+    # 1.04-1.07x at 2048, 1.01-1.04x at 2560; not routed
     F32WSConfig(BM=128, STAGES=3, num_warps=8, mma_registers=96, max_registers=128, g_buffers=1, stage_slots=2),
-    # v47 (session 39, CPU; not yet run on a GPU): the routed one-buffer 128-row tile with 8-row sub-tiles, for
-    # 4096-16384 tokens. Why: compiled as a launch specializes it (16-byte loads and stores), the routed tile's
+    # v47 (session 39, CPU; timed and routed in session 40, below at ROUTE_BY_K): the one-buffer 128-row tile with
+    # 8-row sub-tiles, for 4096-16384 tokens. Why: compiled as a launch specializes it (16-byte loads and stores),
+    # the one-buffer tile's
     # eight epilogue warps hold eight elements a thread at the 128-register cap, and AdamW spills 200 B a thread,
     # each sub-tile's spills and reloads in the epilogue's path; with four elements a thread (an 8-row sub-tile,
     # a row a warp) AdamW spills none (Lion 24 B, SGD 76). The same bytes and mainloop; twice the sub-tiles.
-    F32WSConfig(BM=128, STAGES=4, ROWS=8, num_warps=8, mma_registers=96, max_registers=128, g_buffers=1),
-    # v48 (session 39, CPU; not yet run on a GPU): the default and v46 with W's and the states' accesses by pointer
+    TALL_SUBTILED_F32_WS_CONFIG,
+    # v48 (session 39, CPU; timed in session 40): the default and v46 with W's and the states' accesses by pointer
     # hinted evict_first (an L2 cache policy: createpolicy.fractional.L2::evict_first; v46's TMA copies take no
     # hint in Gluon 3.6, its stores do). Why: at 1024 tokens on 4096x14336 (ncu, session 39, H100) the default
     # moved 1.63 GB through DRAM where 1.45 GB is the least, its operands' K blocks read again after the state's
     # 1.4 GB stream (24 B an element, read and written once) turned the 50 MB L2 over; its L2 hit rate was 62%.
     # Prediction: DRAM bytes within 5% of 1.45 GB and 0.93-0.97x the routed tile's time at 512-2048 tokens.
+    # Outcome (session 40, H100, bench/results/2026-12-07-s40/call1-2): the bytes as before (ncu, 4096x14336 at
+    # 1024 tokens: 948 MB read and 682 MB written against 949 and 683), and 0.97-1.02x its twin's time at
+    # 256-2048 tokens (the streamed twin 0.96-1.01x). Not routed: the operands' extra reads are not the
+    # state's stream evicting them
     F32WSConfig(evict_first=True),
     F32WSConfig(STAGES=4, stage_slots=2, evict_first=True),
-    # v48b (session 40, CPU; not yet run on a GPU): v47 with v48's hint, for 4096-16384 tokens, where ncu (session
+    # v48b (session 40): v47 with v48's hint, for 4096-16384 tokens, where ncu (session
     # 39, H100, 4096x14336 at 16384 tokens) counted the operands read from DRAM ~6.3 times against cuBLAS's ~4.2,
-    # the state's 0.7 GB stream between their reuses. ptxas (Triton 3.6): AdamW spills none, as v47
+    # the state's 0.7 GB stream between their reuses. ptxas (Triton 3.6): AdamW spills none, as v47. Outcome
+    # (session 40, H100, call1, 3 rounds): 0.95-1.15x v47's time at 4096-16384 tokens; not routed
     F32WSConfig(BM=128, STAGES=4, ROWS=8, num_warps=8, mma_registers=96, max_registers=128, g_buffers=1,
                 evict_first=True),
 )
@@ -497,16 +511,23 @@ def compile_for_sm90(rule: Rule, config: F32WSConfig = DEFAULT_F32_WS_CONFIG, M:
 #     768, 1.02-1.07x at 1024 (1.58-1.66x the unfused step at 256, 1.48-1.61x at 512, 1.55-1.66x at 768).
 #   Its flake case (the wide model trained eagerly and captured, compared bit for bit) parted in 0 of 60 runs on
 #   an H100 after session 37's barrier fix (1 of 16 before it, on an H200; none has come since).
-# So STREAMED_F32_WS_CONFIG from 256 tokens (below, not measured: gluon_update's route and the Triton tiles),
-# DEFAULT_F32_WS_CONFIG from 896 (halfway between 768, where v46 leads it, and 1024, where it trails), the
-# 128-row tile from 3072, its one-buffer twin from 4096 to ROUTE_MAX_K, each with at least gluon_q8.MIN_TILES
-# tiles of its own. FORGE_NUM_GLUON_F32
-# in the environment (read at each call): 0 never, 1 or unset these ranges, a tile's label ('_' for ' ') that
-# tile wherever the kernel applies (an A/B switch for benchmarks).
+# So until session 40: STREAMED_F32_WS_CONFIG from 256 tokens (below, not measured: gluon_update's route and the
+# Triton tiles), DEFAULT_F32_WS_CONFIG from 896 (halfway between 768, where v46 leads it, and 1024, where it
+# trails), the 128-row tile from 3072, its one-buffer twin from 4096 to ROUTE_MAX_K.
+# Measured in session 40 (H100, bench/results/2026-12-07-s40/: call3/f32tall5.json 5 interleaved rounds, call5/
+# f32mid.json 3, the same shapes):
+#   TALL_SUBTILED_F32_WS_CONFIG (v47): 0.85-0.98x the two-buffer 128-row tile's time at 3072 tokens; 0.93-0.97x,
+#     0.91-0.98x, 0.92-0.99x, 0.94-0.99x its one-buffer twin's at 3072, 4096, 8192, 16384 (call 1's 3 rounds:
+#     0.90-0.96x, 0.94-1.03x, 0.92-1.02x at 4096-16384); against the default tile 1.18-1.24x at 1024 tokens,
+#     1.07-1.11x at 1536, 0.95-1.03x at 2048, 0.87-0.99x at 2560.
+# So from session 40: STREAMED_F32_WS_CONFIG from 256 tokens, DEFAULT_F32_WS_CONFIG from 896, and v47 from 2304
+# (halfway between 2048, where it and the default tie within 5%, and 2560, where it leads) to ROUTE_MAX_K, each
+# with at least gluon_q8.MIN_TILES tiles of its own. FORGE_NUM_GLUON_F32 in the environment (read at each call):
+# 0 never, 1 or unset these ranges, a tile's label ('_' for ' ') that tile wherever the kernel applies (an A/B
+# switch for benchmarks).
 ROUTED = True
 # (first K, tile), in order of K: the last one whose first K is at most K is taken
-ROUTE_BY_K = ((256, STREAMED_F32_WS_CONFIG), (896, DEFAULT_F32_WS_CONFIG), (3072, TALL_F32_WS_CONFIG),
-              (4096, TALL_ONE_BUFFER_F32_WS_CONFIG))
+ROUTE_BY_K = ((256, STREAMED_F32_WS_CONFIG), (896, DEFAULT_F32_WS_CONFIG), (2304, TALL_SUBTILED_F32_WS_CONFIG))
 ROUTE_MAX_K = 16384
 ROUTE_CONFIGS = tuple(dict.fromkeys(c for _, c in ROUTE_BY_K))
 
