@@ -376,6 +376,27 @@ F32_WS_CANDIDATE_CONFIGS = (
     # (session 40, H100, call1, 3 rounds): 0.95-1.15x v47's time at 4096-16384 tokens; not routed
     F32WSConfig(BM=128, STAGES=4, ROWS=8, num_warps=8, mma_registers=96, max_registers=128, g_buffers=1,
                 evict_first=True),
+    # v49 (session 40, CPU; not yet run on a GPU): the 64-row tiles (the default, v46) with groups of 16, 32 and
+    # 64 tile rows (GROUP_M; 8 in every tile before). Why: in grouped order an x panel (128 columns, K tokens) is
+    # used by the GROUP_M tiles of its column in one group and then not until the next group, tiles_n x GROUP_M
+    # tiles later; by then the state's stream (24 B an element, never reused) has pushed it out of L2, so every
+    # group reads x again: tiles_m / GROUP_M times. bench/tile_order_model.py replays the stream through an LRU
+    # L2; it gives 243 MB of operand reads for the default at 4096x14336, 1024 tokens, where ncu counted ~244
+    # (session 39: 949 MB read, 705 of them the state), the operands once being 38 MB. Modelled (C = 35-50 MB;
+    # bench/results/2026-12-07-s40/tile_order_model.json), DRAM bytes against the least (state + operands once):
+    # at 512 tokens 1.06-1.10x with GROUP_M = 8, 1.03-1.04x with 16, 1.01-1.02x with 32; at 1024 1.12-1.16x,
+    # 1.06-1.08x, 1.02-1.04x; at 2048 1.24-1.40x, 1.12-1.18x, 1.04-1.38x (32 and 64 lose at 2048 if the L2
+    # keeps less than ~40 MB: their groups' dy panels no longer fit beside the state's stream; 16 holds at every
+    # capacity modelled). For the 128-row tiles the model gives GROUP_M = 16 within 2% of 8 from 2048 tokens:
+    # their waves' panels fill L2 whatever the order, so no 128-row twin.
+    # Prediction: where the default is bound by DRAM (1024 tokens: 76% of the peak, ncu), time falls with the
+    # bytes: 0.91-0.96x its time with GROUP_M = 16 or 32 at 1024 tokens, 0.95-0.98x at 512, 0.88-0.95x at 2048
+    # (with 16); v46 likewise at 256-768 tokens, less at 256 (1.03-1.04x the least bytes there)
+    F32WSConfig(GROUP_M=16),
+    F32WSConfig(GROUP_M=32),
+    F32WSConfig(GROUP_M=64),
+    F32WSConfig(STAGES=4, stage_slots=2, GROUP_M=16),
+    F32WSConfig(STAGES=4, stage_slots=2, GROUP_M=32),
 )
 
 

@@ -849,6 +849,17 @@ Q8_WS_CANDIDATE_CONFIGS = (
     # where staging at the tile's start lost what it saved (session 34): written after the session's last call
     Q8WSConfig(num_warps=16, STAGES=4, self_load=True, load_cursor=True, max_registers=96, mma_registers=96,
                mma_stage=2),
+    # v49 (session 40, CPU; not yet run on a GPU): the routed staged cursor (1024-3583 tokens) with groups of 16
+    # and 32 tile rows (GROUP_M, 8 before), as gluon_f32's v49 (why there). The 8bit state is ~8 B an element
+    # (the bf16 weight and two 1-byte codes, read and written), so the operands' re-reads weigh more:
+    # bench/tile_order_model.py --state-bytes 8 gives, at 4096x14336 and 2048 tokens (Llama-8B's down
+    # projection at 1x2048), 487 MB of operand reads with GROUP_M = 8, 252 with 16, 134 with 32, against 470 MB
+    # of state and 75 of operands once. Prediction: where the staged cursor waits on its operands' loads, 0.95-
+    # 0.98x its time at 2048 tokens; nothing if its epilogue's issue rate binds it (ncu, session 31: 52%)
+    Q8WSConfig(num_warps=16, STAGES=4, self_load=True, load_cursor=True, max_registers=96, mma_registers=96,
+               mma_stage=1, GROUP_M=16),
+    Q8WSConfig(num_warps=16, STAGES=4, self_load=True, load_cursor=True, max_registers=96, mma_registers=96,
+               mma_stage=1, GROUP_M=32),
 )
 
 

@@ -427,3 +427,28 @@ def test_alive_after_counts_a_block_freed_at_its_free_request():
              {"action": "free_completed", "addr": 3, "size": 5}, {"action": "segment_alloc", "addr": 9, "size": 99}]
     left = train_step.alive_after([trace])
     assert [(e["addr"], e["size"]) for e in left] == [(2, 30), (1, 20)]
+
+
+@pytest.mark.parametrize("tiles_m,tiles_n,group_m", [(5, 7, 8), (20, 3, 16), (64, 112, 8), (33, 4, 32), (7, 9, 1)])
+def test_tile_order_model_walks_every_tile_once(tiles_m, tiles_n, group_m):
+    """bench/tile_order_model.py's order (the kernels' grouped order) is a permutation of the tiles, GROUP_M
+    consecutive tile rows of a group column by column, and a last group of fewer rows where GROUP_M does not
+    divide tiles_m."""
+    from bench import tile_order_model
+
+    order = [tile_order_model.tile_coords(t, tiles_m, tiles_n, group_m) for t in range(tiles_m * tiles_n)]
+    assert sorted(order) == [(m, n) for m in range(tiles_m) for n in range(tiles_n)]
+    first = min(group_m, tiles_m)  # the first group's rows
+    assert order[:first + 1] == [(m, 0) for m in range(first)] + [(0, 1)]
+
+
+def test_tile_order_model_counts_each_operand_once_or_every_time():
+    """With an L2 that holds everything, the operands are read once ((M + N) x K x 2 bytes); with one that holds
+    nothing but the chunk in use, every tile reads its K blocks of both operands from DRAM."""
+    from bench import tile_order_model
+
+    M, N, K = 640, 1024, 256  # 10 x 8 tiles of 64x128, 4 K blocks of 64
+    assert tile_order_model.operand_dram_bytes(M, N, K, programs=12, capacity_mb=1024) == (M + N) * K * 2
+    tiles, n_k = 10 * 8, 4
+    every = tiles * n_k * (64 * 64 * 2 + 128 * 64 * 2)
+    assert tile_order_model.operand_dram_bytes(M, N, K, programs=12, capacity_mb=1e-6) == every

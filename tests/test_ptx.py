@@ -273,6 +273,9 @@ GLUON_Q8_SPILL_EXCEPTIONS = {
     ("ws8 64x128x64 st3 w16 rows16 mma96 r96 sl cur ms", "adamw"): 76,
     ("ws8 64x128x64 st4 w16 rows16 mma96 r96 sl cur ms", "adamw"): 76,
     ("ws8 64x128x64 st4 w16 rows16 mma96 r96 sl cur msh", "adamw"): 76,  # the copies at the hand-over
+    # v49 (session 40): the staged cursor in groups of 16 and 32 tile rows, the same epilogue
+    ("ws8 64x128x64 st4 w16 rows16 g16 mma96 r96 sl cur ms", "adamw"): 76,
+    ("ws8 64x128x64 st4 w16 rows16 g32 mma96 r96 sl cur ms", "adamw"): 76,
 }
 
 
