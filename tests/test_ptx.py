@@ -244,8 +244,7 @@ STEP_SLOT_SPILLS = {
     "ws 128x128x64 st3 sl1 o1": 0,
     "wsf 64x128x64 st4 w16 rows16 mma96 r96 sl cur": 0,  # routed since session 35
     "wsf 64x128x64 st4 w16 rows16 mma96 r96 sl cur ss2": 0,  # routed since session 39
-    "wsf 128x128x64 st3 w8 rows16 mma96 r128 sl cur": 212,  # routed since session 35; as without a slot
-    "wsf 128x128x64 st4 w8 rows16 mma96 r128 sl cur gb1": 200,  # routed since session 36; as without a slot
+    "wsf 128x128x64 st4 w8 rows8 mma96 r128 sl cur gb1": 0,  # routed since session 40 (v47); as without a slot
 }
 
 
