@@ -4,6 +4,8 @@
 # bench/tile_order_model.py gives the bytes it predicts). PART picks parts, in this order by default; each prints
 # a short table, the logs go to $OUT. About 520 s in all: split over two calls with PART if the budget is short.
 #   exact    v49's tiles bit for bit: tests/test_gpu_gluon.py's fp32 and 8bit tile tests for the g16/g32/g64 labels
+#   flake47  v47 (routed from 2304 tokens since session 40) forced in the flake case (the wide model trained eager
+#            and captured, compared bit for bit; a captured launch reads its scalars from a step slot), 2 x 3 runs
 #   order    the default 64x128 tile against its GROUP_M = 16, 32, 64 twins, 512-2560 tokens, issue 5's five
 #            shapes, 3 interleaved rounds; v47 (routed from 2304) beside them
 #   ncuorder ncu's DRAM bytes at 4096x14336 and 28672x8192, 1024 tokens: the default and its g16 and g32 twins
@@ -13,7 +15,7 @@
 #   q8order  the routed 8bit staged cursor against its g16 and g32 twins at 1024 and 2048 tokens on Llama-8B's
 #            shapes, 3 rounds
 #   train8b  Llama-8B 1x2048 8bit step (+cl+graph), routed and with the g32 staged cursor forced, FlashOptim beside
-PART=${PART:-exact,order,ncuorder,order46,q8order,train8b}
+PART=${PART:-exact,flake47,order,ncuorder,order46,q8order,train8b}
 source bench/device_call.sh
 call_begin
 D=wsf_64x128x64_st4_w16_rows16_mma96_r96_sl_cur
@@ -26,6 +28,9 @@ part_exact() {
   timeout "$(budget 90)" python3 -m pytest -q -m gpu -n 4 tests/test_gpu_gluon.py \
     -k "(test_f32_split_kernel_gives or test_ws_kernel_8bit_gives) and (g16 or g32 or g64)" >"$R/exact.log" 2>&1
   echo "exact rc=$?"; grep -E "^FAILED|passed|failed" "$R/exact.log" | cut -c1-200 | tail -6
+}
+part_flake47() {
+  FORGE_NUM_GLUON_F32=$T8 flake f32v47 2 3 --precision fp32
 }
 part_order() {
   timeout "$(budget 170)" python3 bench/kernels.py --precision fp32 --rounds 3 \
