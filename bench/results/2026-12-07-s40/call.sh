@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Session 40's device calls (carry .whl): session 39's call5.sh, with v48b (v47 hinted evict_first) added to
-# f32tall. PART picks parts, in this order by default; each prints a short table, the logs go to $OUT:
+# Session 40's device calls (carry .whl): the call session 39 planned (bench/NOTES.md, "Next device session
+# (plan, written after session 39)"), with v48b (v47 hinted evict_first) added to f32tall. PART picks parts, in
+# this order by default; each prints a short table, the logs go to $OUT:
 #   lifetime  the lifetime fix (commit 01674e8): tests/test_gpu_graphs.py's dropped captured model (weak references
 #             to its tensors, optimizer, step and graph dead after gc) and tests/test_lifetime.py on the GPU
 #   flake     the fp32 flake case, v46 forced, in four processes (ran out of an H100's 80 GB before the fix)
