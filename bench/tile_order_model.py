@@ -15,7 +15,9 @@ in two partitions, hashed and not exactly LRU, so C is a parameter: the answers 
 
 Checked against ncu (session 39, H100, 4096x14336 at 1024 tokens, the default 64x128 tile, GROUP_M = 8): 949 MB
 read, of which 705 MB are W and the two states, so ~244 MB of operands; the model gives 243 MB at C = 35-50 MB
-(306 at 25 MB), the operands once being 38 MB.
+(306 at 25 MB), the operands once being 38 MB. Where it falls short: at 16384 tokens (the same shape, the 128-row
+tile, ncu in session 39: ~3.78 GB of operand reads) it gives 2.98 GB at any C: over 256 K blocks the programs
+drift out of the lockstep it assumes, and a wave's shared panels are fetched more than once.
 
     python bench/tile_order_model.py --shapes 4096x14336,28672x8192 --tokens 1024,2048 --groups 8,16,32,64
 """
