@@ -192,10 +192,26 @@ def test_refuses_what_it_does_not_cover():
                                rule, h)
 
 
-def _f32_configs():
-    from forge_num.kernels.gluon_f32 import DEFAULT_F32_WS_CONFIG, F32_WS_CANDIDATE_CONFIGS
+def _selected_tiles(regime, tiles, routed):
+    """tiles (a kernel's default and candidates); with FORGE_NUM_TEST_<regime>_ROUTED=1 in the environment its
+    routed tiles only, with FORGE_NUM_TEST_<regime>_TILES=<label>,... those tiles only ('_' for ' '): for a
+    device call short of time, or checking new candidates."""
+    if os.environ.get(f"FORGE_NUM_TEST_{regime}_ROUTED") == "1":
+        return list(dict.fromkeys(routed))
+    named = os.environ.get(f"FORGE_NUM_TEST_{regime}_TILES")
+    if named:
+        labels = {label.replace("_", " ") for label in named.split(",")}
+        unknown = labels - {c.label for c in tiles}
+        assert not unknown, f"FORGE_NUM_TEST_{regime}_TILES names no tile: {sorted(unknown)}"
+        return [c for c in tiles if c.label in labels]
+    return list(tiles)
 
-    return [DEFAULT_F32_WS_CONFIG, *F32_WS_CANDIDATE_CONFIGS]
+
+def _f32_configs():
+    """The fp32 split tile's default and candidates, as _selected_tiles picks them (FORGE_NUM_TEST_F32_...)."""
+    from forge_num.kernels.gluon_f32 import DEFAULT_F32_WS_CONFIG, F32_WS_CANDIDATE_CONFIGS, ROUTE_CONFIGS
+
+    return _selected_tiles("F32", (DEFAULT_F32_WS_CONFIG, *F32_WS_CANDIDATE_CONFIGS), ROUTE_CONFIGS)
 
 
 @pytest.mark.parametrize("config", _f32_configs(), ids=lambda c: c.label)
@@ -423,21 +439,10 @@ Q8_TRITON_TWIN = kernels.DEFAULT_Q8_CONFIGS["tma"]
 
 
 def _q8_configs():
-    """The default tile and the candidates; with FORGE_NUM_TEST_Q8_ROUTED=1 in the environment the routed
-    tiles only, with FORGE_NUM_TEST_Q8_TILES=<label>,... those tiles only ('_' for ' '; a device call short
-    of time, or checking new candidates)."""
+    """The 8bit tile's default and candidates, as _selected_tiles picks them (FORGE_NUM_TEST_Q8_...)."""
     from forge_num.kernels.gluon_q8 import DEFAULT_Q8_WS_CONFIG, Q8_WS_CANDIDATE_CONFIGS, ROUTE_CONFIGS
 
-    if os.environ.get("FORGE_NUM_TEST_Q8_ROUTED") == "1":
-        return list(dict.fromkeys(ROUTE_CONFIGS))
-    tiles = [DEFAULT_Q8_WS_CONFIG, *Q8_WS_CANDIDATE_CONFIGS]
-    named = os.environ.get("FORGE_NUM_TEST_Q8_TILES")
-    if named:
-        labels = {label.replace("_", " ") for label in named.split(",")}
-        unknown = labels - {c.label for c in tiles}
-        assert not unknown, f"FORGE_NUM_TEST_Q8_TILES names no tile: {sorted(unknown)}"
-        return [c for c in tiles if c.label in labels]
-    return tiles
+    return _selected_tiles("Q8", (DEFAULT_Q8_WS_CONFIG, *Q8_WS_CANDIDATE_CONFIGS), ROUTE_CONFIGS)
 
 
 def _q8_states(states, seed):
