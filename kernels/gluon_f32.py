@@ -310,8 +310,7 @@ STREAMED_F32_WS_CONFIG = F32WSConfig(STAGES=4, stage_slots=2)
 # thread, a row a warp), so that AdamW's epilogue holds its sub-tile in registers at the 128-register cap (ptxas,
 # Triton 3.6: AdamW spills none, Lion 24 B, SGD 76; the 16-row tile 200, 20, 36). Why, below among the candidates
 # it was timed with
-TALL_SUBTILED_F32_WS_CONFIG = F32WSConfig(BM=128, STAGES=4, ROWS=8, num_warps=8, mma_registers=96, max_registers=128,
-                                          g_buffers=1)
+TALL_SUBTILED_F32_WS_CONFIG = TALL_ONE_BUFFER_F32_WS_CONFIG.replace(ROWS=8)
 F32_WS_CANDIDATE_CONFIGS = (
     F32WSConfig(prefetch=True),
     F32WSConfig(ROWS=32),
@@ -368,14 +367,13 @@ F32_WS_CANDIDATE_CONFIGS = (
     # 1024 tokens: 948 MB read and 682 MB written against 949 and 683), and 0.97-1.02x its twin's time at
     # 256-2048 tokens (the streamed twin 0.96-1.01x). Not routed: the operands' extra reads are not the
     # state's stream evicting them
-    F32WSConfig(evict_first=True),
-    F32WSConfig(STAGES=4, stage_slots=2, evict_first=True),
+    DEFAULT_F32_WS_CONFIG.replace(evict_first=True),
+    STREAMED_F32_WS_CONFIG.replace(evict_first=True),
     # v48b (session 40): v47 with v48's hint, for 4096-16384 tokens, where ncu (session
     # 39, H100, 4096x14336 at 16384 tokens) counted the operands read from DRAM ~6.3 times against cuBLAS's ~4.2,
     # the state's 0.7 GB stream between their reuses. ptxas (Triton 3.6): AdamW spills none, as v47. Outcome
     # (session 40, H100, call1, 3 rounds): 0.95-1.15x v47's time at 4096-16384 tokens; not routed
-    F32WSConfig(BM=128, STAGES=4, ROWS=8, num_warps=8, mma_registers=96, max_registers=128, g_buffers=1,
-                evict_first=True),
+    TALL_SUBTILED_F32_WS_CONFIG.replace(evict_first=True),
     # v49 (session 40, CPU; not yet run on a GPU): the 64-row tiles (the default, v46) with groups of 16, 32 and
     # 64 tile rows (GROUP_M; 8 in every tile before). Why: in grouped order an x panel (128 columns, K tokens) is
     # used by the GROUP_M tiles of its column in one group and then not until the next group, tiles_n x GROUP_M
@@ -392,11 +390,11 @@ F32_WS_CANDIDATE_CONFIGS = (
     # Prediction: where the default is bound by DRAM (1024 tokens: 76% of the peak, ncu), time falls with the
     # bytes: 0.91-0.96x its time with GROUP_M = 16 or 32 at 1024 tokens, 0.95-0.98x at 512, 0.88-0.95x at 2048
     # (with 16); v46 likewise at 256-768 tokens, less at 256 (1.03-1.04x the least bytes there)
-    F32WSConfig(GROUP_M=16),
-    F32WSConfig(GROUP_M=32),
-    F32WSConfig(GROUP_M=64),
-    F32WSConfig(STAGES=4, stage_slots=2, GROUP_M=16),
-    F32WSConfig(STAGES=4, stage_slots=2, GROUP_M=32),
+    DEFAULT_F32_WS_CONFIG.replace(GROUP_M=16),
+    DEFAULT_F32_WS_CONFIG.replace(GROUP_M=32),
+    DEFAULT_F32_WS_CONFIG.replace(GROUP_M=64),
+    STREAMED_F32_WS_CONFIG.replace(GROUP_M=16),
+    STREAMED_F32_WS_CONFIG.replace(GROUP_M=32),
 )
 
 

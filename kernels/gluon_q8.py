@@ -810,7 +810,8 @@ K128_CURSOR_CONFIG = Q8WSConfig(num_warps=16, BK=128, STAGES=3, self_load=True, 
 # (24% of the samples), 14% of all on the dequantization's first use of the codes' loads; issuing those loads
 # earlier in the epilogue's registers spilled 328-356 B at 96 registers (ptxas), and v38 staged them from the
 # epilogue under a barrier of its sixteen warps a sub-tile. ptxas (Triton 3.6, as launched): AdamW spills 76 B
-# (the cursor's 44; 124 and 96 counted before session 39 without the launch's specialization), 230 KB of shared memory. Session 34 (H100, bench/results/2026-12-06-s34/call3-5): every 8bit
+# (the cursor's 44; 124 and 96 counted before session 39 without the launch's specialization), 230 KB of shared
+# memory. Session 34 (H100, bench/results/2026-12-06-s34/call3-5): every 8bit
 # case exact; at 1024 tokens 0.87-0.89x the cursor's time (the routed sixteen-warp tile's there), at 2048
 # 0.91-0.94x the cursor's on 4096x14336, 14336x4096 and 4096x4096 (1.02x on the 128256x4096 head, 0.92x on
 # 1024x4096), at 3072 0.96-1.02x the deep cursor's, at 4096 1.01-1.03x. Llama-8B's 1x2048 step (captured)
@@ -856,10 +857,8 @@ Q8_WS_CANDIDATE_CONFIGS = (
     # projection at 1x2048), 487 MB of operand reads with GROUP_M = 8, 252 with 16, 134 with 32, against 470 MB
     # of state and 75 of operands once. Prediction: where the staged cursor waits on its operands' loads, 0.95-
     # 0.98x its time at 2048 tokens; nothing if its epilogue's issue rate binds it (ncu, session 31: 52%)
-    Q8WSConfig(num_warps=16, STAGES=4, self_load=True, load_cursor=True, max_registers=96, mma_registers=96,
-               mma_stage=1, GROUP_M=16),
-    Q8WSConfig(num_warps=16, STAGES=4, self_load=True, load_cursor=True, max_registers=96, mma_registers=96,
-               mma_stage=1, GROUP_M=32),
+    MMA_STAGED_CONFIG.replace(GROUP_M=16),
+    MMA_STAGED_CONFIG.replace(GROUP_M=32),
 )
 
 

@@ -692,6 +692,11 @@ class ValueConfig:
     def __repr__(self):
         return f"{type(self).__name__}({self.label})"
 
+    def replace(self, **changes):
+        """This configuration with ``changes`` (constructor arguments, as named in ``__slots__``), checked as
+        a new one is: a variant that says what it changes."""
+        return type(self)(**{**{k: getattr(self, k) for k in self.__slots__}, **changes})
+
     def check_shared_memory(self):
         """Raise unless one program's shared_bytes() and its barriers (1 KB) fit the 227 KB of a block on sm_90."""
         if self.shared_bytes() + 1024 > 227 * 1024:

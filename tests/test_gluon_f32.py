@@ -137,3 +137,14 @@ def test_config_for_the_measured_ranges(M, N, K, expect):
             "tall": gluon_f32.TALL_SUBTILED_F32_WS_CONFIG, None: None}[expect]
     assert gluon_f32.config_for(M, N, K) == want
     assert want is None or want in gluon_f32.ROUTE_CONFIGS
+
+
+def test_a_replaced_config_changes_what_it_names_and_is_checked_as_a_new_one():
+    """ValueConfig.replace: the variant equals the config built with every field spelled out, and an invalid
+    change is refused as the constructor refuses it."""
+    one_buffer = gluon_f32.TALL_ONE_BUFFER_F32_WS_CONFIG
+    assert one_buffer.replace(ROWS=8) == gluon_f32.F32WSConfig(BM=128, STAGES=4, ROWS=8, num_warps=8, mma_registers=96,
+                                                              max_registers=128, g_buffers=1)
+    assert one_buffer.replace() == one_buffer and one_buffer.replace(ROWS=8) != one_buffer
+    with pytest.raises(ValueError, match="BM must be 64 or 128"):
+        one_buffer.replace(BM=256)
