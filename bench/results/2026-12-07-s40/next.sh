@@ -19,7 +19,7 @@ PART=${PART:-exact,flake47,order,ncuorder,order46,q8order,train8b}
 source bench/device_call.sh
 call_begin
 D=wsf_64x128x64_st4_w16_rows16_mma96_r96_sl_cur
-DG() { echo "wsf_64x128x64_st4_w16_rows16_g$1_mma96_r96_sl_cur$2"; }
+DG() { echo "wsf_64x128x64_st4_w16_rows16_g$1_mma96_r96_sl_cur${2:-}"; }
 T8=wsf_128x128x64_st4_w8_rows8_mma96_r128_sl_cur_gb1
 MS=ws8_64x128x64_st4_w16_rows16_mma96_r96_sl_cur_ms
 MSG() { echo "ws8_64x128x64_st4_w16_rows16_g$1_mma96_r96_sl_cur_ms"; }
