@@ -311,6 +311,11 @@ STREAMED_F32_WS_CONFIG = F32WSConfig(STAGES=4, stage_slots=2)
 # Triton 3.6: AdamW spills none, Lion 24 B, SGD 76; the 16-row tile 200, 20, 36). Why, below among the candidates
 # it was timed with
 TALL_SUBTILED_F32_WS_CONFIG = TALL_ONE_BUFFER_F32_WS_CONFIG.replace(ROWS=8)
+# v49 (session 40; routed in session 41): the default tile and v46 with groups of 16 tile rows instead of 8
+# (GROUP_M), so that an x panel serves twice the tiles before the state's stream evicts it from L2; why and
+# what it gave, below among the candidates and at ROUTE_BY_K
+GROUPED_F32_WS_CONFIG = DEFAULT_F32_WS_CONFIG.replace(GROUP_M=16)
+STREAMED_GROUPED_F32_WS_CONFIG = STREAMED_F32_WS_CONFIG.replace(GROUP_M=16)
 F32_WS_CANDIDATE_CONFIGS = (
     F32WSConfig(prefetch=True),
     F32WSConfig(ROWS=32),
@@ -374,27 +379,39 @@ F32_WS_CANDIDATE_CONFIGS = (
     # the state's 0.7 GB stream between their reuses. ptxas (Triton 3.6): AdamW spills none, as v47. Outcome
     # (session 40, H100, call1, 3 rounds): 0.95-1.15x v47's time at 4096-16384 tokens; not routed
     TALL_SUBTILED_F32_WS_CONFIG.replace(evict_first=True),
-    # v49 (session 40, CPU; not yet run on a GPU): the 64-row tiles (the default, v46) with groups of 16, 32 and
-    # 64 tile rows (GROUP_M; 8 in every tile before). Why: in grouped order an x panel (128 columns, K tokens) is
-    # used by the GROUP_M tiles of its column in one group and then not until the next group, tiles_n x GROUP_M
-    # tiles later; by then the state's stream (24 B an element, never reused) has pushed it out of L2, so every
-    # group reads x again: tiles_m / GROUP_M times. bench/tile_order_model.py replays the stream through an LRU
-    # L2; it gives 243 MB of operand reads for the default at 4096x14336, 1024 tokens, where ncu counted ~244
-    # (session 39: 949 MB read, 705 of them the state), the operands once being 38 MB. Modelled (C = 35-50 MB;
-    # bench/results/2026-12-07-s40/tile_order_model.json), DRAM bytes against the least (state + operands once):
-    # at 512 tokens 1.06-1.10x with GROUP_M = 8, 1.03-1.04x with 16, 1.01-1.02x with 32; at 1024 1.12-1.16x,
-    # 1.06-1.08x, 1.02-1.04x; at 2048 1.24-1.40x, 1.12-1.18x, 1.04-1.38x (32 and 64 lose at 2048 if the L2
-    # keeps less than ~40 MB: their groups' dy panels no longer fit beside the state's stream; 16 holds at every
-    # capacity modelled). For the 128-row tiles the model gives GROUP_M = 16 within 2% of 8 from 2048 tokens:
-    # their waves' panels fill L2 whatever the order, so no 128-row twin.
-    # Prediction: where the default is bound by DRAM (1024 tokens: 76% of the peak, ncu), time falls with the
-    # bytes: 0.91-0.96x its time with GROUP_M = 16 or 32 at 1024 tokens, 0.95-0.98x at 512, 0.88-0.95x at 2048
-    # (with 16); v46 likewise at 256-768 tokens, less at 256 (1.03-1.04x the least bytes there)
-    DEFAULT_F32_WS_CONFIG.replace(GROUP_M=16),
+    # v49 (session 40, CPU; timed in session 41, outcome below the list): the 64-row tiles (the default, v46) with
+    # groups of 16, 32 and 64 tile rows (GROUP_M; 8 in every tile before). Why: in grouped order an x panel (128
+    # columns, K tokens) is used by the GROUP_M tiles of its column in one group and then not until the next group,
+    # tiles_n x GROUP_M tiles later; by then the state's stream (24 B an element, never reused) has pushed it out of L2,
+    # so every group reads x again: tiles_m / GROUP_M times. bench/tile_order_model.py replays the stream through an LRU
+    # L2; it gives 243 MB of operand reads for the default at 4096x14336, 1024 tokens, where ncu counted ~244 (session
+    # 39: 949 MB read, 705 of them the state), the operands once being 38 MB. Modelled (C = 35-50 MB;
+    # bench/results/2026-12-07-s40/tile_order_model.json), DRAM bytes against the least (state + operands once): at 512
+    # tokens 1.06-1.10x with GROUP_M = 8, 1.03-1.04x with 16, 1.01-1.02x with 32; at 1024 1.12-1.16x, 1.06-1.08x,
+    # 1.02-1.04x; at 2048 1.24-1.40x, 1.12-1.18x, 1.04-1.38x (32 and 64 lose at 2048 if the L2 keeps less than ~40 MB:
+    # their groups' dy panels no longer fit beside the state's stream; 16 holds at every capacity modelled). For the
+    # 128-row tiles the model gives GROUP_M = 16 within 2% of 8 from 2048 tokens: their waves' panels fill L2 whatever
+    # the order, so no 128-row twin then (v49b, below, tries one). Prediction: where the default is bound by DRAM (1024
+    # tokens: 76% of the peak, ncu), time falls with the bytes: 0.91-0.96x its time with GROUP_M = 16 or 32 at 1024
+    # tokens, 0.95-0.98x at 512, 0.88-0.95x at 2048 (with 16); v46 likewise at 256-768 tokens, less at 256 (1.03-1.04x
+    # the least bytes there)
+    GROUPED_F32_WS_CONFIG,
     DEFAULT_F32_WS_CONFIG.replace(GROUP_M=32),
     DEFAULT_F32_WS_CONFIG.replace(GROUP_M=64),
-    STREAMED_F32_WS_CONFIG.replace(GROUP_M=16),
+    STREAMED_GROUPED_F32_WS_CONFIG,
     STREAMED_F32_WS_CONFIG.replace(GROUP_M=32),
+    # v49b (session 41, timed in its call 4): v47 with groups of 16 and 32 tile rows, for 2560-16384 tokens. Why: at
+    # 2560 tokens on 28672x8192 the default with GROUP_M = 16 took 0.95x v47's time (3.72 against 3.93 ms, call 2)
+    # though v47 led it on the four smaller shapes, and 28672x8192 at 16384 tokens is the one shape still slower than
+    # the unfused step (0.89-0.985x); its 224 x 64 tiles make 28 groups of 8 tile rows, each group reading all of x
+    # again. The model (fitted at 1024 tokens) undercounts at 16384, so no byte prediction; ptxas (Triton
+    # 3.6): the tile order is addressing only, so v47's spills (AdamW none, Lion 24 B, SGD 76). Prediction: 0.95-1.0x
+    # v47's time on 28672x8192 at 2560-16384 tokens, within 2% either way on the others. Outcome (H100,
+    # bench/results/2026-12-07-s41/call4/tall.json, 3 interleaved rounds, issue 5's five shapes): GROUP_M = 16
+    # 0.93-1.00x v47's time at 2560 tokens, 0.98-1.05x at 4096, 0.99-1.12x at 8192, 1.00-1.10x at 16384 (28672x8192:
+    # 0.93x, then 1.03x, 1.12x, 1.02x); GROUP_M = 32 0.95-1.22x. It held at 2560 only; not routed
+    TALL_SUBTILED_F32_WS_CONFIG.replace(GROUP_M=16),
+    TALL_SUBTILED_F32_WS_CONFIG.replace(GROUP_M=32),
 )
 
 
@@ -541,12 +558,27 @@ def compile_for_sm90(rule: Rule, config: F32WSConfig = DEFAULT_F32_WS_CONFIG, M:
 #     1.07-1.11x at 1536, 0.95-1.03x at 2048, 0.87-0.99x at 2560.
 # So from session 40: STREAMED_F32_WS_CONFIG from 256 tokens, DEFAULT_F32_WS_CONFIG from 896, and v47 from 2304
 # (halfway between 2048, where it and the default tie within 5%, and 2560, where it leads) to ROUTE_MAX_K, each
-# with at least gluon_q8.MIN_TILES tiles of its own. FORGE_NUM_GLUON_F32 in the environment (read at each call):
+# with at least gluon_q8.MIN_TILES tiles of its own.
+# Measured in session 41 (H100, bench/results/2026-12-07-s41/call2: order.json and order46.json, 3 interleaved
+# rounds, the same shapes), v49's twins against the tile they vary:
+#   GROUPED_F32_WS_CONFIG (the default, GROUP_M = 16): 0.99-1.02x at 512 tokens, 0.98-1.01x at 1024, 0.95-0.96x
+#     at 1536, 0.95x at 2048, 0.94-0.97x at 2560 (where v47 took 0.87-1.00x, leading on four shapes of five);
+#     GROUP_M = 32 0.94-1.07x at 1536-2048, 64 1.01-1.14x.
+#   STREAMED_GROUPED_F32_WS_CONFIG (v46, GROUP_M = 16): 0.99-1.02x at 256 and 512 tokens, 0.96-0.98x at 768;
+#     GROUP_M = 32 0.98-1.12x.
+#   ncu (call 2, 4096x14336 at 1024 tokens): DRAM reads 949 MB, 839 with GROUP_M = 16 and 798 with 32 (modelled
+#   830-850 and 770-790), the kernel 630, 623 and 617 us: the bytes fell as modelled, the time by 1-2% where
+#   4-9% was predicted, so at 1024 tokens these reads are not what bounds it; from 1536 tokens they count.
+# So from session 41: STREAMED_F32_WS_CONFIG from 256 tokens, its grouped twin from 640 (halfway between 512,
+# where they tie, and 768, where the twin leads), GROUPED_F32_WS_CONFIG from 896, and v47 from 2304 as before
+# (the grouped tile took 0.93-1.00x v47's time at 2048 tokens, 0.95-1.12x at 2560).
+# FORGE_NUM_GLUON_F32 in the environment (read at each call):
 # 0 never, 1 or unset these ranges, a tile's label ('_' for ' ') that tile wherever the kernel applies (an A/B
 # switch for benchmarks).
 ROUTED = True
 # (first K, tile), in order of K: the last one whose first K is at most K is taken
-ROUTE_BY_K = ((256, STREAMED_F32_WS_CONFIG), (896, DEFAULT_F32_WS_CONFIG), (2304, TALL_SUBTILED_F32_WS_CONFIG))
+ROUTE_BY_K = ((256, STREAMED_F32_WS_CONFIG), (640, STREAMED_GROUPED_F32_WS_CONFIG), (896, GROUPED_F32_WS_CONFIG),
+              (2304, TALL_SUBTILED_F32_WS_CONFIG))
 ROUTE_MAX_K = 16384
 ROUTE_CONFIGS = tuple(dict.fromkeys(c for _, c in ROUTE_BY_K))
 

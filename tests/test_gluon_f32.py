@@ -122,18 +122,20 @@ def test_the_launch_key_determines_its_specialization(monkeypatch):
 
 
 @pytest.mark.parametrize("M,N,K,expect", [
-    (4096, 14336, 256, "streamed"), (4096, 14336, 895, "streamed"), (4096, 14336, 896, "default"),
-    (4096, 14336, 1024, "default"), (4096, 14336, 2303, "default"), (4096, 14336, 2304, "tall"),
+    (4096, 14336, 256, "streamed"), (4096, 14336, 639, "streamed"), (4096, 14336, 640, "streamed grouped"),
+    (4096, 14336, 895, "streamed grouped"), (4096, 14336, 896, "grouped"),
+    (4096, 14336, 1024, "grouped"), (4096, 14336, 2303, "grouped"), (4096, 14336, 2304, "tall"),
     (4096, 14336, 3072, "tall"), (4096, 14336, 4096, "tall"), (4096, 14336, 8192, "tall"),
     (4096, 14336, 16384, "tall"),
     (4096, 14336, 16385, None), (4096, 14336, 32768, None),         # the Triton tile past the measured
     (4096, 14336, 255, None), (4096, 14336, 64, None),              # below: gluon_update's route, the Triton tiles
-    (1024, 2048, 1024, "default"), (1024, 2048, 4096, None),         # 16 x 16 = 256 tiles, 8 x 16 = 128 tall ones
+    (1024, 2048, 1024, "grouped"), (1024, 2048, 4096, None),         # 16 x 16 = 256 tiles, 8 x 16 = 128 tall ones
     (512, 2048, 1024, None),                                        # 8 x 16 = 128 tiles, below MIN_TILES
     (4100, 8192, 1024, None), (8192, 4100, 4096, None), (8192, 8192, 0, None),
 ])
 def test_config_for_the_measured_ranges(M, N, K, expect):
-    want = {"streamed": gluon_f32.STREAMED_F32_WS_CONFIG, "default": gluon_f32.DEFAULT_F32_WS_CONFIG,
+    want = {"streamed": gluon_f32.STREAMED_F32_WS_CONFIG, "streamed grouped": gluon_f32.STREAMED_GROUPED_F32_WS_CONFIG,
+            "grouped": gluon_f32.GROUPED_F32_WS_CONFIG,
             "tall": gluon_f32.TALL_SUBTILED_F32_WS_CONFIG, None: None}[expect]
     assert gluon_f32.config_for(M, N, K) == want
     assert want is None or want in gluon_f32.ROUTE_CONFIGS

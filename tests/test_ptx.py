@@ -191,6 +191,11 @@ GLUON_F32_SPILL_EXCEPTIONS = {
     # v47 (session 39; routed from 2304 tokens since session 40): the one-buffer tile with 8-row sub-tiles
     ("wsf 128x128x64 st4 w8 rows8 mma96 r128 sl cur gb1", "lion"): 24,
     ("wsf 128x128x64 st4 w8 rows8 mma96 r128 sl cur gb1", "sgd"): 76,
+    # v49b (session 41): v47 with groups of 16 and 32 tile rows (the tile order is addressing only: v47's spills)
+    ("wsf 128x128x64 st4 w8 rows8 g16 mma96 r128 sl cur gb1", "lion"): 24,
+    ("wsf 128x128x64 st4 w8 rows8 g16 mma96 r128 sl cur gb1", "sgd"): 76,
+    ("wsf 128x128x64 st4 w8 rows8 g32 mma96 r128 sl cur gb1", "lion"): 24,
+    ("wsf 128x128x64 st4 w8 rows8 g32 mma96 r128 sl cur gb1", "sgd"): 76,
     # v48b (session 40): v47 with W's and the states' accesses by pointer hinted evict_first (the hint's policy
     # register beside the values)
     ("wsf 128x128x64 st4 w8 rows8 mma96 r128 sl cur gb1 ef", "lion"): 32,
@@ -242,8 +247,9 @@ STEP_SLOT_SPILLS = {
     "ws8 64x128x128 st3 w16 rows16 mma96 r96 sl cur": 32,  # routed since session 33
     "ws 64x128x64 st2 sl1 o1 p2 r128": 0,
     "ws 128x128x64 st3 sl1 o1": 0,
-    "wsf 64x128x64 st4 w16 rows16 mma96 r96 sl cur": 0,  # routed since session 35
-    "wsf 64x128x64 st4 w16 rows16 mma96 r96 sl cur ss2": 0,  # routed since session 39
+    "wsf 64x128x64 st4 w16 rows16 mma96 r96 sl cur ss2": 0,  # routed since session 39 (v46)
+    "wsf 64x128x64 st4 w16 rows16 g16 mma96 r96 sl cur ss2": 0,  # routed since session 41 (v49: v46 grouped)
+    "wsf 64x128x64 st4 w16 rows16 g16 mma96 r96 sl cur": 0,  # routed since session 41 (v49: the default grouped)
     "wsf 128x128x64 st4 w8 rows8 mma96 r128 sl cur gb1": 0,  # routed since session 40 (v47); as without a slot
 }
 
