@@ -41,7 +41,19 @@ from forge_num import kernels, rules
 from forge_num.kernels.linear_update import fused_linear_update_kernel
 from forge_num.kernels.rules import guarded_update_jit
 
-PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+
+
+def _sm90_ptxas() -> str:
+    """The ptxas Triton itself runs for sm_90: from Triton 3.9 its CUDA 13 one ("ptxas-blackwell") for every
+    target from sm_90, whose PTX (.version 9.x) the older ptxas beside it refuses; the one named ptxas before."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+        return get_ptxas(90).path
+    except (ImportError, AttributeError):  # a Triton before get_ptxas
+        return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+
+
+PTXAS = _sm90_ptxas()
 DIV16 = ["w_ptr", "s0_ptr", "s1_ptr", "x_ptr", "dy_ptr", "accum_ptr", "acc_out_ptr", "norm_sq_ptr",
          "nonfinite_ptr", "stage_ptr", "M", "N", "K", "stride_xk", "stride_dyk", "slots_n"]
 

@@ -318,11 +318,11 @@ def copy_state(w_desc, c0_desc, c1_desc, st_w, st_c0, st_c1, st_ready, slot, row
     counted against st_ready[slot]; rows and columns past M and N arrive as zeros."""
     nbytes: gl.constexpr = w_desc.block_type.nbytes + N_STATE * c0_desc.block_type.nbytes
     mbarrier.expect(st_ready.index(slot), nbytes)
-    tma.async_copy_global_to_shared(w_desc, [row0, col0], st_ready.index(slot), st_w.index(slot))
+    _ws.tma_load(w_desc, [row0, col0], st_ready.index(slot), st_w.index(slot))
     if N_STATE >= 1:
-        tma.async_copy_global_to_shared(c0_desc, [row0, col0], st_ready.index(slot), st_c0.index(slot))
+        _ws.tma_load(c0_desc, [row0, col0], st_ready.index(slot), st_c0.index(slot))
     if N_STATE >= 2:
-        tma.async_copy_global_to_shared(c1_desc, [row0, col0], st_ready.index(slot), st_c1.index(slot))
+        _ws.tma_load(c1_desc, [row0, col0], st_ready.index(slot), st_c1.index(slot))
 
 
 @gluon.jit

@@ -74,6 +74,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+# Gluon's TMA copies under the installed Triton's names: async_load and async_store from Triton 3.9, which
+# turned async_copy_global_to_shared and async_copy_shared_to_global into errors; only the latter before
+# (3.6, the device's and CI's, has no other). The same copies either way.
+tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+
 from forge_num.rules import Rule
 
 from . import ieee as _ieee
@@ -194,8 +200,8 @@ def load_operands(dy_desc, x_desc, dy_bufs, x_bufs, op_ready, s, k0, pid_m, pid_
     BM: gl.constexpr = dy_desc.block_type.shape[1]
     BN: gl.constexpr = x_desc.block_type.shape[1]
     mbarrier.expect(op_ready.index(s), dy_desc.block_type.nbytes + x_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(dy_desc, [k0, pid_m * BM], op_ready.index(s), dy_bufs.index(s))
-    tma.async_copy_global_to_shared(x_desc, [k0, pid_n * BN], op_ready.index(s), x_bufs.index(s))
+    tma_load(dy_desc, [k0, pid_m * BM], op_ready.index(s), dy_bufs.index(s))
+    tma_load(x_desc, [k0, pid_n * BN], op_ready.index(s), x_bufs.index(s))
 
 
 @gluon.jit
@@ -222,11 +228,11 @@ def state_loader(descs, bufs, bars, M, N, K, GROUP_M: gl.constexpr):
             mbarrier.wait(st_empty.index(s), ((j // SLOTS) & 1) ^ 1)
             mbarrier.expect(st_ready.index(s), nbytes)
             coord = [pid_m * BM, pid_n * BN + c * SW]
-            tma.async_copy_global_to_shared(w_desc, coord, st_ready.index(s), w_bufs.index(s))
+            tma_load(w_desc, coord, st_ready.index(s), w_bufs.index(s))
             if N_STATE >= 1:
-                tma.async_copy_global_to_shared(s0_desc, coord, st_ready.index(s), s0_bufs.index(s))
+                tma_load(s0_desc, coord, st_ready.index(s), s0_bufs.index(s))
             if N_STATE >= 2:
-                tma.async_copy_global_to_shared(s1_desc, coord, st_ready.index(s), s1_bufs.index(s))
+                tma_load(s1_desc, coord, st_ready.index(s), s1_bufs.index(s))
             j += 1
 
 
@@ -347,11 +353,11 @@ def update_subtile(g, j, coord, M, N, descs, bufs, bars, h, grad_scale, rand, GU
         out_bufs.index(o + 2).store(s1)
     fence_async_shared()
     # TMA clips the rows and columns past W's edge
-    tma.async_copy_shared_to_global(w_desc, coord, out_bufs.index(o))
+    tma_store(w_desc, coord, out_bufs.index(o))
     if N_STATE >= 1:
-        tma.async_copy_shared_to_global(s0_desc, coord, out_bufs.index(o + 1))
+        tma_store(s0_desc, coord, out_bufs.index(o + 1))
     if N_STATE >= 2:
-        tma.async_copy_shared_to_global(s1_desc, coord, out_bufs.index(o + 2))
+        tma_store(s1_desc, coord, out_bufs.index(o + 2))
     rows = coord[0] + gl.arange(0, g.shape[0], layout=gl.SliceLayout(1, g.type.layout))
     cols = coord[1] + gl.arange(0, g.shape[1], layout=gl.SliceLayout(0, g.type.layout))
     in_w = (rows[:, None] < M) & (cols[None, :] < N)

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# A newer Triton on the device, carried in two calls (session 41). Why: Gluon's TMA copy takes `multicast` from
+# Triton 3.7 on (triton-lang/triton#9005; the device's Triton is 3.6, which has none), the lever bench/NOTES.md
+# names for the fp32 kernel at 1024-16384 tokens. The device has no network and a call carries at most 64 MiB with
+# the working tree (~17 MB); Triton 3.7's cp312 wheel is 201 MB. What forge_num needs of it (the compiler
+# libtriton.so, the ptxas it runs for sm_90, the Python package; not CUPTI, proton, nvdisasm) is ~94 MB as one
+# tar.xz for 3.7, split in two parts of ~47 MB.
+#
+#   here:     bash bench/triton_carry.sh prepare [VERSION]    -> .tri/1/, .tri/2/ (a part each, the bundle's sha256)
+#   device:   call 1, carry [".tri/1"]:  bash bench/triton_carry.sh receive 1
+#             call 2 on the same warm machine (within its 30 s idle release), carry [".tri/2"]:
+#                       bash bench/triton_carry.sh receive 2 && bash bench/triton_carry.sh install && ...
+#             later calls on that machine:  source bench/triton_carry.sh use; then python3 imports that Triton
+#
+# The parts land in .tri_got/ and the package in .tri_site/ (ignored paths: a warm machine keeps them between
+# calls; a fresh one starts without them). `use` puts .tri_site first on PYTHONPATH; torch 2.11 there keeps its own
+# Triton 3.6 for torch.compile, which forge_num does not call. CI and the README's commands stay on
+# constraints.txt's Triton.
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+if [ "${1:-}" = use ]; then  # sourced: the caller's shell options stay as they were
+  export PYTHONPATH="$ROOT/.tri_site${PYTHONPATH:+:$PYTHONPATH}"
+  return 0 2>/dev/null || exit 0
+fi
+set -euo pipefail
+
+prepare() {
+  local version=${1:-3.7.0} work
+  work=$(mktemp -d)
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    -d "$work" "triton==$version"
+  mkdir "$work/pkg"
+  (cd "$work/pkg" && python3 -m zipfile -e "$work"/triton-"$version"-*.whl .)
+  # what forge_num's kernels never load: CUPTI and proton (profiling), nvdisasm, a test library, and the ptxas
+  # Triton does not run for sm_90 (from 3.9 it runs its CUDA 13 "ptxas-blackwell" there, before the other)
+  local unused_ptxas=ptxas-blackwell
+  python3 -c "import sys; v = tuple(map(int, sys.argv[1].split('.')[:2])); sys.exit(v >= (3, 9))" "$version" \
+    || unused_ptxas=ptxas
+  rm -rf "$work/pkg/triton/backends/nvidia/lib/cupti" "$work/pkg/triton/backends/nvidia/bin/$unused_ptxas" \
+    "$work/pkg/triton/backends/nvidia/bin/nvdisasm" "$work/pkg/triton/_C/libproton.so" \
+    "$work/pkg/triton/instrumentation/libGPUInstrumentationTestLib.so"
+  chmod +x "$work/pkg/triton/backends/nvidia/bin/"*  # zipfile drops the mode bits
+  tar -C "$work/pkg" -cf - . | xz -T0 -6 >"$work/bundle.tar.xz"
+  rm -rf "$ROOT/.tri" && mkdir -p "$ROOT/.tri/1" "$ROOT/.tri/2"
+  split -n 2 -d "$work/bundle.tar.xz" "$work/part"
+  mv "$work/part00" "$ROOT/.tri/1/part00" && mv "$work/part01" "$ROOT/.tri/2/part01"
+  local sum
+  sum=$(sha256sum <"$work/bundle.tar.xz" | cut -d' ' -f1)
+  echo "$sum triton==$version" | tee "$ROOT/.tri/1/SHA256" >"$ROOT/.tri/2/SHA256"
+  rm -rf "$work"
+  du -sh "$ROOT/.tri/1" "$ROOT/.tri/2"
+}
+
+receive() {
+  mkdir -p "$ROOT/.tri_got"
+  cp "$ROOT/.tri/$1/"* "$ROOT/.tri_got/"
+  ls -la "$ROOT/.tri_got"
+}
+
+install() {
+  local want got
+  for p in part00 part01; do
+    [ -f "$ROOT/.tri_got/$p" ] || { echo "triton_carry: $p missing from .tri_got (a fresh machine: receive both parts \
+on one warm machine)" >&2; exit 1; }
+  done
+  want=$(cut -d' ' -f1 "$ROOT/.tri_got/SHA256")
+  got=$(cat "$ROOT/.tri_got/part00" "$ROOT/.tri_got/part01" | sha256sum | cut -d' ' -f1)
+  [ "$want" = "$got" ] || { echo "triton_carry: the bundle's sha256 is $got, not $want" >&2; exit 1; }
+  rm -rf "$ROOT/.tri_site" && mkdir -p "$ROOT/.tri_site"
+  cat "$ROOT/.tri_got/part00" "$ROOT/.tri_got/part01" | xz -dc | tar -C "$ROOT/.tri_site" -xf -
+  PYTHONPATH="$ROOT/.tri_site" python3 -c "import triton; print('triton', triton.__version__, triton.__file__)"
+}
+
+case "${1:-}" in
+  prepare) prepare "${2:-}" ;;
+  receive) receive "$2" ;;
+  install) install ;;
+  *) echo "usage: bash bench/triton_carry.sh prepare [VERSION] | receive 1|2 | install; source ... use" >&2; exit 2 ;;
+esac
