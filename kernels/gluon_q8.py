@@ -56,7 +56,7 @@ import triton.language as tl  # the Philox arguments' annotations (gluon_update 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
+    fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait,
 )
 
 from forge_num.rules import Rule
