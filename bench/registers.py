@@ -42,7 +42,6 @@ from forge_num.kernels.linear_update import fused_linear_update_kernel
 from forge_num.kernels.rules import guarded_update_jit
 
 
-
 def _sm90_ptxas() -> str:
     """The ptxas Triton itself runs for sm_90: from Triton 3.9 its CUDA 13 one ("ptxas-blackwell") for every
     target from sm_90, whose PTX (.version 9.x) the older ptxas beside it refuses; the one named ptxas before."""

@@ -74,12 +74,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-# Gluon's TMA copies under the installed Triton's names: async_load and async_store from Triton 3.9, which
-# turned async_copy_global_to_shared and async_copy_shared_to_global into errors; only the latter before
-# (3.6, the device's and CI's, has no other). The same copies either way.
-tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
-
 from forge_num.rules import Rule
 
 from . import ieee as _ieee
@@ -89,6 +83,12 @@ from . import random as _random
 from . import rounding as _rounding
 from .ieee import NAMESPACE as IEEE_NAMESPACE
 from .launch_cache import CachedLaunch
+
+# Gluon's TMA copies under the installed Triton's names: async_load and async_store from Triton 3.8 (3.9 turned
+# the older async_copy_global_to_shared and async_copy_shared_to_global into errors), the older names before
+# (3.6, the device's and CI's, has only those). The same copies either way.
+tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
 # ---------------------------------------------------------------------------------------------
 # The op vocabulary of forge_num.rules in Gluon: kernels/ieee.py's functions, their `tl` bound to
