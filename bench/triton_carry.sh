@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# A newer Triton on the device, carried in two calls (session 41). Why: Gluon's TMA copy takes `multicast` from
+# A newer Triton on the device, carried in a few calls (session 41). Why: Gluon's TMA copy takes `multicast` from
 # Triton 3.7 on (triton-lang/triton#9005; the device's Triton is 3.6, which has none), the lever bench/NOTES.md
 # names for the fp32 kernel at 1024-16384 tokens. The device has no network and a call carries at most 64 MiB with
 # the working tree (~17 MB); Triton 3.7's cp312 wheel is 201 MB. What forge_num needs of it (the compiler
-# libtriton.so, the ptxas it runs for sm_90, the Python package; not CUPTI, proton, nvdisasm) is ~94 MB as one
-# tar.xz for 3.7, split in two parts of ~47 MB.
+# libtriton.so, the ptxas it runs for sm_90, the Python package; not CUPTI, proton, nvdisasm) is one tar.xz in
+# parts of 48 MB: 94 MB for 3.7 (two parts), 138 MB for 3.9 (three).
 #
-#   here:     bash bench/triton_carry.sh prepare [VERSION]    -> .tri/1/, .tri/2/ (a part each, the bundle's sha256)
-#   device:   call 1, carry [".tri/1"]:  bash bench/triton_carry.sh receive 1
-#             call 2 on the same warm machine (within its 30 s idle release), carry [".tri/2"]:
-#                       bash bench/triton_carry.sh receive 2 && bash bench/triton_carry.sh install && ...
+#   here:     bash bench/triton_carry.sh prepare [VERSION]    -> .tri/1/ .. .tri/N/ (a part each, the bundle's sha256)
+#   device:   call i = 1 .. N on one warm machine (each within the last's 30 s idle release), carry [".tri/i"]:
+#                       bash bench/triton_carry.sh receive i
+#             the last of them, or one after:  bash bench/triton_carry.sh install && ...
 #             later calls on that machine:  source bench/triton_carry.sh use; then python3 imports that Triton
 #
 # The parts land in .tri_got/ and the package in .tri_site/ (ignored paths: a warm machine keeps them between
@@ -41,14 +41,19 @@ prepare() {
     "$work/pkg/triton/instrumentation/libGPUInstrumentationTestLib.so"
   chmod +x "$work/pkg/triton/backends/nvidia/bin/"*  # zipfile drops the mode bits
   tar -C "$work/pkg" -cf - . | xz -T0 -6 >"$work/bundle.tar.xz"
-  rm -rf "$ROOT/.tri" && mkdir -p "$ROOT/.tri/1" "$ROOT/.tri/2"
-  split -n 2 -d "$work/bundle.tar.xz" "$work/part"
-  mv "$work/part00" "$ROOT/.tri/1/part00" && mv "$work/part01" "$ROOT/.tri/2/part01"
-  local sum
+  # parts of 48 MB: with the working tree (~17 MB) under a call's 64 MiB (67.1 MB)
+  rm -rf "$ROOT/.tri"
+  split -b 48000000 -d "$work/bundle.tar.xz" "$work/part"
+  local sum n=0
   sum=$(sha256sum <"$work/bundle.tar.xz" | cut -d' ' -f1)
-  echo "$sum triton==$version" | tee "$ROOT/.tri/1/SHA256" >"$ROOT/.tri/2/SHA256"
+  for part in "$work"/part*; do
+    n=$((n + 1))
+    mkdir -p "$ROOT/.tri/$n" && mv "$part" "$ROOT/.tri/$n/"
+  done
+  for i in $(seq "$n"); do echo "$sum $n triton==$version" >"$ROOT/.tri/$i/SHA256"; done
   rm -rf "$work"
-  du -sh "$ROOT/.tri/1" "$ROOT/.tri/2"
+  du -sh "$ROOT/.tri/"*
+  echo "carry .tri/1 .. .tri/$n in $n calls on one warm machine (receive 1 .. receive $n), then install"
 }
 
 receive() {
@@ -58,16 +63,16 @@ receive() {
 }
 
 install() {
-  local want got
-  for p in part00 part01; do
-    [ -f "$ROOT/.tri_got/$p" ] || { echo "triton_carry: $p missing from .tri_got (a fresh machine: receive both parts \
-on one warm machine)" >&2; exit 1; }
+  local want n got
+  read -r want n _ <"$ROOT/.tri_got/SHA256"
+  for i in $(seq 0 $((n - 1))); do
+    [ -f "$ROOT/.tri_got/$(printf 'part%02d' "$i")" ] || { echo "triton_carry: part $((i + 1)) of $n missing from \
+.tri_got (a fresh machine: receive every part on one warm machine)" >&2; exit 1; }
   done
-  want=$(cut -d' ' -f1 "$ROOT/.tri_got/SHA256")
-  got=$(cat "$ROOT/.tri_got/part00" "$ROOT/.tri_got/part01" | sha256sum | cut -d' ' -f1)
+  got=$(cat "$ROOT/.tri_got"/part* | sha256sum | cut -d' ' -f1)
   [ "$want" = "$got" ] || { echo "triton_carry: the bundle's sha256 is $got, not $want" >&2; exit 1; }
   rm -rf "$ROOT/.tri_site" && mkdir -p "$ROOT/.tri_site"
-  cat "$ROOT/.tri_got/part00" "$ROOT/.tri_got/part01" | xz -dc | tar -C "$ROOT/.tri_site" -xf -
+  cat "$ROOT/.tri_got"/part* | xz -dc | tar -C "$ROOT/.tri_site" -xf -
   PYTHONPATH="$ROOT/.tri_site" python3 -c "import triton; print('triton', triton.__version__, triton.__file__)"
 }
 
@@ -75,5 +80,5 @@ case "${1:-}" in
   prepare) prepare "${2:-}" ;;
   receive) receive "$2" ;;
   install) install ;;
-  *) echo "usage: bash bench/triton_carry.sh prepare [VERSION] | receive 1|2 | install; source ... use" >&2; exit 2 ;;
+  *) echo "usage: bash bench/triton_carry.sh prepare [VERSION] | receive I | install; source ... use" >&2; exit 2 ;;
 esac
