@@ -1,0 +1,206 @@
+"""Two-CTA dW mainloop with x's K blocks shared by TMA multicast (session 41, CPU: compiled for sm_90 under
+Triton 3.9, not yet run on a GPU). A probe, not a forge_num kernel. What it answers: does a cluster of two
+64x128 tiles that share x's block (each CTA loading its own dY rows) run the fp32 split tile's mainloop faster
+than two independent 64x128 tiles, as the L2 traffic says it should (bench/NOTES.md, session 41: 128 rows of
+operands a tile from L2 instead of 192, the 128x128 tile's 0.67x, while each SM could keep the 64-row tile's
+sixteen epilogue warps)?
+
+The program is the cluster (Gluon's num_ctas = 2): a [128, 128] block of dW = dYᵀ X, rows split between the
+two CTAs (cga_layout [[1, 0]]: CTA r computes rows 64 r .. 64 r + 63), x's [BK, 128] buffers broadcast
+([[0, 0]]: both CTAs hold the whole block). A STAGES-deep ring:
+
+    ready[s]   each CTA's own: its dY half (8 KB) and x's block (16 KB) landed
+    released[s] the lead CTA's (allocate_mbarrier(two_ctas=True): Triton 3.9 routes both CTAs' arrivals there,
+               only the lead waits), count 2: both CTAs' wgmma on slot s retired. The lead issues x's
+               multicast (Gluon's lowering picks the lowest rank of the broadcast group), so it alone must know
+               that the other CTA is done with the slot before refilling it; a CTA's own dY half is refilled in
+               program order after its own wgmma retired (warpgroup_mma_wait(1)), as gluon_q8's
+               mma_self_loaded_tiles does.
+
+MULTICAST=False: the same program with x loaded by each CTA for itself (the same bytes into the same slots),
+the baseline with the same chain of wgmma: both give the same bits. The fp32 result leaves by TMA.
+
+    python bench/multicast_mainloop.py --check            # bits: multicast against not, and against torch
+    python bench/multicast_mainloop.py --shapes 4096x14336,28672x8192 --tokens 1024,4096,16384
+
+Needs a Triton whose Gluon has multicast TMA copies and two-CTA barriers that route arrivals (3.9;
+bench/triton_carry.sh brings one to the device).
+
+Status (session 41): compiled for sm_90 under Triton 3.9 (`--ptx`): each CTA expects 24,576 bytes a slot, loads
+its dY half itself and takes x from the lead's `multicast::cluster` copy, arrives at the lead's barrier
+(`mbarrier.arrive.shared::cluster`), and only the lead waits there; 90 registers, no spills, 96 KB of shared
+memory. Not run. ptxas reports the wgmma chain serialized (C7515: "non wgmma instructions defining accumulator
+registers") in both variants and in a one-CTA copy of the loop without the release barrier, where the fp32
+split tile's mainloop is not: that is to be found before its times mean anything against cuBLAS (the two
+variants against each other still compare the L2 traffic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+try:
+    from triton.experimental.gluon.language.nvidia.hopper import cluster
+except ImportError:  # before Triton 3.7
+    raise SystemExit(f"bench/multicast_mainloop.py needs Triton 3.9's Gluon (two-CTA barriers that route "
+                     f"arrivals, multicast TMA copies); this is Triton {triton.__version__}") from None
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from forge_num.kernels.gluon_update import tma_load, tma_store  # noqa: E402
+
+CTA_ROWS = 64  # rows of dW a CTA computes: one warp group's m64 wgmma
+BN, BK = 128, 64
+
+
+@gluon.jit
+def load_block(dy_desc, x_desc, dy_bufs, x_bufs, ready, kb, pid_m, pid_n, MULTICAST: gl.constexpr):
+    """K block kb's dY half (this CTA's rows) and x's block (multicast by the lead, or each CTA's own) into slot
+    kb % STAGES, counted against this CTA's ready[slot]."""
+    STAGES: gl.constexpr = dy_bufs.type.shape[0]
+    BKc: gl.constexpr = dy_desc.block_type.shape[0]
+    ROWS: gl.constexpr = dy_desc.block_type.shape[1]  # the cluster's rows (both CTAs')
+    COLS: gl.constexpr = x_desc.block_type.shape[1]
+    s = kb % STAGES
+    mbarrier.expect(ready.index(s), dy_desc.nbytes_per_cta + x_desc.nbytes_per_cta)
+    tma_load(dy_desc, [kb * BKc, pid_m * ROWS], ready.index(s), dy_bufs.index(s))
+    tma_load(x_desc, [kb * BKc, pid_n * COLS], ready.index(s), x_bufs.index(s), multicast=MULTICAST)
+
+
+@gluon.jit
+def two_cta_mainloop_kernel(dy_desc, x_desc, out_desc, K, STAGES: gl.constexpr, MULTICAST: gl.constexpr):
+    """out[pid_m * 128 :, pid_n * 128 :] = dY[:, rows]ᵀ X[:, cols] in fp32 for the cluster's block (module
+    docstring), K blocks of BK in the order the fp32 split tile takes them."""
+    gl.static_assert(gl.num_ctas() == 2)
+    BKc: gl.constexpr = dy_desc.block_type.shape[0]
+    ROWS: gl.constexpr = dy_desc.block_type.shape[1]
+    COLS: gl.constexpr = x_desc.block_type.shape[1]
+    tiles_n = gl.cdiv(out_desc.shape[1], COLS)
+    pid_m = gl.program_id(0) // tiles_n
+    pid_n = gl.program_id(0) % tiles_n
+    dy_bufs = gl.allocate_shared_memory(dy_desc.dtype, [STAGES, BKc, ROWS], dy_desc.layout)
+    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BKc, COLS], x_desc.layout)
+    ready = mbarrier.allocate_mbarrier(batch=STAGES)
+    released = mbarrier.allocate_mbarrier(batch=STAGES, two_ctas=True)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(released.index(i), count=2)
+    cluster.barrier()  # both CTAs' barriers initialized before any copy or arrival reaches them
+    nk = gl.cdiv(K, BKc)
+    for j in gl.static_range(STAGES - 1):
+        if j < nk:
+            load_block(dy_desc, x_desc, dy_bufs, x_bufs, ready, j, pid_m, pid_n, MULTICAST)
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, COLS, 16], cga_layout=[[1, 0]])
+    acc = gl.zeros((ROWS, COLS), dtype=gl.float32, layout=acc_layout)
+    for kb in range(nk):
+        s = kb % STAGES
+        mbarrier.wait(ready.index(s), (kb // STAGES) & 1)
+        a = dy_bufs.index(s).permute((1, 0))
+        b = x_bufs.index(s)
+        acc = warpgroup_mma(a, b, acc, is_async=True)
+        acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a, b))
+        if kb > 0:  # block kb - 1's wgmma retired: its slot released to the lead
+            mbarrier.arrive(released.index((kb - 1) % STAGES), count=1)
+        ahead = kb + STAGES - 1
+        if ahead < nk:
+            if ahead >= STAGES:  # the slot's last block is kb - 1: the lead waits for both CTAs' release
+                mbarrier.wait(released.index(ahead % STAGES), ((ahead // STAGES) - 1) & 1)
+            load_block(dy_desc, x_desc, dy_bufs, x_bufs, ready, ahead, pid_m, pid_n, MULTICAST)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    out = gl.allocate_shared_memory(gl.float32, [ROWS, COLS], out_desc.layout)
+    out.store(acc)
+    fence_async_shared()
+    tma_store(out_desc, [pid_m * ROWS, pid_n * COLS], out)
+    tma.store_wait(0)
+
+
+def descriptors(dy: torch.Tensor, x: torch.Tensor, out: torch.Tensor):
+    """TMA descriptors of the cluster's blocks: dY [BK, 128] split by rows between the CTAs, x [BK, 128] whole in
+    both, the fp32 result [128, 128] split by rows."""
+    dy_layout = gl.NVMMASharedLayout.get_default_for([BK, 2 * CTA_ROWS], gl.bfloat16, cga_layout=[[0, 1]])
+    x_layout = gl.NVMMASharedLayout.get_default_for([BK, BN], gl.bfloat16, cga_layout=[[0, 0]])
+    out_layout = gl.NVMMASharedLayout.get_default_for([2 * CTA_ROWS, BN], gl.float32, cga_layout=[[1, 0]])
+    return (TensorDescriptor.from_tensor(dy, [BK, 2 * CTA_ROWS], dy_layout),
+            TensorDescriptor.from_tensor(x, [BK, BN], x_layout),
+            TensorDescriptor.from_tensor(out, [2 * CTA_ROWS, BN], out_layout))
+
+
+def two_cta_dw(dy: torch.Tensor, x: torch.Tensor, multicast: bool = True, stages: int = 4) -> torch.Tensor:
+    """dW = dyᵀ x (fp32) by the two-CTA mainloop; dy [K, M], x [K, N] bf16, M a multiple of 128, N of 128."""
+    K, M = dy.shape
+    N = x.shape[1]
+    if M % (2 * CTA_ROWS) or N % BN:
+        raise ValueError(f"two_cta_dw: M a multiple of {2 * CTA_ROWS} and N of {BN}, got {M}x{N}")
+    out = torch.empty(M, N, dtype=torch.float32, device=dy.device)
+    dy_desc, x_desc, out_desc = descriptors(dy, x, out)
+    grid = (M // (2 * CTA_ROWS) * (N // BN),)
+    two_cta_mainloop_kernel[grid](dy_desc, x_desc, out_desc, K, STAGES=stages, MULTICAST=multicast, num_warps=4,
+                                  num_ctas=2)
+    return out
+
+
+def compile_for_sm90(multicast: bool = True, stages: int = 4, M: int = 256, N: int = 256, K: int = 256):
+    """The kernel compiled for sm_90 without a GPU (gluon_update.compile_gluon_for_sm90)."""
+    from forge_num.kernels.gluon_update import compile_gluon_for_sm90
+
+    dy = torch.empty(K, M, dtype=torch.bfloat16)
+    x = torch.empty(K, N, dtype=torch.bfloat16)
+    dy_desc, x_desc, out_desc = descriptors(dy, x, torch.empty(M, N))
+    return compile_gluon_for_sm90(two_cta_mainloop_kernel, dict(dy_desc=dy_desc, x_desc=x_desc, out_desc=out_desc,
+                                                                K=K, STAGES=stages, MULTICAST=multicast),
+                                  4, {"num_ctas": 2})
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--check", action="store_true", help="bits: multicast against not, and against torch")
+    p.add_argument("--ptx", action="store_true", help="compile for sm_90 (no GPU) and print the PTX's cluster lines")
+    p.add_argument("--shapes", default="4096x14336,28672x8192")
+    p.add_argument("--tokens", default="1024,4096,16384")
+    args = p.parse_args(argv)
+    if args.ptx:
+        from bench.registers import resource_usage
+
+        for mc in (True, False):
+            ptx = compile_for_sm90(mc).asm["ptx"]
+            counts = {name: len(re.findall(pattern, ptx)) for name, pattern in (
+                ("multicast copies", r"cp\.async\.bulk\.tensor\S*multicast::cluster"),
+                ("arrivals at the lead", r"mbarrier\.arrive\.shared::cluster"),
+                ("wgmma", r"wgmma\.mma_async"), ("cluster directives", r"\.reqnctapercluster"))}
+            print(f"multicast={mc}:", counts, resource_usage(ptx))
+        return
+    torch.manual_seed(0)
+    if args.check:
+        dy = torch.randn(512, 256, dtype=torch.bfloat16, device="cuda")
+        x = torch.randn(512, 384, dtype=torch.bfloat16, device="cuda")
+        shared, alone = two_cta_dw(dy, x, True), two_cta_dw(dy, x, False)
+        ref = dy.t().float() @ x.float()
+        print("multicast == not, bit for bit:", torch.equal(shared.view(torch.int32), alone.view(torch.int32)),
+              " max |multicast - fp32 reference|:", (shared - ref).abs().max().item())
+        return
+    for shape in args.shapes.split(","):
+        M, N = (int(v) for v in shape.split("x"))
+        for K in (int(v) for v in args.tokens.split(",")):
+            dy = torch.randn(K, M, dtype=torch.bfloat16, device="cuda")
+            x = torch.randn(K, N, dtype=torch.bfloat16, device="cuda")
+            ms = {name: triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") for name, fn in (
+                ("multicast", lambda: two_cta_dw(dy, x, True)), ("alone", lambda: two_cta_dw(dy, x, False)),
+                ("cublas", lambda: dy.t() @ x))}
+            tflops = {k: 2 * M * N * K / v * 1e-9 for k, v in ms.items()}
+            print(f"{M}x{N} K={K}: " + "  ".join(f"{k} {ms[k]:.3f} ms ({tflops[k]:.0f} TFLOP/s)" for k in ms))
+
+
+if __name__ == "__main__":
+    main()
