@@ -26,13 +26,12 @@ the baseline with the same chain of wgmma: both give the same bits. The fp32 res
 Needs a Triton whose Gluon has multicast TMA copies and two-CTA barriers that route arrivals (3.9;
 bench/triton_carry.sh brings one to the device).
 
-Status (session 41): compiled for sm_90 under Triton 3.9 (`--ptx`): each CTA expects 24,576 bytes a slot, loads
-its dY half itself and takes x from the lead's `multicast::cluster` copy, arrives at the lead's barrier
-(`mbarrier.arrive.shared::cluster`), and only the lead waits there; 90 registers, no spills, 96 KB of shared
-memory. Not run. ptxas reports the wgmma chain serialized (C7515: "non wgmma instructions defining accumulator
-registers") in both variants and in a one-CTA copy of the loop without the release barrier, where the fp32
-split tile's mainloop is not: that is to be found before its times mean anything against cuBLAS (the two
-variants against each other still compare the L2 traffic).
+Status (session 41): compiled for sm_90 under Triton 3.9 (`--ptx`), not run. In the PTX each CTA expects
+24,576 bytes a slot, loads its dY half itself and takes x from the lead's `multicast::cluster` copy, arrives at
+the lead's barrier (`mbarrier.arrive.shared::cluster`), and only the lead waits there; no spills; the wgmma
+chain not serialized. ptxas serialized it (C7515) while the MMA warps also wrote the result (by pointer or by
+TMA), and while the zero accumulator stood before a loop that might run no iteration (its zeros moved on the
+loop's exit edge, inside the pipeline): hence the writing partition and the first block before the loop.
 """
 
 from __future__ import annotations
@@ -46,9 +45,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
-)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 try:
@@ -58,14 +55,14 @@ except ImportError:  # before Triton 3.7
                      f"arrivals, multicast TMA copies); this is Triton {triton.__version__}") from None
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from forge_num.kernels.gluon_update import tma_load, tma_store  # noqa: E402
+from forge_num.kernels.gluon_update import tma_load  # noqa: E402
 
 CTA_ROWS = 64  # rows of dW a CTA computes: one warp group's m64 wgmma
 BN, BK = 128, 64
 
 
 @gluon.jit
-def load_block(dy_desc, x_desc, dy_bufs, x_bufs, ready, kb, pid_m, pid_n, MULTICAST: gl.constexpr):
+def load_block(dy_desc, x_desc, dy_bufs, x_bufs, ready, kb, pid_m, pid_n, MULTICAST: gl.constexpr, pred=True):
     """K block kb's dY half (this CTA's rows) and x's block (multicast by the lead, or each CTA's own) into slot
     kb % STAGES, counted against this CTA's ready[slot]."""
     STAGES: gl.constexpr = dy_bufs.type.shape[0]
@@ -73,68 +70,109 @@ def load_block(dy_desc, x_desc, dy_bufs, x_bufs, ready, kb, pid_m, pid_n, MULTIC
     ROWS: gl.constexpr = dy_desc.block_type.shape[1]  # the cluster's rows (both CTAs')
     COLS: gl.constexpr = x_desc.block_type.shape[1]
     s = kb % STAGES
-    mbarrier.expect(ready.index(s), dy_desc.nbytes_per_cta + x_desc.nbytes_per_cta)
-    tma_load(dy_desc, [kb * BKc, pid_m * ROWS], ready.index(s), dy_bufs.index(s))
-    tma_load(x_desc, [kb * BKc, pid_n * COLS], ready.index(s), x_bufs.index(s), multicast=MULTICAST)
+    mbarrier.expect(ready.index(s), dy_desc.nbytes_per_cta + x_desc.nbytes_per_cta, pred=pred)
+    tma_load(dy_desc, [kb * BKc, pid_m * ROWS], ready.index(s), dy_bufs.index(s), pred=pred)
+    tma_load(x_desc, [kb * BKc, pid_n * COLS], ready.index(s), x_bufs.index(s), pred=pred, multicast=MULTICAST)
 
 
 @gluon.jit
-def two_cta_mainloop_kernel(dy_desc, x_desc, out_desc, K, STAGES: gl.constexpr, MULTICAST: gl.constexpr):
-    """out[pid_m * 128 :, pid_n * 128 :] = dY[:, rows]ᵀ X[:, cols] in fp32 for the cluster's block (module
-    docstring), K blocks of BK in the order the fp32 split tile takes them."""
-    gl.static_assert(gl.num_ctas() == 2)
+def mma_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, released, out_smem, done, K, pid_m, pid_n,
+                  MULTICAST: gl.constexpr):
+    """Worker (one warp group): the ring's loads and the wgmma chain, K blocks of BK in the order the fp32 split
+    tile takes them; the accumulator into out_smem, then done."""
+    STAGES: gl.constexpr = dy_bufs.type.shape[0]
     BKc: gl.constexpr = dy_desc.block_type.shape[0]
     ROWS: gl.constexpr = dy_desc.block_type.shape[1]
     COLS: gl.constexpr = x_desc.block_type.shape[1]
-    tiles_n = gl.cdiv(out_desc.shape[1], COLS)
-    pid_m = gl.program_id(0) // tiles_n
-    pid_n = gl.program_id(0) % tiles_n
-    dy_bufs = gl.allocate_shared_memory(dy_desc.dtype, [STAGES, BKc, ROWS], dy_desc.layout)
-    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BKc, COLS], x_desc.layout)
-    ready = mbarrier.allocate_mbarrier(batch=STAGES)
-    released = mbarrier.allocate_mbarrier(batch=STAGES, two_ctas=True)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(released.index(i), count=2)
-    cluster.barrier()  # both CTAs' barriers initialized before any copy or arrival reaches them
     nk = gl.cdiv(K, BKc)
     for j in gl.static_range(STAGES - 1):
         if j < nk:
             load_block(dy_desc, x_desc, dy_bufs, x_bufs, ready, j, pid_m, pid_n, MULTICAST)
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, COLS, 16], cga_layout=[[1, 0]])
-    acc = gl.zeros((ROWS, COLS), dtype=gl.float32, layout=acc_layout)
-    for kb in range(nk):
+    # block 0 from a zero accumulator before the loop (K > 0): with the zeros before a loop that may run no
+    # iteration, they are moved into the accumulator on the loop's exit edge, inside the wgmma pipeline, and
+    # ptxas serializes the chain (C7515). The same chain: zeros, then each block in K order
+    mbarrier.wait(ready.index(0), 0)
+    acc = warpgroup_mma(dy_bufs.index(0).permute((1, 0)), x_bufs.index(0),
+                        gl.zeros((ROWS, COLS), dtype=gl.float32, layout=acc_layout), is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # block 0 left in flight
+    load_block(dy_desc, x_desc, dy_bufs, x_bufs, ready, STAGES - 1, pid_m, pid_n, MULTICAST, pred=STAGES - 1 < nk)
+    for kb in range(1, nk):
         s = kb % STAGES
         mbarrier.wait(ready.index(s), (kb // STAGES) & 1)
         a = dy_bufs.index(s).permute((1, 0))
         b = x_bufs.index(s)
         acc = warpgroup_mma(a, b, acc, is_async=True)
         acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a, b))
-        if kb > 0:  # block kb - 1's wgmma retired: its slot released to the lead
-            mbarrier.arrive(released.index((kb - 1) % STAGES), count=1)
+        # block kb - 1's wgmma retired: its slot released to the lead (predicates, not branches, around the
+        # chain)
+        mbarrier.arrive(released.index((kb - 1) % STAGES), count=1)
         ahead = kb + STAGES - 1
-        if ahead < nk:
-            if ahead >= STAGES:  # the slot's last block is kb - 1: the lead waits for both CTAs' release
-                mbarrier.wait(released.index(ahead % STAGES), ((ahead // STAGES) - 1) & 1)
-            load_block(dy_desc, x_desc, dy_bufs, x_bufs, ready, ahead, pid_m, pid_n, MULTICAST)
+        # that slot's next block: the lead waits for both CTAs' release before refilling it
+        mbarrier.wait(released.index(ahead % STAGES), ((ahead // STAGES) - 1) & 1, pred=ahead < nk)
+        load_block(dy_desc, x_desc, dy_bufs, x_bufs, ready, ahead, pid_m, pid_n, MULTICAST, pred=ahead < nk)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    out = gl.allocate_shared_memory(gl.float32, [ROWS, COLS], out_desc.layout)
-    out.store(acc)
-    fence_async_shared()
-    tma_store(out_desc, [pid_m * ROWS, pid_n * COLS], out)
-    tma.store_wait(0)
+    out_smem.store(acc)
+    mbarrier.arrive(done, count=1)
 
 
-def descriptors(dy: torch.Tensor, x: torch.Tensor, out: torch.Tensor):
+@gluon.jit
+def write_partition(out_smem, done, out_ptr, N, pid_m, pid_n):
+    """Default partition (four warps): the block from out_smem to dW by pointer, each CTA its own rows. Why not
+    the MMA warps: with the global stores (by pointer or by TMA) after their loop, ptxas serializes the wgmma
+    chain (C7515; session 41, a one-CTA copy of the loop), as the fp32 split tile avoids by its epilogue
+    partition."""
+    ROWS: gl.constexpr = out_smem.type.shape[0]
+    COLS: gl.constexpr = out_smem.type.shape[1]
+    layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0], cga_layout=[[1, 0]])
+    mbarrier.wait(done, 0)
+    block = out_smem.load(layout)
+    rows = pid_m * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    cols = pid_n * COLS + gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
+    gl.store(out_ptr + rows[:, None].to(gl.int64) * N + cols[None, :], block)
+
+
+@gluon.jit
+def two_cta_mainloop_kernel(dy_desc, x_desc, out_ptr, N, K, STAGES: gl.constexpr, MULTICAST: gl.constexpr):
+    """out[pid_m * 128 :, pid_n * 128 :] = dY[:, rows]ᵀ X[:, cols] in fp32 for the cluster's block (module
+    docstring)."""
+    gl.static_assert(gl.num_ctas() == 2)
+    BKc: gl.constexpr = dy_desc.block_type.shape[0]
+    ROWS: gl.constexpr = dy_desc.block_type.shape[1]
+    COLS: gl.constexpr = x_desc.block_type.shape[1]
+    tiles_n = gl.cdiv(N, COLS)
+    pid_m = gl.program_id(0) // tiles_n
+    pid_n = gl.program_id(0) % tiles_n
+    dy_bufs = gl.allocate_shared_memory(dy_desc.dtype, [STAGES, BKc, ROWS], dy_desc.layout)
+    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BKc, COLS], x_desc.layout)
+    out_smem = gl.allocate_shared_memory(gl.float32, [ROWS, COLS], gl.NVMMASharedLayout.get_default_for(
+        [ROWS, COLS], gl.float32, cga_layout=[[1, 0]]))
+    ready = mbarrier.allocate_mbarrier(batch=STAGES)
+    released = mbarrier.allocate_mbarrier(batch=STAGES, two_ctas=True)
+    done = mbarrier.allocate_mbarrier()
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(released.index(i), count=2)
+    mbarrier.init(done, count=1)
+    cluster.barrier()  # both CTAs' barriers initialized before any copy or arrival reaches them
+    gl.warp_specialize([
+        (write_partition, (out_smem, done, out_ptr, N, pid_m, pid_n)),
+        (mma_partition, (dy_desc, x_desc, dy_bufs, x_bufs, ready, released, out_smem, done, K, pid_m, pid_n,
+                         MULTICAST)),
+    ], [4], [232])
+    # neither CTA leaves while the other may still arrive at its barriers (the last releases, which nothing waits
+    # for) or copy into its shared memory
+    cluster.barrier()
+
+
+def descriptors(dy: torch.Tensor, x: torch.Tensor):
     """TMA descriptors of the cluster's blocks: dY [BK, 128] split by rows between the CTAs, x [BK, 128] whole in
-    both, the fp32 result [128, 128] split by rows."""
+    both."""
     dy_layout = gl.NVMMASharedLayout.get_default_for([BK, 2 * CTA_ROWS], gl.bfloat16, cga_layout=[[0, 1]])
     x_layout = gl.NVMMASharedLayout.get_default_for([BK, BN], gl.bfloat16, cga_layout=[[0, 0]])
-    out_layout = gl.NVMMASharedLayout.get_default_for([2 * CTA_ROWS, BN], gl.float32, cga_layout=[[1, 0]])
     return (TensorDescriptor.from_tensor(dy, [BK, 2 * CTA_ROWS], dy_layout),
-            TensorDescriptor.from_tensor(x, [BK, BN], x_layout),
-            TensorDescriptor.from_tensor(out, [2 * CTA_ROWS, BN], out_layout))
+            TensorDescriptor.from_tensor(x, [BK, BN], x_layout))
 
 
 def two_cta_dw(dy: torch.Tensor, x: torch.Tensor, multicast: bool = True, stages: int = 4) -> torch.Tensor:
@@ -144,9 +182,9 @@ def two_cta_dw(dy: torch.Tensor, x: torch.Tensor, multicast: bool = True, stages
     if M % (2 * CTA_ROWS) or N % BN:
         raise ValueError(f"two_cta_dw: M a multiple of {2 * CTA_ROWS} and N of {BN}, got {M}x{N}")
     out = torch.empty(M, N, dtype=torch.float32, device=dy.device)
-    dy_desc, x_desc, out_desc = descriptors(dy, x, out)
+    dy_desc, x_desc = descriptors(dy, x)
     grid = (M // (2 * CTA_ROWS) * (N // BN),)
-    two_cta_mainloop_kernel[grid](dy_desc, x_desc, out_desc, K, STAGES=stages, MULTICAST=multicast, num_warps=4,
+    two_cta_mainloop_kernel[grid](dy_desc, x_desc, out, N, K, STAGES=stages, MULTICAST=multicast, num_warps=4,
                                   num_ctas=2)
     return out
 
@@ -157,10 +195,10 @@ def compile_for_sm90(multicast: bool = True, stages: int = 4, M: int = 256, N: i
 
     dy = torch.empty(K, M, dtype=torch.bfloat16)
     x = torch.empty(K, N, dtype=torch.bfloat16)
-    dy_desc, x_desc, out_desc = descriptors(dy, x, torch.empty(M, N))
-    return compile_gluon_for_sm90(two_cta_mainloop_kernel, dict(dy_desc=dy_desc, x_desc=x_desc, out_desc=out_desc,
-                                                                K=K, STAGES=stages, MULTICAST=multicast),
-                                  4, {"num_ctas": 2})
+    dy_desc, x_desc = descriptors(dy, x)
+    args = dict(dy_desc=dy_desc, x_desc=x_desc, out_ptr=torch.empty(M, N), N=N, K=K, STAGES=stages,
+                MULTICAST=multicast)
+    return compile_gluon_for_sm90(two_cta_mainloop_kernel, args, 4, {"num_ctas": 2})
 
 
 def main(argv=None) -> None:
