@@ -18,7 +18,9 @@ two CTAs (cga_layout [[1, 0]]: CTA r computes rows 64 r .. 64 r + 63), x's [BK, 
                mma_self_loaded_tiles does.
 
 MULTICAST=False: the same program with x loaded by each CTA for itself (the same bytes into the same slots),
-the baseline with the same chain of wgmma: both give the same bits. The fp32 result leaves by TMA.
+the baseline with the same chain of wgmma: both give the same bits. The fp32 result goes out through shared
+memory, written to dW by pointer by a partition of its own (the MMA warp group hands it over, as in the split
+tile).
 
     python bench/multicast_mainloop.py --check            # bits: multicast against not, and against torch
     python bench/multicast_mainloop.py --shapes 4096x14336,28672x8192 --tokens 1024,4096,16384
@@ -204,7 +206,8 @@ def compile_for_sm90(multicast: bool = True, stages: int = 4, M: int = 256, N: i
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--check", action="store_true", help="bits: multicast against not, and against torch")
-    p.add_argument("--ptx", action="store_true", help="compile for sm_90 (no GPU) and print the PTX's cluster lines")
+    p.add_argument("--ptx", action="store_true",
+                   help="compile for sm_90 (no GPU) and count the PTX's cluster instructions")
     p.add_argument("--shapes", default="4096x14336,28672x8192")
     p.add_argument("--tokens", default="1024,4096,16384")
     args = p.parse_args(argv)

@@ -357,10 +357,10 @@ F32_WS_CANDIDATE_CONFIGS = (
     F32WSConfig(BM=128, STAGES=3, num_warps=8, mma_registers=96, max_registers=128, g_buffers=1, stage_slots=2),
     # v47 (session 39, CPU; timed and routed in session 40, below at ROUTE_BY_K): the one-buffer 128-row tile with
     # 8-row sub-tiles, for 4096-16384 tokens. Why: compiled as a launch specializes it (16-byte loads and stores),
-    # the one-buffer tile's
-    # eight epilogue warps hold eight elements a thread at the 128-register cap, and AdamW spills 200 B a thread,
-    # each sub-tile's spills and reloads in the epilogue's path; with four elements a thread (an 8-row sub-tile,
-    # a row a warp) AdamW spills none (Lion 24 B, SGD 76). The same bytes and mainloop; twice the sub-tiles.
+    # the one-buffer tile's eight epilogue warps hold eight elements a thread at the 128-register cap, and AdamW
+    # spills 200 B a thread, each sub-tile's spills and reloads in the epilogue's path; with four elements a thread
+    # (an 8-row sub-tile, a row a warp) AdamW spills none (Lion 24 B, SGD 76). The same bytes and mainloop; twice
+    # the sub-tiles.
     TALL_SUBTILED_F32_WS_CONFIG,
     # v48 (session 39, CPU; timed in session 40): the default and v46 with W's and the states' accesses by pointer
     # hinted evict_first (an L2 cache policy: createpolicy.fractional.L2::evict_first; v46's TMA copies take no

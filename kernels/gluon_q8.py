@@ -850,13 +850,16 @@ Q8_WS_CANDIDATE_CONFIGS = (
     # where staging at the tile's start lost what it saved (session 34): written after the session's last call
     Q8WSConfig(num_warps=16, STAGES=4, self_load=True, load_cursor=True, max_registers=96, mma_registers=96,
                mma_stage=2),
-    # v49 (session 40, CPU; not yet run on a GPU): the routed staged cursor (1024-3583 tokens) with groups of 16
+    # v49 (session 40, CPU; timed in session 41): the routed staged cursor (1024-3583 tokens) with groups of 16
     # and 32 tile rows (GROUP_M, 8 before), as gluon_f32's v49 (why there). The 8bit state is ~8 B an element
     # (the bf16 weight and two 1-byte codes, read and written), so the operands' re-reads weigh more:
     # bench/tile_order_model.py --state-bytes 8 gives, at 4096x14336 and 2048 tokens (Llama-8B's down
     # projection at 1x2048), 487 MB of operand reads with GROUP_M = 8, 252 with 16, 134 with 32, against 470 MB
-    # of state and 75 of operands once. Prediction: where the staged cursor waits on its operands' loads, 0.95-
-    # 0.98x its time at 2048 tokens; nothing if its epilogue's issue rate binds it (ncu, session 31: 52%)
+    # of state and 75 of operands once. Prediction: where the staged cursor waits on its operands' loads,
+    # 0.95-0.98x its time at 2048 tokens; nothing if its epilogue's issue rate binds it (ncu, session 31: 52%).
+    # Outcome (H100, bench/results/2026-12-07-s41/call3, 3 rounds, Llama-8B's shapes): 0.98-1.00x at 2048
+    # tokens with 16, 0.99-1.00x with 32, 0.99-1.00x at 1024; the 8B 1x2048 step 0.356 s with 32 against 0.358
+    # routed. The epilogue binds it; not routed
     MMA_STAGED_CONFIG.replace(GROUP_M=16),
     MMA_STAGED_CONFIG.replace(GROUP_M=32),
 )
