@@ -22,7 +22,7 @@ the baseline with the same chain of wgmma: both give the same bits. The fp32 res
 memory, written to dW by pointer by a partition of its own (the MMA warp group hands it over, as in the split
 tile).
 
-    python bench/multicast_mainloop.py --check            # bits: multicast against not, and against torch
+    python bench/multicast_mainloop.py --check            # bits: multicast against not, and the sm_90 tensor-core model
     python bench/multicast_mainloop.py --shapes 4096x14336,28672x8192 --tokens 1024,4096,16384
 
 Needs a Triton whose Gluon has multicast TMA copies and two-CTA barriers that route arrivals (3.9;
@@ -43,6 +43,7 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 import triton
 from triton.experimental import gluon
@@ -57,6 +58,7 @@ except ImportError:  # before Triton 3.7
                      f"arrivals, multicast TMA copies); this is Triton {triton.__version__}") from None
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from emulator.tensor_core import dot_sm90  # noqa: E402
 from forge_num.kernels.gluon_update import tma_load  # noqa: E402
 
 CTA_ROWS = 64  # rows of dW a CTA computes: one warp group's m64 wgmma
@@ -205,9 +207,11 @@ def compile_for_sm90(multicast: bool = True, stages: int = 4, M: int = 256, N: i
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--check", action="store_true", help="bits: multicast against not, and against torch")
+    p.add_argument("--check", action="store_true", help="bits: multicast against not, and against the sm_90 tensor-core model")
     p.add_argument("--ptx", action="store_true",
                    help="compile for sm_90 (no GPU) and count the PTX's cluster instructions")
+    p.add_argument("--ncu", action="store_true",
+                   help="launch each variant once per shape and K (to run under ncu), no timing")
     p.add_argument("--shapes", default="4096x14336,28672x8192")
     p.add_argument("--tokens", default="1024,4096,16384")
     args = p.parse_args(argv)
@@ -224,12 +228,32 @@ def main(argv=None) -> None:
         return
     torch.manual_seed(0)
     if args.check:
-        dy = torch.randn(512, 256, dtype=torch.bfloat16, device="cuda")
-        x = torch.randn(512, 384, dtype=torch.bfloat16, device="cuda")
-        shared, alone = two_cta_dw(dy, x, True), two_cta_dw(dy, x, False)
-        ref = dy.t().float() @ x.float()
-        print("multicast == not, bit for bit:", torch.equal(shared.view(torch.int32), alone.view(torch.int32)),
-              " max |multicast - fp32 reference|:", (shared - ref).abs().max().item())
+        # K from one block (the loop runs no iteration) through a ragged last block (TMA fills it with zeros)
+        # to more blocks than stages; M and N several clusters
+        failed = 0
+        for K, M, N in ((64, 256, 384), (100, 128, 128), (256, 256, 256), (512, 256, 384), (1000, 384, 256)):
+            dy = torch.randn(K, M, dtype=torch.bfloat16, device="cuda")
+            x = torch.randn(K, N, dtype=torch.bfloat16, device="cuda")
+            shared, alone = two_cta_dw(dy, x, True), two_cta_dw(dy, x, False)
+            # the bits of the sm_90 tensor-core model (proofs/tensor_core_model.md, Assumptions M and K): the
+            # chain of k16 instructions in increasing k, each from the last one's accumulator, zeros first
+            model = dot_sm90(dy.t().contiguous().cpu().view(torch.int16).numpy().view(np.uint16),
+                             x.cpu().view(torch.int16).numpy().view(np.uint16), np.zeros((M, N), np.float32))
+            same = torch.equal(shared.view(torch.int32), alone.view(torch.int32))
+            modelled = np.array_equal(shared.cpu().numpy().view(np.uint32), model.view(np.uint32))
+            failed += not (same and modelled)
+            print(f"K={K} {M}x{N}: multicast == not, bit for bit: {same}; == the sm_90 model: {modelled}")
+        sys.exit(1 if failed else 0)
+    if args.ncu:  # each variant once a shape and K, for ncu -k regex:two_cta (the first launch compiles)
+        for shape in args.shapes.split(","):
+            M, N = (int(v) for v in shape.split("x"))
+            for K in (int(v) for v in args.tokens.split(",")):
+                dy = torch.randn(K, M, dtype=torch.bfloat16, device="cuda")
+                x = torch.randn(K, N, dtype=torch.bfloat16, device="cuda")
+                for mc in (True, False):
+                    two_cta_dw(dy, x, mc)
+                    torch.cuda.synchronize()
+                    print(f"{M}x{N} K={K} multicast={mc}: launched")
         return
     for shape in args.shapes.split(","):
         M, N = (int(v) for v in shape.split("x"))
