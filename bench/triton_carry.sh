@@ -2,9 +2,10 @@
 # A newer Triton on the device, carried in a few calls (session 41). Why: Gluon's TMA copy takes `multicast` from
 # Triton 3.7 on (triton-lang/triton#9005; the device's Triton is 3.6, which has none), the lever bench/NOTES.md
 # names for the fp32 kernel at 1024-16384 tokens. The device has no network and a call carries at most 64 MiB with
-# the working tree (~17 MB); Triton 3.7's cp312 wheel is 201 MB. What forge_num needs of it (the compiler
-# libtriton.so, the ptxas it runs for sm_90, the Python package; not CUPTI, proton, nvdisasm) is one tar.xz in
-# parts of 48 MB: 94 MB for 3.7 (two parts), 138 MB for 3.9 (three).
+# the working tree (~17 MB); Triton 3.9's cp312 wheel is ~250 MB. What forge_num needs of it (the compiler
+# libtriton.so without its debug sections, the Python package; not CUPTI, proton, nvdisasm, ptxas: the host
+# Triton's serves) is one tar.xz in parts of 48 MB (session 42: one part for 3.9; session 41's bundle, with
+# ptxas and the debug sections, took three).
 #
 #   here:     bash bench/triton_carry.sh prepare [VERSION]    -> .tri/1/ .. .tri/N/ (a part each, the bundle's sha256)
 #   device:   call i = 1 .. N on one warm machine (each within the last's 30 s idle release), carry [".tri/i"]:
@@ -18,6 +19,10 @@
 # constraints.txt's Triton.
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 if [ "${1:-}" = use ]; then  # sourced: the caller's shell options stay as they were
+  # the host Triton's ptxas for the carried one (the bundle has none), found before PYTHONPATH changes (once)
+  [ -n "${TRITON_PTXAS_PATH:-}" ] || TRITON_PTXAS_PATH=$(python3 -c "import os, triton; print(os.path.join(os.path.dirname(triton.__file__), \
+'backends', 'nvidia', 'bin', 'ptxas'))")
+  export TRITON_PTXAS_PATH TRITON_PTXAS_BLACKWELL_PATH=$TRITON_PTXAS_PATH
   export PYTHONPATH="$ROOT/.tri_site${PYTHONPATH:+:$PYTHONPATH}"
   return 0 2>/dev/null || exit 0
 fi
@@ -31,14 +36,17 @@ prepare() {
     -d "$work" "triton==$version"
   mkdir "$work/pkg"
   (cd "$work/pkg" && python3 -m zipfile -e "$work"/triton-"$version"-*.whl .)
-  # what forge_num's kernels never load: CUPTI and proton (profiling), nvdisasm, a test library, and the ptxas
-  # Triton does not run for sm_90 (from 3.9 it runs its CUDA 13 "ptxas-blackwell" there, before the other)
-  local unused_ptxas=ptxas-blackwell
-  python3 -c "import sys; v = tuple(map(int, sys.argv[1].split('.')[:2])); sys.exit(v >= (3, 9))" "$version" \
-    || unused_ptxas=ptxas
-  rm -rf "$work/pkg/triton/backends/nvidia/lib/cupti" "$work/pkg/triton/backends/nvidia/bin/$unused_ptxas" \
-    "$work/pkg/triton/backends/nvidia/bin/nvdisasm" "$work/pkg/triton/_C/libproton.so" \
-    "$work/pkg/triton/instrumentation/libGPUInstrumentationTestLib.so"
+  # what forge_num's kernels never load: CUPTI and proton (profiling), nvdisasm, a test library, the AMD backend's
+  # code generator (its Python stays: the host's Triton 3.6 metadata names it as an entry point, imported at
+  # start), and both ptxas: `use` points Triton at the host Triton's own (3.6's, CUDA 12.8), which the
+  # driver surely runs, and which assembles 3.9's PTX for sm_90 as 13.4 does (session 42: the same spills, the
+  # same bits of code, probed here)
+  rm -rf "$work/pkg/triton/backends/nvidia/lib/cupti" "$work/pkg/triton/backends/nvidia/lib/cupti-blackwell" \
+    "$work/pkg/triton/backends/amd/lib" "$work/pkg/triton/backends/nvidia/bin/ptxas" \
+    "$work/pkg/triton/backends/nvidia/bin/ptxas-blackwell" "$work/pkg/triton/backends/nvidia/bin/nvdisasm" \
+    "$work/pkg/triton/_C/libproton.so" "$work/pkg/triton/instrumentation/libGPUInstrumentationTestLib.so"
+  # the compiler library's debug sections (500 MB -> 192 MB for 3.9; its dynamic symbols stay)
+  strip --strip-unneeded "$work/pkg/triton/_C/libtriton.so"
   chmod +x "$work/pkg/triton/backends/nvidia/bin/"*  # zipfile drops the mode bits
   tar -C "$work/pkg" -cf - . | xz -T0 -6 >"$work/bundle.tar.xz"
   # parts of 48 MB: with the working tree (~17 MB) under a call's 64 MiB (67.1 MB)
@@ -73,7 +81,8 @@ install() {
   [ "$want" = "$got" ] || { echo "triton_carry: the bundle's sha256 is $got, not $want" >&2; exit 1; }
   rm -rf "$ROOT/.tri_site" && mkdir -p "$ROOT/.tri_site"
   cat "$ROOT/.tri_got"/part* | xz -dc | tar -C "$ROOT/.tri_site" -xf -
-  PYTHONPATH="$ROOT/.tri_site" python3 -c "import triton; print('triton', triton.__version__, triton.__file__)"
+  (source "$ROOT/bench/triton_carry.sh" use && python3 -c "import triton; print('triton', triton.__version__, \
+triton.__file__)" && "$TRITON_PTXAS_PATH" --version | tail -1)
 }
 
 case "${1:-}" in

@@ -1,27 +1,57 @@
 #!/usr/bin/env bash
-# Session 42's first call (carry .tri/1 and .whl): the first part of Triton 3.9 (bench/triton_carry.sh), then,
-# under the device's Triton 3.6, ncu at 512 and 640 tokens on 28672x8192 for v46 and its st3 ss3 twin with L2's
-# read requests beside its read sectors and the lookups' hits and misses (NOTES, session 41, call 8's hypothesis:
-# L2 counts once the reads of one line that arrive together).
-bash bench/triton_carry.sh receive 1 | tail -2
-python3 -V
+# Session 42's first call (carry .tri/1 and .whl): Triton 3.9 (bench/triton_carry.sh, one part), its install, then
+# under 3.9 with the host Triton 3.6's ptxas (PART picks parts, in this order by default):
+#   probe    bench/multicast_mainloop.py --check (bits: the multicast cluster against its twin without, both
+#            against the sm_90 tensor-core model), then its times against cuBLAS
+#   ncu      ncu on the probe's two variants, 28672x8192 and 4096x14336 at 1024 and 4096 tokens: time, L2 read
+#            sectors and requests from the SMs, the fabric's share, DRAM reads. Prediction (NOTES, session 41):
+#            the multicast variant's L2 read sectors 0.67-0.70x the other's, its time 0.85-0.95x
+#   bits     the routed fp32 and 8bit tiles bit for bit against the Triton tile and the emulator
+#            (tests/test_gpu_gluon.py, FORGE_NUM_TEST_F32_ROUTED=1, FORGE_NUM_TEST_Q8_ROUTED=1)
+#   route    the fp32 route's times under 3.6 and under 3.9, one after the other (3.9 spills where 3.6 did not)
+PART=${PART:-probe,ncu,route,bits}
+bash bench/triton_carry.sh receive 1 | tail -1
+bash bench/triton_carry.sh install || exit 1
 source bench/device_call.sh
 call_begin
-ncu --query-metrics 2>/dev/null | grep -E "^lts__t_(requests|sectors)_srcunit_tex" | cut -d' ' -f1 >"$R/lts_tex_metrics.txt"
-M=gpu__time_duration.sum,dram__bytes_read.sum
-for m in lts__t_requests_srcunit_tex_op_read lts__t_sectors_srcunit_tex_op_read \
-         lts__t_sectors_srcunit_tex_op_read_lookup_hit lts__t_sectors_srcunit_tex_op_read_lookup_miss \
-         lts__t_requests_srcunit_tex lts__t_sectors_srcunit_tex; do
-  grep -qx "$m" "$R/lts_tex_metrics.txt" && M=$M,$m.sum
-done
-echo "metrics: $M"
-for K in 512 640; do
-  for L in wsf_64x128x64_st4_w16_rows16_mma96_r96_sl_cur_ss2 wsf_64x128x64_st3_w16_rows16_mma96_r96_sl_cur_ss3; do
-    echo "== ncu 28672x8192 $K ${L#wsf_64x128x64_}"
-    FORGE_NUM_GLUON_F32=$L timeout "$(budget 45)" ncu --clock-control none --profile-from-start off --metrics $M \
-      python3 bench/results/2026-12-07-s38/ncu_mainloop.py 28672x8192 $K >"$R/ncu_${K}_$L.txt" 2>&1
-    echo "rc=$?"; grep -E "gpu__time_duration|dram__|lts__|ERR" "$R/ncu_${K}_$L.txt" | sed 's/  */ /g' | head -8
+source bench/triton_carry.sh use
+python3 -c "import triton; print('under', triton.__version__, triton.__file__)" | tee -a "$R/env.txt"
+SHAPES=4096x14336,28672x8192,8192x8192
+part_probe() {
+  timeout "$(budget 150)" python3 bench/multicast_mainloop.py --check >"$R/probe_check.log" 2>&1
+  echo "probe check rc=$?"; grep -vE "Warning|warn_once" "$R/probe_check.log" | tail -8 | cut -c1-200
+  timeout "$(budget 120)" python3 bench/multicast_mainloop.py --shapes $SHAPES --tokens 1024,4096,16384 \
+    >"$R/probe_time.log" 2>&1
+  echo "probe time rc=$?"; grep -E "K=|Error" "$R/probe_time.log" | cut -c1-200
+}
+part_ncu() {
+  local m=gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sectors_srcunit_tex_op_read.sum
+  m=$m,lts__t_sectors_srcunit_ltcfabric.sum
+  ncu --query-metrics 2>/dev/null | grep -qE "^lts__t_requests_srcunit_tex_op_read " \
+    && m=$m,lts__t_requests_srcunit_tex_op_read.sum
+  for shape in 28672x8192 4096x14336; do
+    echo "== ncu $shape"
+    timeout "$(budget 90)" ncu --clock-control none -k regex:two_cta --metrics $m \
+      python3 bench/multicast_mainloop.py --ncu --shapes $shape --tokens 1024,4096 >"$R/ncu_probe_$shape.txt" 2>&1
+    echo "rc=$?"; grep -E "launched|gpu__time_duration|dram__|lts__|ERR" "$R/ncu_probe_$shape.txt" | sed 's/  */ /g' \
+      | head -28
   done
-done
+}
+part_bits() {
+  FORGE_NUM_TEST_F32_ROUTED=1 FORGE_NUM_TEST_Q8_ROUTED=1 timeout "$(budget 150)" python3 -m pytest -q -m gpu -n 4 \
+    tests/test_gpu_gluon.py -k "f32_split_kernel_gives or 8bit_gives" >"$R/bits39.log" 2>&1
+  echo "bits under 3.9 rc=$?"; grep -E "^FAILED|^ERROR|passed|failed" "$R/bits39.log" | cut -c1-200 | tail -6
+}
+part_route() {
+  for tv in 3.9 3.6; do
+    ( if [ $tv = 3.6 ]; then PYTHONPATH=$(echo "$PYTHONPATH" | tr : "\n" | grep -v tri_site | paste -sd:)
+        export PYTHONPATH; fi
+      python3 -c "import triton; print('route under', triton.__version__)"
+      timeout "$(budget 80)" python3 bench/kernels.py --precision fp32 --rounds 2 --configs none --shapes $SHAPES \
+        --tokens 512,1024,4096 --out "$R/route$tv.json" >"$R/route$tv.log" 2>&1
+      echo "route $tv rc=$?"; grep -E "^fp32" "$R/route$tv.log" | cut -c1-130 )
+  done
+}
+for part in ${PART//,/ }; do "part_$part"; done
 call_end
 exit 0
