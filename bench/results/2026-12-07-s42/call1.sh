@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# Session 42's first call (carry .tri/1 and .whl): Triton 3.9 (bench/triton_carry.sh, one part), its install, then
+# Session 42's device calls with Triton 3.9 (carry .tri/1 and .whl: bench/triton_carry.sh, one part, installed
+# each call), then
 # under 3.9 with the host Triton 3.6's ptxas (PART picks parts, in this order by default):
 #   probe    bench/multicast_mainloop.py --check (bits: the multicast cluster against its twin without, both
 #            against the sm_90 tensor-core model), then its times against cuBLAS
+#   pair     bench/pair_tile.py --check (the pair tile, the fp32 split tile on a cluster of two sharing x's blocks
+#            by multicast, bit for bit against gluon_f32's grouped default, every rule), then its AdamW times
+#            against the route, the unfused step and the floor, issue 5's five shapes at 1024-16384 tokens
 #   ncu      ncu on the probe's two variants, 28672x8192 and 4096x14336 at 1024 and 4096 tokens: time, L2 read
 #            sectors and requests from the SMs, the fabric's share, DRAM reads. Prediction (NOTES, session 41):
 #            the multicast variant's L2 read sectors 0.67-0.70x the other's, its time 0.85-0.95x
 #   bits     the routed fp32 and 8bit tiles bit for bit against the Triton tile and the emulator
 #            (tests/test_gpu_gluon.py, FORGE_NUM_TEST_F32_ROUTED=1, FORGE_NUM_TEST_Q8_ROUTED=1)
 #   route    the fp32 route's times under 3.6 and under 3.9, one after the other (3.9 spills where 3.6 did not)
-PART=${PART:-probe,ncu,route,bits}
+PART=${PART:-probe,pair,ncu,route,bits}
 bash bench/triton_carry.sh receive 1 | tail -1
 bash bench/triton_carry.sh install || exit 1
 source bench/device_call.sh
@@ -23,6 +27,13 @@ part_probe() {
   timeout "$(budget 120)" python3 bench/multicast_mainloop.py --shapes $SHAPES --tokens 1024,4096,16384 \
     >"$R/probe_time.log" 2>&1
   echo "probe time rc=$?"; grep -E "K=|Error" "$R/probe_time.log" | cut -c1-200
+}
+part_pair() {
+  timeout "$(budget 150)" python3 bench/pair_tile.py --check >"$R/pair_check.log" 2>&1
+  echo "pair check rc=$?"; grep -E "FAILED|Error|error" "$R/pair_check.log" | head -8 | cut -c1-200
+  grep -c " ok$" "$R/pair_check.log"
+  timeout "$(budget 200)" python3 bench/pair_tile.py --tokens 1024,2048,4096,16384 >"$R/pair_time.log" 2>&1
+  echo "pair time rc=$?"; grep -vE "Warning|warn_once" "$R/pair_time.log" | tail -22 | cut -c1-150
 }
 part_ncu() {
   local m=gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sectors_srcunit_tex_op_read.sum

@@ -1,0 +1,401 @@
+"""The fp32 split tile on a cluster of two SMs sharing x's K blocks by TMA multicast (session 42, a prototype: not
+routed, not a forge_num kernel until it is measured; needs Triton 3.9's Gluon, bench/triton_carry.sh brings it to
+the device).
+
+Why (bench/NOTES.md, sessions 39-41): from 1024 tokens the routed 64x128 tiles are bound by their operands' L2
+traffic, (64 + 128) rows of K a tile, where cuBLAS's tiles in clusters of two read about half as much a
+product. The 128x128 tile reads (128 + 128) rows for twice the products (0.67x), but on one SM it holds the update
+with eight epilogue warps at a 128-register cap (v47), which loses to the 64-row tile's sixteen below ~2300
+tokens. Here two SMs of a cluster take the two 64-row halves of a 128x128 block: each loads its own dY half and
+x's block reaches both from one multicast copy, so the pair reads the 128x128 tile's operands while each SM keeps
+the 64-row tile's partitions (one MMA warp group, sixteen epilogue warps, 96 registers).
+
+The program is the cluster (Gluon's num_ctas = 2), every layout split by a cga_layout:
+
+    tensor                   logical shape       split between the CTAs
+    dY's K block             [BK, 128]           [[0, 1]]: CTA r its columns 64 r .. (dW's rows)
+    x's K block              [BK, 128]           [[0, 0]]: whole in both (the lead's multicast copy)
+    accumulator, g buffer    [128, BN]           [[1, 0]]: CTA r rows 64 r .. 64 r + 63
+    epilogue sub-tile j      [2, ROWS, BN]       [[1, 0, 0]]: CTA r rows 64 r + ROWS j .. (the g buffer seen as
+                                                 [2, 64, BN]); a row-split [2 ROWS, BN] would give CTA 1 rows
+                                                 its accumulator does not hold
+    telemetry                [2]                 a slot per CTA: (cluster tile) * 2 + r
+
+    partition     warps a CTA   work
+    MMA           4             gluon_q8.mma_self_loaded_tiles' loop (its own loads by a cursor, STAGES - 1 K
+                                blocks ahead across tiles) with multicast_mainloop.py's protocol: ready[s] a
+                                CTA's own (its dY half and x's block, 24 KB), released[s] the lead's
+                                (two_ctas: both CTAs' wgmma on slot s retired, count 2; the lead waits there
+                                before its multicast refills the slot); each tile's first block before its loop
+                                (ptxas serializes the chain when zeros stand before a loop that may run no
+                                iteration, C7515); the accumulator into g buffer t % G (gluon_q8.hand_over)
+    epilogue      16            gluon_f32.f32_epilogue's path without staging or prefetch (the grouped
+                                default's, routed at 896-2303 tokens) on [2, ROWS, BN] sub-tiles: W and the
+                                states by pointer, the guarded rule, stores
+
+The bits are the 64-row tile's: each CTA runs the same chain of m64n128k16 wgmma in K order from zeros, and each
+element the same rule on the same fp32 values (`--check` compares with gluon_f32's grouped default bit for bit).
+
+    python bench/pair_tile.py --ptx                  # compile for sm_90 (no GPU): registers, spills, the chain
+    python bench/pair_tile.py --check                # bits against gluon_f32's grouped default, every rule
+    python bench/pair_tile.py --tokens 1024,4096     # times against the route, the unfused step and the floor
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+
+try:
+    from triton.experimental.gluon.language.nvidia.hopper import cluster
+except ImportError:  # before Triton 3.7
+    raise SystemExit(f"bench/pair_tile.py needs Triton 3.9's Gluon (two-CTA barriers that route arrivals, "
+                     f"multicast TMA copies); this is Triton {triton.__version__}") from None
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from forge_num.kernels import gluon_f32 as _f32  # noqa: E402
+from forge_num.kernels import gluon_q8 as _q8  # noqa: E402
+from forge_num.kernels import gluon_update as _ws  # noqa: E402
+from forge_num.kernels.gluon_update import tma_load  # noqa: E402
+
+CTA_ROWS = 64  # rows of a tile a CTA computes: one warp group's m64 wgmma
+PAIR_ROWS = 2 * CTA_ROWS  # a cluster tile's rows
+
+
+@gluon.jit
+def load_pair_block(dy_desc, x_desc, dy_bufs, x_bufs, ready, slot, k0, pid_m, pid_n, pred):
+    """K block k0 of cluster tile (pid_m, pid_n) into operand slot ``slot``: this CTA's dY half by its own copy,
+    x's block by the lead's multicast copy into both CTAs, both counted against this CTA's ready[slot]."""
+    ROWS: gl.constexpr = dy_desc.block_type.shape[1]  # the cluster's (both CTAs')
+    COLS: gl.constexpr = x_desc.block_type.shape[1]
+    mbarrier.expect(ready.index(slot), dy_desc.nbytes_per_cta + x_desc.nbytes_per_cta, pred=pred)
+    tma_load(dy_desc, [k0, pid_m * ROWS], ready.index(slot), dy_bufs.index(slot), pred=pred)
+    tma_load(x_desc, [k0, pid_n * COLS], ready.index(slot), x_bufs.index(slot), pred=pred, multicast=True)
+
+
+@gluon.jit
+def load_and_advance(dy_desc, x_desc, dy_bufs, x_bufs, ready, released, cursor, nk, tiles_m, tiles_n,
+                     GROUP_M: gl.constexpr):
+    """gluon_q8.load_and_advance for the pair: the load the cursor (j, tile, k block, pid_m, pid_n) names, once
+    the lead has seen both CTAs release the slot's last use (use j - STAGES: released[j % STAGES]'s phase
+    (j // STAGES - 1); the first STAGES uses of the ring have none), then the cursor moved on. Predicates, not
+    branches, around the wgmma chain (multicast_mainloop.py)."""
+    BK: gl.constexpr = dy_desc.block_type.shape[0]
+    STAGES: gl.constexpr = dy_bufs.type.shape[0]
+    j, tile, kb, pid_m, pid_n = cursor
+    exists = tile < tiles_m * tiles_n
+    slot = j % STAGES
+    mbarrier.wait(released.index(slot), ((j // STAGES) - 1) & 1, pred=exists & (j >= STAGES))
+    load_pair_block(dy_desc, x_desc, dy_bufs, x_bufs, ready, slot, kb * BK, pid_m, pid_n, exists)
+    j += 1
+    kb += 1
+    if kb == nk:
+        kb = 0
+        tile += gl.num_programs(0)
+        if tile < tiles_m * tiles_n:
+            pid_m, pid_n = _ws.tile_coords(tile, tiles_m, tiles_n, GROUP_M)
+    return j, tile, kb, pid_m, pid_n
+
+
+@gluon.jit
+def multiply_block(dy_bufs, x_bufs, ready, released, i, acc):
+    """The program's i-th K block's wgmma on acc (left in flight), once its operands landed; the wgmma before it
+    retired and its slot released to the lead (both CTAs arrive at released[(i - 1) % STAGES])."""
+    STAGES: gl.constexpr = dy_bufs.type.shape[0]
+    s = i % STAGES
+    mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+    a = dy_bufs.index(s).permute((1, 0))
+    b = x_bufs.index(s)
+    acc = warpgroup_mma(a, b, acc, is_async=True)
+    acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a, b))
+    mbarrier.arrive(released.index((i + STAGES - 1) % STAGES), count=1, pred=i > 0)
+    return acc
+
+
+@gluon.jit
+def pair_mma(dy_desc, x_desc, dy_bufs, x_bufs, ready, released, g_bufs, g_ready, g_empty, M, N, K,
+             GROUP_M: gl.constexpr):
+    """Worker (one warp group a CTA): per cluster tile, the chain of K blocks from zeros (the first before the
+    loop), the next loads issued as each slot is released, then the accumulator into g buffer t % G."""
+    BK: gl.constexpr = dy_desc.block_type.shape[0]
+    ROWS: gl.constexpr = g_bufs.type.shape[1]
+    BN: gl.constexpr = g_bufs.type.shape[2]
+    STAGES: gl.constexpr = dy_bufs.type.shape[0]
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, BN, 16], cga_layout=[[1, 0]])
+    tiles_m = gl.cdiv(M, ROWS)
+    tiles_n = gl.cdiv(N, BN)
+    nk = gl.cdiv(K, BK)
+    first_m, first_n = _ws.tile_coords(gl.program_id(0), tiles_m, tiles_n, GROUP_M)  # every cluster has a tile
+    cursor = (0, gl.program_id(0), 0, first_m, first_n)
+    for _ in gl.static_range(STAGES - 1):
+        cursor = load_and_advance(dy_desc, x_desc, dy_bufs, x_bufs, ready, released, cursor, nk, tiles_m, tiles_n,
+                                  GROUP_M)
+    i = 0
+    t = 0
+    for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
+        acc = multiply_block(dy_bufs, x_bufs, ready, released, i,
+                             gl.zeros((ROWS, BN), dtype=gl.float32, layout=acc_layout))
+        cursor = load_and_advance(dy_desc, x_desc, dy_bufs, x_bufs, ready, released, cursor, nk, tiles_m, tiles_n,
+                                  GROUP_M)
+        i += 1
+        for _kb in range(1, nk):
+            acc = multiply_block(dy_bufs, x_bufs, ready, released, i, acc)
+            cursor = load_and_advance(dy_desc, x_desc, dy_bufs, x_bufs, ready, released, cursor, nk, tiles_m,
+                                      tiles_n, GROUP_M)
+            i += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        _q8.hand_over(acc, t, g_bufs, g_ready, g_empty)
+        t += 1
+
+
+@gluon.jit
+def pair_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_scale, norm_sq_ptr, nonfinite_ptr,
+                  GUARDED_UPDATE: gl.constexpr, N_STATE: gl.constexpr, ROWS: gl.constexpr, GROUP_M: gl.constexpr,
+                  num_warps: gl.constexpr):
+    """Default partition (num_warps a CTA): per cluster tile, its CTA_ROWS / ROWS sub-tiles [2, ROWS, BN] of g
+    (CTA r: rows 64 r + ROWS j ..), each's W and states loaded by pointer and updated (gluon_f32.load_rows,
+    update_loaded_rows), the g buffer handed back once the last is in registers; the telemetry a slot per CTA."""
+    G: gl.constexpr = g_bufs.type.shape[0]
+    PAIR: gl.constexpr = g_bufs.type.shape[1]
+    BN: gl.constexpr = g_bufs.type.shape[2]
+    HALF: gl.constexpr = PAIR // 2
+    SUBTILES: gl.constexpr = HALF // ROWS
+    gl.static_assert(SUBTILES * ROWS == HALF, "ROWS must divide a CTA's rows")
+    gl.static_assert(ROWS % num_warps == 0, "each epilogue warp takes whole rows of a sub-tile")
+    # gluon_q8.row_subtile_layout's (a warp a row, BN / 32 consecutive columns a thread) with the CTA in front
+    epi: gl.constexpr = gl.BlockedLayout([1, ROWS // num_warps, BN // 32], [1, 1, 32], [1, num_warps, 1], [2, 1, 0],
+                                         cga_layout=[[1, 0, 0]])
+    ctas: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, epi))
+    rows: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, epi))
+    cols: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, epi))
+    cta = gl.arange(0, 2, layout=ctas)
+    tiles_m = gl.cdiv(M, PAIR)
+    tiles_n = gl.cdiv(N, BN)
+    t = 0
+    for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
+        pid_m, pid_n = _ws.tile_coords(tile, tiles_m, tiles_n, GROUP_M)
+        b = t % G
+        offs_n = pid_n * BN + gl.arange(0, BN, layout=cols)
+        offs_m = pid_m * PAIR + cta[:, None] * HALF + gl.arange(0, ROWS, layout=rows)[None, :]  # [2, ROWS]
+        offs = offs_m[:, :, None].to(gl.int64) * N + offs_n[None, None, :]
+        in_tile = (offs_m[:, :, None] < M) & (offs_n[None, None, :] < N)
+        mbarrier.wait(g_ready.index(b), (t // G) & 1)
+        halves = g_bufs.index(b).reshape([2, HALF, BN])
+        sq = gl.zeros((2, ROWS, BN), dtype=gl.float64, layout=epi)
+        bad = gl.zeros((2, ROWS, BN), dtype=gl.int32, layout=epi)
+        for j in gl.static_range(SUBTILES):
+            g = halves.slice(j * ROWS, ROWS, dim=1).load(epi)
+            if j == SUBTILES - 1:
+                mbarrier.arrive(g_empty.index(b), count=1)  # g is in registers: the MMA warps may refill it
+            loaded = _f32.load_rows(offs, in_tile, w_ptr, s0_ptr, s1_ptr, N_STATE, "")
+            sq_j, bad_j = _f32.update_loaded_rows(g, loaded, offs, in_tile, w_ptr, s0_ptr, s1_ptr, h, grad_scale,
+                                                  GUARDED_UPDATE, N_STATE, "")
+            sq += sq_j
+            bad += bad_j
+            if j + 1 < SUBTILES:
+                offs_m += ROWS
+                offs += ROWS * N
+                in_tile = (offs_m[:, :, None] < M) & (offs_n[None, None, :] < N)
+        slot = (pid_m * tiles_n + pid_n) * 2 + cta
+        gl.store(norm_sq_ptr + slot, gl.sum(gl.sum(sq, axis=2), axis=1))
+        gl.store(nonfinite_ptr + slot, gl.sum(gl.sum(bad, axis=2), axis=1))
+        t += 1
+
+
+@gluon.jit
+def pair_update_kernel(dy_desc, x_desc, w_ptr, s0_ptr, s1_ptr, norm_sq_ptr, nonfinite_ptr, M, N, K, h, grad_scale,
+                       GUARDED_UPDATE: gl.constexpr, N_STATE: gl.constexpr, STAGES: gl.constexpr,
+                       ROWS: gl.constexpr, GROUP_M: gl.constexpr, MMA_REGS: gl.constexpr, G_BUFS: gl.constexpr,
+                       num_warps: gl.constexpr):
+    """The rings and barriers of the cluster, then the partitions (module docstring). dy_desc [K, M] block
+    [BK, 128] split by columns, x_desc [K, N] block [BK, BN] whole in both CTAs."""
+    gl.static_assert(gl.num_ctas() == 2)
+    BK: gl.constexpr = dy_desc.block_type.shape[0]
+    PAIR: gl.constexpr = dy_desc.block_type.shape[1]
+    BN: gl.constexpr = x_desc.block_type.shape[1]
+    dy_bufs = gl.allocate_shared_memory(dy_desc.dtype, [STAGES, BK, PAIR], dy_desc.layout)
+    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BK, BN], x_desc.layout)
+    g_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([PAIR, BN], gl.float32, cga_layout=[[1, 0]])
+    g_bufs = gl.allocate_shared_memory(gl.float32, [G_BUFS, PAIR, BN], g_layout)
+    ready = mbarrier.allocate_mbarrier(batch=STAGES)
+    released = mbarrier.allocate_mbarrier(batch=STAGES, two_ctas=True)
+    g_ready = mbarrier.allocate_mbarrier(batch=G_BUFS)
+    g_empty = mbarrier.allocate_mbarrier(batch=G_BUFS)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(released.index(s), count=2)
+    for b in gl.static_range(G_BUFS):
+        mbarrier.init(g_ready.index(b), count=1)
+        mbarrier.init(g_empty.index(b), count=1)
+    cluster.barrier()  # both CTAs' barriers initialized before any copy or arrival reaches them
+    gl.warp_specialize([
+        (pair_epilogue, (g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_scale, norm_sq_ptr,
+                         nonfinite_ptr, GUARDED_UPDATE, N_STATE, ROWS, GROUP_M, num_warps)),
+        (pair_mma, (dy_desc, x_desc, dy_bufs, x_bufs, ready, released, g_bufs, g_ready, g_empty, M, N, K, GROUP_M)),
+    ], [4], [MMA_REGS])
+    # neither CTA leaves while the other may still arrive at its barriers or copy into its shared memory
+    cluster.barrier()
+
+
+class PairConfig:
+    """The pair tile's knobs: STAGES operand slots, epilogue sub-tiles of ROWS rows (a CTA's), GROUP_M cluster
+    tile rows a group (8 = the 64-row tiles' 16), the MMA warp group's registers and the launch's cap, G g
+    buffers. The defaults: the grouped default's (gluon_f32.GROUPED_F32_WS_CONFIG) per SM."""
+
+    def __init__(self, STAGES=4, ROWS=16, GROUP_M=8, num_warps=16, mma_registers=96, max_registers=96, g_buffers=2):
+        self.STAGES, self.ROWS, self.GROUP_M, self.num_warps = STAGES, ROWS, GROUP_M, num_warps
+        self.mma_registers, self.max_registers, self.g_buffers = mma_registers, max_registers, g_buffers
+        self.BK, self.BN = 64, 128
+
+    @property
+    def label(self) -> str:
+        return (f"pair {PAIR_ROWS}x{self.BN}x{self.BK} st{self.STAGES} w{self.num_warps} rows{self.ROWS} "
+                f"g{self.GROUP_M} mma{self.mma_registers} r{self.max_registers} gb{self.g_buffers}")
+
+
+def _descriptors(dy, x, c: PairConfig):
+    dy_layout = gl.NVMMASharedLayout.get_default_for([c.BK, PAIR_ROWS], gl.bfloat16, cga_layout=[[0, 1]])
+    x_layout = gl.NVMMASharedLayout.get_default_for([c.BK, c.BN], gl.bfloat16, cga_layout=[[0, 0]])
+    return (_ws.TensorDescriptor.from_tensor(dy, [c.BK, PAIR_ROWS], dy_layout),
+            _ws.TensorDescriptor.from_tensor(x, [c.BK, c.BN], x_layout))
+
+
+def _constants(rule, c: PairConfig, n_state: int):
+    return (dict(GUARDED_UPDATE=_ws.guarded_update_gluon(rule), N_STATE=n_state, STAGES=c.STAGES, ROWS=c.ROWS,
+                 GROUP_M=c.GROUP_M, MMA_REGS=c.mma_registers, G_BUFS=c.g_buffers, num_warps=c.num_warps),
+            dict(maxnreg=c.max_registers, enable_fp_fusion=False, num_ctas=2))
+
+
+def pair_update(weight, x, dy, states, rule, h, grad_scale=1.0, config: PairConfig | None = None):
+    """The fp32 update of weight [M, N] and its states by dW = dyᵀ x (x [K, N], dy [K, M] bf16) on the pair tile;
+    (norm_sq, nonfinite) summed over the slots. For operands gluon_f32's route accepts (contiguous, 16-byte
+    aligned, M and N multiples of 8)."""
+    c = config or PairConfig()
+    M, N = weight.shape
+    tiles = triton.cdiv(M, PAIR_ROWS) * triton.cdiv(N, c.BN)
+    sms = torch.cuda.get_device_properties(weight.device).multi_processor_count
+    norm_sq = torch.zeros(2 * tiles, dtype=torch.float64, device=weight.device)
+    nonfinite = torch.zeros(2 * tiles, dtype=torch.int32, device=weight.device)
+    given = list(states) + [weight, weight]
+    constexprs, options = _constants(rule, c, len(states))
+    pair_update_kernel[(min(tiles, sms // 2),)](*_descriptors(dy, x, c), weight, given[0], given[1], norm_sq,
+                                                nonfinite, M, N, x.shape[0], tuple(h), grad_scale, **constexprs,
+                                                **options)
+    return norm_sq.sum(), nonfinite.sum()
+
+
+def compile_for_sm90(rule, config: PairConfig | None = None, M=256, N=256, K=128):
+    """The kernel compiled for sm_90 without a GPU (gluon_update.compile_gluon_for_sm90)."""
+    c = config or PairConfig()
+    constexprs, options = _constants(rule, c, len(rule.state))
+    dy = torch.empty(K, M, dtype=torch.bfloat16)
+    x = torch.empty(K, N, dtype=torch.bfloat16)
+    dy_desc, x_desc = _descriptors(dy, x, c)
+    args = dict(dy_desc=dy_desc, x_desc=x_desc, w_ptr=torch.empty(M, N), s0_ptr=torch.empty(M, N),
+                s1_ptr=torch.empty(M, N), norm_sq_ptr=torch.empty(4, dtype=torch.float64),
+                nonfinite_ptr=torch.empty(4, dtype=torch.int32), M=M, N=N, K=K,
+                h=tuple(1.0 for _ in rule.scalar_names), grad_scale=1.0, **constexprs)
+    num_warps = options.pop("num_warps", c.num_warps)
+    return _ws.compile_gluon_for_sm90(pair_update_kernel, args, num_warps, options)
+
+
+def main(argv=None) -> None:
+    from forge_num.rules import RULES
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ptx", action="store_true", help="compile for sm_90 (no GPU): registers, spills, the chain")
+    p.add_argument("--check", action="store_true", help="bits against gluon_f32's grouped default, every rule")
+    p.add_argument("--shapes", default="4096x4096,14336x4096,4096x14336,8192x8192,28672x8192")
+    p.add_argument("--tokens", default="1024,2048,4096,16384")
+    p.add_argument("--rounds", type=int, default=2)
+    args = p.parse_args(argv)
+    if args.ptx:
+        from bench.registers import resource_usage
+
+        for name in sorted(RULES):
+            print(f"{name:8s}", resource_usage(compile_for_sm90(RULES[name]).asm["ptx"]))
+        return
+    if args.check:
+        sys.exit(check())
+    time_against_route(args.shapes, args.tokens, args.rounds)
+
+
+def check() -> int:
+    """The pair tile against gluon_f32's grouped default, bit for bit (weights, states, nonfinite counts; the
+    squared norm within the order bound of its sums), every rule of tests/test_gpu_gluon.py: cluster tiles past
+    M (a CTA with no row, and one with some) and past N, a partial last K block, K below one block, nonfinite
+    gradient rows. Returns the number of failed cases."""
+    from forge_num.emulator.bounds import sum_of_squares_order_bound
+    from tests.kernel_cases import same_bits
+    from tests.test_gpu_gluon import HYPERS, _case
+
+    failed = 0
+    for rule_name in sorted(HYPERS):
+        for M, N, K, bad_rows in ((64, 128, 64, 0), (200, 264, 150, 0), (8 * 37, 8 * 41, 1024, 3), (512, 384, 8, 0),
+                                  (1024, 1024, 4096, 0)):
+            rule, h, w0, s0, x, dy = _case(rule_name, M, N, K, seed=M * 5 + N + K, bad_rows=bad_rows)
+            wp, sp = w0.clone(), [s.clone() for s in s0]
+            norm_sq, nonfinite = pair_update(wp, x, dy, sp, rule, h)
+            wr, sr = w0.clone(), [s.clone() for s in s0]
+            stats = _f32.fused_linear_update_f32_ws(wr, x, dy, sr, rule, h, config=_f32.GROUPED_F32_WS_CONFIG)
+            same = same_bits(wp, wr) and all(same_bits(a, b) for a, b in zip(sp, sr))
+            counted = int(nonfinite) == int(stats.nonfinite)
+            ref = float(stats.norm_sq)
+            bound = sum_of_squares_order_bound(M * N, ref) if ref == ref and abs(ref) != float("inf") else 0.0
+            summed = abs(float(norm_sq) - ref) <= 2 * bound if bound else float(norm_sq) == ref or bad_rows > 0
+            ok = same and counted and summed
+            failed += not ok
+            print(f"{rule_name:9s} {M}x{N} K={K} bad rows {bad_rows}: bits {same}, nonfinite {int(nonfinite)} "
+                  f"({int(stats.nonfinite)}), norm_sq {float(norm_sq):.6g} ({ref:.6g}) -> {'ok' if ok else 'FAILED'}")
+    return failed
+
+
+def time_against_route(shapes: str, tokens: str, rounds: int) -> None:
+    """The pair tile's AdamW update against the launcher's route (the same problem, bench/kernels.py's), the
+    unfused step (cuBLAS's dW, torch's fused AdamW) and the floor, interleaved rounds, medians in ms."""
+    import statistics
+
+    from bench.kernels import HYPER, adamw_problem, measure_ceilings
+    from forge_num import kernels, rules
+
+    ceilings = measure_ceilings()
+    print(f"{'shape':>12s} {'K':>6s} {'pair':>8s} {'route':>8s} {'unfused':>8s} {'floor':>8s}  pair/route  "
+          f"unfused/pair  pair/floor  route tile")
+    for shape in shapes.split(","):
+        M, N = (int(v) for v in shape.split("x"))
+        for K in (int(v) for v in tokens.split(",")):
+            x, dy, w, states, h = adamw_problem(M, N, K)
+            p = torch.nn.Parameter(w.clone())
+            opt = torch.optim.AdamW([p], fused=True, **HYPER)
+
+            def unfused():
+                p.grad = (dy.t() @ x).float()
+                opt.step()
+                p.grad = None
+
+            fns = {"pair": lambda: pair_update(w, x, dy, states, rules.ADAMW, h),
+                   "route": lambda: kernels.fused_linear_update(w, x, dy, states, rules.ADAMW, h),
+                   "unfused": unfused}
+            ms = {k: [] for k in fns}
+            for _ in range(rounds):
+                for k, fn in fns.items():
+                    ms[k].append(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+            med = {k: statistics.median(v) for k, v in ms.items()}
+            floor = 1e3 * max(2.0 * K * M * N / ceilings["bf16_flops"],
+                              (2 * (K * N + K * M) + 24 * M * N) / ceilings["copy_bytes_per_s"])
+            _, tile = kernels.launcher_tile(w, x, dy, states)
+            print(f"{shape:>12s} {K:6d} {med['pair']:8.3f} {med['route']:8.3f} {med['unfused']:8.3f} {floor:8.3f}  "
+                  f"{med['pair'] / med['route']:10.3f}  {med['unfused'] / med['pair']:12.3f}  "
+                  f"{med['pair'] / floor:10.3f}  {getattr(tile, 'label', tile)}")
+
+
+if __name__ == "__main__":
+    main()
