@@ -316,6 +316,7 @@ def main(argv=None) -> None:
     p.add_argument("--shapes", default="4096x4096,14336x4096,4096x14336,8192x8192,28672x8192")
     p.add_argument("--tokens", default="1024,2048,4096,16384")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--stages", default="4,6", help="pair tiles timed: one a number of operand stages")
     args = p.parse_args(argv)
     if args.ptx:
         from bench.registers import resource_usage
@@ -325,7 +326,8 @@ def main(argv=None) -> None:
         return
     if args.check:
         sys.exit(check())
-    time_against_route(args.shapes, args.tokens, args.rounds)
+    time_against_route(args.shapes, args.tokens, args.rounds,
+                       [PairConfig(STAGES=int(v)) for v in args.stages.split(",")])
 
 
 def check() -> int:
@@ -358,17 +360,19 @@ def check() -> int:
     return failed
 
 
-def time_against_route(shapes: str, tokens: str, rounds: int) -> None:
-    """The pair tile's AdamW update against the launcher's route (the same problem, bench/kernels.py's), the
-    unfused step (cuBLAS's dW, torch's fused AdamW) and the floor, interleaved rounds, medians in ms."""
+def time_against_route(shapes: str, tokens: str, rounds: int, configs) -> None:
+    """The pair tiles' AdamW update against the launcher's route (the same problem, bench/kernels.py's), the
+    unfused step (cuBLAS's dW, torch's fused AdamW) and the floor, interleaved rounds, medians in ms; the ratios
+    of the first pair tile."""
     import statistics
 
     from bench.kernels import HYPER, adamw_problem, measure_ceilings
     from forge_num import kernels, rules
 
     ceilings = measure_ceilings()
-    print(f"{'shape':>12s} {'K':>6s} {'pair':>8s} {'route':>8s} {'unfused':>8s} {'floor':>8s}  pair/route  "
-          f"unfused/pair  pair/floor  route tile")
+    names = [f"st{c.STAGES}" for c in configs]
+    print(f"{'shape':>12s} {'K':>6s} " + " ".join(f"{n:>8s}" for n in names)
+          + f" {'route':>8s} {'unfused':>8s} {'floor':>8s}  pair/route  unfused/pair  pair/floor  route tile")
     for shape in shapes.split(","):
         M, N = (int(v) for v in shape.split("x"))
         for K in (int(v) for v in tokens.split(",")):
@@ -381,9 +385,9 @@ def time_against_route(shapes: str, tokens: str, rounds: int) -> None:
                 opt.step()
                 p.grad = None
 
-            fns = {"pair": lambda: pair_update(w, x, dy, states, rules.ADAMW, h),
-                   "route": lambda: kernels.fused_linear_update(w, x, dy, states, rules.ADAMW, h),
-                   "unfused": unfused}
+            fns = {n: (lambda c=c: pair_update(w, x, dy, states, rules.ADAMW, h, config=c))
+                   for n, c in zip(names, configs)}
+            fns.update(route=lambda: kernels.fused_linear_update(w, x, dy, states, rules.ADAMW, h), unfused=unfused)
             ms = {k: [] for k in fns}
             for _ in range(rounds):
                 for k, fn in fns.items():
@@ -392,9 +396,10 @@ def time_against_route(shapes: str, tokens: str, rounds: int) -> None:
             floor = 1e3 * max(2.0 * K * M * N / ceilings["bf16_flops"],
                               (2 * (K * N + K * M) + 24 * M * N) / ceilings["copy_bytes_per_s"])
             _, tile = kernels.launcher_tile(w, x, dy, states)
-            print(f"{shape:>12s} {K:6d} {med['pair']:8.3f} {med['route']:8.3f} {med['unfused']:8.3f} {floor:8.3f}  "
-                  f"{med['pair'] / med['route']:10.3f}  {med['unfused'] / med['pair']:12.3f}  "
-                  f"{med['pair'] / floor:10.3f}  {getattr(tile, 'label', tile)}")
+            pair = med[names[0]]
+            print(f"{shape:>12s} {K:6d} " + " ".join(f"{med[n]:8.3f}" for n in names)
+                  + f" {med['route']:8.3f} {med['unfused']:8.3f} {floor:8.3f}  {pair / med['route']:10.3f}  "
+                  f"{med['unfused'] / pair:12.3f}  {pair / floor:10.3f}  {getattr(tile, 'label', tile)}")
 
 
 if __name__ == "__main__":
