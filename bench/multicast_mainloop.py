@@ -157,7 +157,7 @@ def two_cta_mainloop_kernel(dy_desc, x_desc, out_ptr, N, K, STAGES: gl.constexpr
     done = mbarrier.allocate_mbarrier()
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(released.index(i), count=2)
+        mbarrier.init(released.index(i), count=1)
     mbarrier.init(done, count=1)
     cluster.barrier()  # both CTAs' barriers initialized before any copy or arrival reaches them
     gl.warp_specialize([

@@ -231,7 +231,7 @@ def pair_update_kernel(dy_desc, x_desc, w_ptr, s0_ptr, s1_ptr, norm_sq_ptr, nonf
     g_empty = mbarrier.allocate_mbarrier(batch=G_BUFS)
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(released.index(s), count=2)
+        mbarrier.init(released.index(s), count=1)
     for b in gl.static_range(G_BUFS):
         mbarrier.init(g_ready.index(b), count=1)
         mbarrier.init(g_empty.index(b), count=1)
