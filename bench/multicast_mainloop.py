@@ -11,7 +11,8 @@ two CTAs (cga_layout [[1, 0]]: CTA r computes rows 64 r .. 64 r + 63), x's [BK, 
 
     ready[s]   each CTA's own: its dY half (8 KB) and x's block (16 KB) landed
     released[s] the lead CTA's (allocate_mbarrier(two_ctas=True): Triton 3.9 routes both CTAs' arrivals there,
-               only the lead waits), count 2: both CTAs' wgmma on slot s retired. The lead issues x's
+               only the lead waits), two arrivals: both CTAs' wgmma on slot s retired (init's count is per CTA
+               on such a barrier: count=1 is 2 in the PTX; session 42's count=2, 4, hung). The lead issues x's
                multicast (Gluon's lowering picks the lowest rank of the broadcast group), so it alone must know
                that the other CTA is done with the slot before refilling it; a CTA's own dY half is refilled in
                program order after its own wgmma retired (warpgroup_mma_wait(1)), as gluon_q8's
@@ -34,6 +35,11 @@ the lead's barrier (`mbarrier.arrive.shared::cluster`), and only the lead waits 
 chain not serialized. ptxas serialized it (C7515) while the MMA warps also wrote the result (by pointer or by
 TMA), and while the zero accumulator stood before a loop that might run no iteration (its zeros moved on the
 loop's exit edge, inside the pipeline): hence the writing partition and the first block before the loop.
+
+Session 42 (H100, Triton 3.9 with the device Triton's ptxas 12.8; bench/results/2026-12-07-s42/call1): `--check`
+gave the sm_90 model's bits with and without multicast at K = 64, 100 and 256 (at most four blocks, no slot
+reused), then hung at K = 512: the released barriers were initialized with count=2, which Gluon writes as 4 on
+a two-CTA barrier (count per CTA). count=1 since; not yet run again.
 """
 
 from __future__ import annotations

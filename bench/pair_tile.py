@@ -25,8 +25,10 @@ The program is the cluster (Gluon's num_ctas = 2), every layout split by a cga_l
     MMA           4             gluon_q8.mma_self_loaded_tiles' loop (its own loads by a cursor, STAGES - 1 K
                                 blocks ahead across tiles) with multicast_mainloop.py's protocol: ready[s] a
                                 CTA's own (its dY half and x's block, 24 KB), released[s] the lead's
-                                (two_ctas: both CTAs' wgmma on slot s retired, count 2; the lead waits there
-                                before its multicast refills the slot); each tile's first block before its loop
+                                (two_ctas: both CTAs' wgmma on slot s retired; init's count is per CTA, 1, two
+                                arrivals in the PTX; the lead waits there before its multicast refills the
+                                slot; tests/test_cluster_ring_protocol.py models it); each tile's first block
+                                before its loop
                                 (ptxas serializes the chain when zeros stand before a loop that may run no
                                 iteration, C7515); the accumulator into g buffer t % G (gluon_q8.hand_over)
     epilogue      16            gluon_f32.f32_epilogue's path without staging or prefetch (the grouped

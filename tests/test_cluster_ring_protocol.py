@@ -1,0 +1,156 @@
+"""The two-CTA operand ring of bench/pair_tile.py (and bench/multicast_mainloop.py), modelled on the CPU, as
+tests/test_ring_protocol.py models the one-CTA rings: a model of the kernel's loops and barrier formulas, run
+over random interleavings of the two CTAs' warps and of the TMA transfers' landings.
+
+What the model holds (pair_tile.pair_mma, load_and_advance, multiply_block):
+
+* each CTA c has its own ready[s] (expect 24 KB: its dY half by its own copy, x's block by the lead's multicast,
+  which lands in the two CTAs at independent times, each landing counted on that CTA's ready[s]);
+* released[s] lives in the lead (CTA 0); each CTA's MMA warps arrive there once block i's wgmma retired (after
+  issuing block i + 1's); the lead waits for phase j // STAGES - 1 before it loads use j (j >= STAGES) into
+  slot j % STAGES, its dY half and x's multicast; the other CTA does not wait (Gluon predicates a two-CTA
+  barrier's wait to the lead) and refills its own dY half in program order, after its own wgmma retired;
+* ``released_count``: the arrivals that complete a phase of released[s]. Gluon 3.9's `mbarrier.init(bar,
+  count)` on a two_ctas barrier writes count x 2 into the PTX (count per CTA); session 42's first call passed
+  count=2 (4 in the PTX) and hung at the first slot reuse, as the model does with released_count=4.
+
+Checked at every step: a parity wait passes for the phase the caller meant (Lemma 1 of proofs/ring_protocol.md),
+a wgmma reads slots holding its use in both operands, no landing writes a slot under an unretired wgmma of that
+CTA, no barrier gets more arrivals than its count, and the run ends. proofs/ring_protocol.md ("The pair's ring
+across two CTAs") gives the argument.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tests.test_ring_protocol import Barrier, wait
+
+LEAD = 0
+
+
+def run_pair(tiles: int, nk: int, stages: int, seed: int, released_count: int = 2, lead_waits: bool = True,
+             follower_waits: bool = False, follower_arrives: bool = True, release_ahead: bool = False) -> list:
+    """One random interleaving of one cluster's MMA warps (both CTAs) over ``tiles`` cluster tiles of ``nk`` K
+    blocks; returns the errors found. The mutations: released_count (4: session 42's count=2), lead_waits
+    (False: the lead refills without both releases), follower_waits (True: the other CTA also waits, at a local
+    barrier its own warps arrive at unless follower_arrives is False: a release routed to the lead only, waited
+    for locally), release_ahead (a CTA releases block i as soon as it issued it, before its
+    wgmma retired)."""
+    rng = random.Random(seed)
+    errors: list = []
+    ready = [[Barrier(f"ready[{c}][{s}]") for s in range(stages)] for c in (0, 1)]
+    released = [Barrier(f"released[{s}]", count=released_count) for s in range(stages)]
+    own_released = [Barrier(f"released[{s}] of CTA 1", count=1) for s in range(stages)]  # follower_waits only
+    dy_slot = [[None] * stages for _ in (0, 1)]  # the use whose dY half a CTA's slot holds
+    x_slot = [[None] * stages for _ in (0, 1)]
+    reading = [{}, {}]  # per CTA: slot -> the use its issued, unretired wgmma reads there
+    in_flight = []  # (cta, contents, slot, use, barrier)
+    uses = tiles * nk
+
+    def load(c: int, j: int):
+        """load_and_advance for use j in CTA c: the lead's wait on released, then expect and the copies."""
+        s = j % stages
+        if j >= stages:
+            if c == LEAD and lead_waits:
+                yield from wait(released[s], j // stages - 1, errors, f"CTA {c} load {j}")
+            if c != LEAD and follower_waits:
+                yield from wait(own_released[s], j // stages - 1, errors, f"CTA {c} load {j}")
+        ready[c][s].arrive(errors, tx=2)  # expect(dY's 8 KB + x's 16 KB): two transfers
+        in_flight.append((c, dy_slot, s, j, ready[c][s]))
+        if c == LEAD:  # the multicast: one copy from the lead lands in both CTAs
+            for d in (0, 1):
+                in_flight.append((d, x_slot, s, j, ready[d][s]))
+
+    def mma(c: int):
+        who = f"CTA {c} MMA"
+        loaded = 0
+        for _ in range(stages - 1):
+            if loaded < uses:
+                yield from load(c, loaded)
+            loaded += 1
+        i = 0
+        for _t in range(tiles):
+            for _kb in range(nk):
+                s = i % stages
+                yield from wait(ready[c][s], i // stages, errors, who)
+                if dy_slot[c][s] != i or x_slot[c][s] != i:
+                    errors.append(f"{who}: use {i} read slot {s} holding dY {dy_slot[c][s]}, x {x_slot[c][s]}")
+                reading[c][s] = i  # the wgmma, issued
+                if release_ahead:
+                    released[s].arrive(errors)
+                yield
+                # warpgroup_mma_wait(1): use i - 1's wgmma retired; its slot released to the lead
+                if i > 0:
+                    reading[c].pop((i - 1) % stages, None)
+                    if not release_ahead:
+                        released[(i - 1) % stages].arrive(errors)
+                        if c != LEAD and follower_arrives:
+                            own_released[(i - 1) % stages].arrive(errors)
+                if loaded < uses:
+                    yield from load(c, loaded)
+                loaded += 1
+                i += 1
+                yield
+            reading[c].clear()  # warpgroup_mma_wait(0) before the hand-over
+            for _ in range(rng.randint(0, 3)):  # hand_over's wait on the epilogue
+                yield
+
+    agents = [mma(0), mma(1)]
+    for _ in range(200_000):
+        if errors or (not agents and not in_flight):
+            return errors
+        if in_flight and (not agents or rng.random() < 0.3):  # a TMA transfer lands
+            c, contents, s, use, bar = in_flight.pop(rng.randrange(len(in_flight)))
+            if s in reading[c]:
+                errors.append(f"TMA: use {use} landed in CTA {c}'s slot {s} under use {reading[c][s]}'s wgmma")
+            contents[c][s] = use
+            bar.land(1)
+            continue
+        agent = rng.choice(agents)
+        try:
+            next(agent)
+        except StopIteration:
+            agents.remove(agent)
+    return errors + ["hang: the run did not end"]
+
+
+SHAPES = [(tiles, nk, stages) for tiles in (1, 2, 3, 5) for nk, stages in ((1, 2), (2, 4), (4, 4), (8, 4), (5, 3),
+                                                                          (16, 6))]
+
+
+def test_the_pair_ring_is_sound_in_every_interleaving_tried():
+    for tiles, nk, stages in SHAPES:
+        for seed in range(10):
+            errors = run_pair(tiles, nk, stages, seed)
+            assert not errors, (tiles, nk, stages, seed, errors[:3])
+
+
+@pytest.mark.parametrize("nk,stages", [(8, 4), (5, 3)])
+def test_a_release_count_per_cta_doubled_hangs_at_the_first_reuse(nk, stages):
+    """Session 42's hang: init(count=2) on a two_ctas barrier is 4 arrivals in the PTX; with two a phase the
+    lead's first wait for a reused slot never passes. Up to STAGES blocks no slot is reused and the run ends
+    (the first call's bits were right up to K = 256, four blocks of four stages)."""
+    assert run_pair(1, nk, stages, seed=0, released_count=4) == ["hang: the run did not end"]
+    assert run_pair(1, stages, stages, seed=0, released_count=4) == []
+
+
+def test_the_model_sees_a_lead_that_refills_without_both_releases():
+    found = [run_pair(2, 8, 4, seed, lead_waits=False) for seed in range(30)]
+    assert sum(bool(e) for e in found) >= 5
+    assert any("under use" in m for e in found for m in e)
+
+
+def test_the_model_sees_a_release_before_the_wgmma_retired():
+    found = [run_pair(2, 8, 4, seed, release_ahead=True) for seed in range(30)]
+    assert sum(bool(e) for e in found) >= 5
+
+
+def test_a_follower_waiting_at_its_own_copy_of_the_barrier_is_sound_only_with_its_own_arrivals():
+    """Not vacuous on the follower's side: its refills are ordered by its own wgmma's retirement alone; a wait on
+    a barrier only its own warps arrive at changes nothing (sound), and the same barrier left without arrivals
+    hangs (the release routed to the lead only, waited on locally)."""
+    assert not any(run_pair(2, 8, 4, seed, follower_waits=True) for seed in range(10))
+    assert run_pair(2, 8, 4, 0, follower_waits=True, follower_arrives=False) == ["hang: the run did not end"]
