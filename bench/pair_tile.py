@@ -72,19 +72,20 @@ PAIR_ROWS = 2 * CTA_ROWS  # a cluster tile's rows
 
 
 @gluon.jit
-def load_pair_block(dy_desc, x_desc, dy_bufs, x_bufs, ready, slot, k0, pid_m, pid_n, pred):
+def load_pair_block(dy_desc, x_desc, dy_bufs, x_bufs, ready, slot, k0, pid_m, pid_n, pred, MULTICAST: gl.constexpr):
     """K block k0 of cluster tile (pid_m, pid_n) into operand slot ``slot``: this CTA's dY half by its own copy,
-    x's block by the lead's multicast copy into both CTAs, both counted against this CTA's ready[slot]."""
+    x's block by the lead's multicast copy into both CTAs (MULTICAST; else by each CTA's own copy, the same bytes:
+    the twin that isolates what the multicast gives), both counted against this CTA's ready[slot]."""
     ROWS: gl.constexpr = dy_desc.block_type.shape[1]  # the cluster's (both CTAs')
     COLS: gl.constexpr = x_desc.block_type.shape[1]
     mbarrier.expect(ready.index(slot), dy_desc.nbytes_per_cta + x_desc.nbytes_per_cta, pred=pred)
     tma_load(dy_desc, [k0, pid_m * ROWS], ready.index(slot), dy_bufs.index(slot), pred=pred)
-    tma_load(x_desc, [k0, pid_n * COLS], ready.index(slot), x_bufs.index(slot), pred=pred, multicast=True)
+    tma_load(x_desc, [k0, pid_n * COLS], ready.index(slot), x_bufs.index(slot), pred=pred, multicast=MULTICAST)
 
 
 @gluon.jit
 def load_and_advance(dy_desc, x_desc, dy_bufs, x_bufs, ready, released, cursor, nk, tiles_m, tiles_n,
-                     GROUP_M: gl.constexpr):
+                     GROUP_M: gl.constexpr, MULTICAST: gl.constexpr):
     """gluon_q8.load_and_advance for the pair: the load the cursor (j, tile, k block, pid_m, pid_n) names, once
     the lead has seen both CTAs release the slot's last use (use j - STAGES: released[j % STAGES]'s phase
     (j // STAGES - 1); the first STAGES uses of the ring have none), then the cursor moved on. Predicates, not
@@ -95,7 +96,7 @@ def load_and_advance(dy_desc, x_desc, dy_bufs, x_bufs, ready, released, cursor, 
     exists = tile < tiles_m * tiles_n
     slot = j % STAGES
     mbarrier.wait(released.index(slot), ((j // STAGES) - 1) & 1, pred=exists & (j >= STAGES))
-    load_pair_block(dy_desc, x_desc, dy_bufs, x_bufs, ready, slot, kb * BK, pid_m, pid_n, exists)
+    load_pair_block(dy_desc, x_desc, dy_bufs, x_bufs, ready, slot, kb * BK, pid_m, pid_n, exists, MULTICAST)
     j += 1
     kb += 1
     if kb == nk:
@@ -123,7 +124,7 @@ def multiply_block(dy_bufs, x_bufs, ready, released, i, acc):
 
 @gluon.jit
 def pair_mma(dy_desc, x_desc, dy_bufs, x_bufs, ready, released, g_bufs, g_ready, g_empty, M, N, K,
-             GROUP_M: gl.constexpr):
+             GROUP_M: gl.constexpr, MULTICAST: gl.constexpr):
     """Worker (one warp group a CTA): per cluster tile, the chain of K blocks from zeros (the first before the
     loop), the next loads issued as each slot is released, then the accumulator into g buffer t % G."""
     BK: gl.constexpr = dy_desc.block_type.shape[0]
@@ -139,19 +140,19 @@ def pair_mma(dy_desc, x_desc, dy_bufs, x_bufs, ready, released, g_bufs, g_ready,
     cursor = (0, gl.program_id(0), 0, first_m, first_n)
     for _ in gl.static_range(STAGES - 1):
         cursor = load_and_advance(dy_desc, x_desc, dy_bufs, x_bufs, ready, released, cursor, nk, tiles_m, tiles_n,
-                                  GROUP_M)
+                                  GROUP_M, MULTICAST)
     i = 0
     t = 0
     for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
         acc = multiply_block(dy_bufs, x_bufs, ready, released, i,
                              gl.zeros((ROWS, BN), dtype=gl.float32, layout=acc_layout))
         cursor = load_and_advance(dy_desc, x_desc, dy_bufs, x_bufs, ready, released, cursor, nk, tiles_m, tiles_n,
-                                  GROUP_M)
+                                  GROUP_M, MULTICAST)
         i += 1
         for _kb in range(1, nk):
             acc = multiply_block(dy_bufs, x_bufs, ready, released, i, acc)
             cursor = load_and_advance(dy_desc, x_desc, dy_bufs, x_bufs, ready, released, cursor, nk, tiles_m,
-                                      tiles_n, GROUP_M)
+                                      tiles_n, GROUP_M, MULTICAST)
             i += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         _q8.hand_over(acc, t, g_bufs, g_ready, g_empty)
@@ -216,6 +217,7 @@ def pair_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad
 def pair_update_kernel(dy_desc, x_desc, w_ptr, s0_ptr, s1_ptr, norm_sq_ptr, nonfinite_ptr, M, N, K, h, grad_scale,
                        GUARDED_UPDATE: gl.constexpr, N_STATE: gl.constexpr, STAGES: gl.constexpr,
                        ROWS: gl.constexpr, GROUP_M: gl.constexpr, MMA_REGS: gl.constexpr, G_BUFS: gl.constexpr,
+                       MULTICAST: gl.constexpr,
                        num_warps: gl.constexpr):
     """The rings and barriers of the cluster, then the partitions (module docstring). dy_desc [K, M] block
     [BK, 128] split by columns, x_desc [K, N] block [BK, BN] whole in both CTAs."""
@@ -241,7 +243,8 @@ def pair_update_kernel(dy_desc, x_desc, w_ptr, s0_ptr, s1_ptr, norm_sq_ptr, nonf
     gl.warp_specialize([
         (pair_epilogue, (g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_scale, norm_sq_ptr,
                          nonfinite_ptr, GUARDED_UPDATE, N_STATE, ROWS, GROUP_M, num_warps)),
-        (pair_mma, (dy_desc, x_desc, dy_bufs, x_bufs, ready, released, g_bufs, g_ready, g_empty, M, N, K, GROUP_M)),
+        (pair_mma, (dy_desc, x_desc, dy_bufs, x_bufs, ready, released, g_bufs, g_ready, g_empty, M, N, K, GROUP_M,
+                    MULTICAST)),
     ], [4], [MMA_REGS])
     # neither CTA leaves while the other may still arrive at its barriers or copy into its shared memory
     cluster.barrier()
@@ -252,15 +255,18 @@ class PairConfig:
     tile rows a group (8 = the 64-row tiles' 16), the MMA warp group's registers and the launch's cap, G g
     buffers. The defaults: the grouped default's (gluon_f32.GROUPED_F32_WS_CONFIG) per SM."""
 
-    def __init__(self, STAGES=4, ROWS=16, GROUP_M=8, num_warps=16, mma_registers=96, max_registers=96, g_buffers=2):
+    def __init__(self, STAGES=4, ROWS=16, GROUP_M=8, num_warps=16, mma_registers=96, max_registers=96, g_buffers=2,
+                 multicast=True):
         self.STAGES, self.ROWS, self.GROUP_M, self.num_warps = STAGES, ROWS, GROUP_M, num_warps
+        self.multicast = multicast
         self.mma_registers, self.max_registers, self.g_buffers = mma_registers, max_registers, g_buffers
         self.BK, self.BN = 64, 128
 
     @property
     def label(self) -> str:
         return (f"pair {PAIR_ROWS}x{self.BN}x{self.BK} st{self.STAGES} w{self.num_warps} rows{self.ROWS} "
-                f"g{self.GROUP_M} mma{self.mma_registers} r{self.max_registers} gb{self.g_buffers}")
+                f"g{self.GROUP_M} mma{self.mma_registers} r{self.max_registers} gb{self.g_buffers}"
+                + ("" if self.multicast else " plain"))
 
 
 def _descriptors(dy, x, c: PairConfig):
@@ -272,7 +278,8 @@ def _descriptors(dy, x, c: PairConfig):
 
 def _constants(rule, c: PairConfig, n_state: int):
     return (dict(GUARDED_UPDATE=_ws.guarded_update_gluon(rule), N_STATE=n_state, STAGES=c.STAGES, ROWS=c.ROWS,
-                 GROUP_M=c.GROUP_M, MMA_REGS=c.mma_registers, G_BUFS=c.g_buffers, num_warps=c.num_warps),
+                 GROUP_M=c.GROUP_M, MMA_REGS=c.mma_registers, G_BUFS=c.g_buffers, MULTICAST=c.multicast,
+                 num_warps=c.num_warps),
             dict(maxnreg=c.max_registers, enable_fp_fusion=False, num_ctas=2))
 
 
@@ -319,6 +326,8 @@ def main(argv=None) -> None:
     p.add_argument("--tokens", default="1024,2048,4096,16384")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--stages", default="4,6", help="pair tiles timed: one a number of operand stages")
+    p.add_argument("--plain", action="store_true",
+                   help="also the first one's twin without multicast (each CTA loads x's block itself)")
     args = p.parse_args(argv)
     if args.ptx:
         from bench.registers import resource_usage
@@ -328,8 +337,9 @@ def main(argv=None) -> None:
         return
     if args.check:
         sys.exit(check())
+    configs = [PairConfig(STAGES=int(v)) for v in args.stages.split(",")]
     time_against_route(args.shapes, args.tokens, args.rounds,
-                       [PairConfig(STAGES=int(v)) for v in args.stages.split(",")])
+                       configs + ([PairConfig(STAGES=configs[0].STAGES, multicast=False)] if args.plain else []))
 
 
 def check() -> int:
@@ -346,19 +356,24 @@ def check() -> int:
         for M, N, K, bad_rows in ((64, 128, 64, 0), (200, 264, 150, 0), (8 * 37, 8 * 41, 1024, 3), (512, 384, 8, 0),
                                   (1024, 1024, 4096, 0)):
             rule, h, w0, s0, x, dy = _case(rule_name, M, N, K, seed=M * 5 + N + K, bad_rows=bad_rows)
-            wp, sp = w0.clone(), [s.clone() for s in s0]
-            norm_sq, nonfinite = pair_update(wp, x, dy, sp, rule, h)
             wr, sr = w0.clone(), [s.clone() for s in s0]
             stats = _f32.fused_linear_update_f32_ws(wr, x, dy, sr, rule, h, config=_f32.GROUPED_F32_WS_CONFIG)
-            same = same_bits(wp, wr) and all(same_bits(a, b) for a, b in zip(sp, sr))
-            counted = int(nonfinite) == int(stats.nonfinite)
             ref = float(stats.norm_sq)
-            bound = sum_of_squares_order_bound(M * N, ref) if ref == ref and abs(ref) != float("inf") else 0.0
-            summed = abs(float(norm_sq) - ref) <= 2 * bound if bound else float(norm_sq) == ref or bad_rows > 0
-            ok = same and counted and summed
-            failed += not ok
-            print(f"{rule_name:9s} {M}x{N} K={K} bad rows {bad_rows}: bits {same}, nonfinite {int(nonfinite)} "
-                  f"({int(stats.nonfinite)}), norm_sq {float(norm_sq):.6g} ({ref:.6g}) -> {'ok' if ok else 'FAILED'}")
+            # the plain twin (no multicast) on AdamW's cases: the same bits
+            for c in (PairConfig(), PairConfig(multicast=False))[:2 if rule_name == "adamw" else 1]:
+                wp, sp = w0.clone(), [s.clone() for s in s0]
+                norm_sq, nonfinite = pair_update(wp, x, dy, sp, rule, h, config=c)
+                same = same_bits(wp, wr) and all(same_bits(a, b) for a, b in zip(sp, sr))
+                counted = int(nonfinite) == int(stats.nonfinite)
+                finite = ref == ref and abs(ref) != float("inf")
+                # the same fp64 terms g² (g's bits equal) summed in two orders: proofs/telemetry.md's bound
+                summed = (abs(float(norm_sq) - ref) <= sum_of_squares_order_bound(M * N, ref) if finite
+                          else bad_rows > 0)
+                ok = same and counted and summed
+                failed += not ok
+                print(f"{rule_name:9s} {M}x{N} K={K} bad rows {bad_rows}{'' if c.multicast else ' plain'}: bits "
+                      f"{same}, nonfinite {int(nonfinite)} ({int(stats.nonfinite)}), norm_sq {float(norm_sq):.6g} "
+                      f"({ref:.6g}) -> {'ok' if ok else 'FAILED'}")
     return failed
 
 
@@ -372,7 +387,7 @@ def time_against_route(shapes: str, tokens: str, rounds: int, configs) -> None:
     from forge_num import kernels, rules
 
     ceilings = measure_ceilings()
-    names = [f"st{c.STAGES}" for c in configs]
+    names = [f"st{c.STAGES}" + ("" if c.multicast else "pl") for c in configs]
     print(f"{'shape':>12s} {'K':>6s} " + " ".join(f"{n:>8s}" for n in names)
           + f" {'route':>8s} {'unfused':>8s} {'floor':>8s}  pair/route  unfused/pair  pair/floor  route tile")
     for shape in shapes.split(","):
