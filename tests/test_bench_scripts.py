@@ -359,6 +359,23 @@ def test_ws_probe_refuses_without_cuda():
     assert proc.returncode != 0 and "needs an sm_90 CUDA device" in proc.stderr
 
 
+@pytest.mark.parametrize("script", ["pair_tile.py", "multicast_mainloop.py"])
+def test_the_two_cta_scripts_compile_on_a_cluster_triton_and_refuse_on_an_older_one(script):
+    """bench/pair_tile.py and bench/multicast_mainloop.py need Triton 3.9's Gluon (two-CTA barriers, multicast
+    copies). On an older Triton (CI's 3.6) they say so and fail; on one with them, --ptx compiles both variants
+    for sm_90 without a GPU: no wgmma chain serialized."""
+    import triton
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--ptx"], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT, env=env, check=False)
+    if tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 9):
+        assert proc.returncode != 0 and "needs Triton 3.9" in proc.stderr, proc.stderr[-2000:]
+    else:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "'wgmma_serialized': False" in proc.stdout and "True}" not in proc.stdout, proc.stdout
+
+
 def test_cpu_peak_tiny():
     """bench/cpu_peak.py on the tiny model: it runs, and the storages it lists at the peak add up to the
     peak it reports (the listing is complete, not a sample)."""
