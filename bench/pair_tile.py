@@ -33,7 +33,9 @@ The program is the cluster (Gluon's num_ctas = 2), every layout split by a cga_l
                                 iteration, C7515); the accumulator into g buffer t % G (gluon_q8.hand_over)
     epilogue      16            gluon_f32.f32_epilogue's path without staging or prefetch (the grouped
                                 default's, routed at 896-2303 tokens) on [2, ROWS, BN] sub-tiles: W and the
-                                states by pointer, the guarded rule, stores
+                                states by pointer, the guarded rule, stores; or (stage_slots, v46's, routed at
+                                256-895) W and the states streamed through slots by TMA, over [M / 64, 64, N]
+                                views so that each CTA's rows of a sub-tile are one box
 
 The bits are the 64-row tile's: each CTA runs the same chain of m64n128k16 wgmma in K order from zeros, and each
 element the same rule on the same fp32 values (`--check` compares with gluon_f32's grouped default bit for bit).
@@ -53,7 +55,8 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+                                                               warpgroup_mma_wait)
 
 try:
     from triton.experimental.gluon.language.nvidia.hopper import cluster
@@ -160,12 +163,38 @@ def pair_mma(dy_desc, x_desc, dy_bufs, x_bufs, ready, released, g_bufs, g_ready,
 
 
 @gluon.jit
+def stage_pair_rows(staging, u, pid_m, pid_n, j, N_STATE: gl.constexpr):
+    """gluon_q8.stage_row_blocks for the pair: row sub-tile j of cluster tile (pid_m, pid_n), each CTA's ROWS
+    rows of W and of the N_STATE states (CTA r: rows 128 pid_m + 64 r + ROWS j ..), by TMA into staging slot
+    u % S, counted against this CTA's st_ready[u % S]. The descriptors see W [M, N] as [M / 64, 64, N]
+    (blocks [2, ROWS, BN] split by CTA), so that each CTA's rows are one box; the slot's last reads (sub-tile u -
+    S's) are ordered before the copy's writes by each thread's fence and the partition's barrier before the
+    copy (gluon_q8.stage_row_blocks says how)."""
+    w_desc, s0_desc, s1_desc, st_w, st_s0, st_s1, st_ready = staging
+    S: gl.constexpr = st_ready.type.shape[0]
+    ROWS: gl.constexpr = w_desc.block_type.shape[1]
+    BN: gl.constexpr = w_desc.block_type.shape[2]
+    slot = u % S
+    fence_async_shared()
+    mbarrier.expect(st_ready.index(slot), w_desc.nbytes_per_cta * (1 + N_STATE))
+    coord = [pid_m * 2, j * ROWS, pid_n * BN]
+    tma_load(w_desc, coord, st_ready.index(slot), st_w.index(slot))
+    if N_STATE >= 1:
+        tma_load(s0_desc, coord, st_ready.index(slot), st_s0.index(slot))
+    if N_STATE >= 2:
+        tma_load(s1_desc, coord, st_ready.index(slot), st_s1.index(slot))
+
+
+@gluon.jit
 def pair_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_scale, norm_sq_ptr, nonfinite_ptr,
-                  GUARDED_UPDATE: gl.constexpr, N_STATE: gl.constexpr, ROWS: gl.constexpr, GROUP_M: gl.constexpr,
-                  num_warps: gl.constexpr):
+                  staging, GUARDED_UPDATE: gl.constexpr, N_STATE: gl.constexpr, ROWS: gl.constexpr,
+                  GROUP_M: gl.constexpr, STAGE_STATE: gl.constexpr, num_warps: gl.constexpr):
     """Default partition (num_warps a CTA): per cluster tile, its CTA_ROWS / ROWS sub-tiles [2, ROWS, BN] of g
     (CTA r: rows 64 r + ROWS j ..), each's W and states loaded by pointer and updated (gluon_f32.load_rows,
-    update_loaded_rows), the g buffer handed back once the last is in registers; the telemetry a slot per CTA."""
+    update_loaded_rows), the g buffer handed back once the last is in registers; the telemetry a slot per CTA.
+    STAGE_STATE: W and the states instead streamed through S staging slots by TMA (v46's design, gluon_f32's
+    STAGE_STATE: the program's first S sub-tiles before its loop, sub-tile u + S into the slot sub-tile u was
+    read from, this tile's or the next one's; the S copies past the last tile waited for at the end)."""
     G: gl.constexpr = g_bufs.type.shape[0]
     PAIR: gl.constexpr = g_bufs.type.shape[1]
     BN: gl.constexpr = g_bufs.type.shape[2]
@@ -182,9 +211,23 @@ def pair_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad
     cta = gl.arange(0, 2, layout=ctas)
     tiles_m = gl.cdiv(M, PAIR)
     tiles_n = gl.cdiv(N, BN)
+    _, _, _, st_w, st_s0, st_s1, st_ready = staging
+    if STAGE_STATE:
+        S: gl.constexpr = st_ready.type.shape[0]
+        gl.static_assert(SUBTILES >= S, "a tile's sub-tiles cover the staging distance")
+        first_m, first_n = _ws.tile_coords(gl.program_id(0), tiles_m, tiles_n, GROUP_M)  # every cluster has one
+        for a in gl.static_range(S):
+            stage_pair_rows(staging, a, first_m, first_n, a, N_STATE)
+    u = 0  # the program's sub-tiles so far (STAGE_STATE: the staging slots' uses)
     t = 0
     for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
         pid_m, pid_n = _ws.tile_coords(tile, tiles_m, tiles_n, GROUP_M)
+        if STAGE_STATE:
+            # the tile after this one, whose first sub-tiles this one's last ones stage; after the program's
+            # last tile this one again (never read; waited for after the loop)
+            following = tile + gl.num_programs(0)
+            next_m, next_n = _ws.tile_coords(gl.where(following < tiles_m * tiles_n, following, tile), tiles_m,
+                                             tiles_n, GROUP_M)
         b = t % G
         offs_n = pid_n * BN + gl.arange(0, BN, layout=cols)
         offs_m = pid_m * PAIR + cta[:, None] * HALF + gl.arange(0, ROWS, layout=rows)[None, :]  # [2, ROWS]
@@ -198,11 +241,19 @@ def pair_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad
             g = halves.slice(j * ROWS, ROWS, dim=1).load(epi)
             if j == SUBTILES - 1:
                 mbarrier.arrive(g_empty.index(b), count=1)  # g is in registers: the MMA warps may refill it
-            loaded = _f32.load_rows(offs, in_tile, w_ptr, s0_ptr, s1_ptr, N_STATE, "")
+            if STAGE_STATE:
+                loaded = _f32.read_staged_rows(st_w, st_s0, st_s1, _q8.staged_slot(st_ready, u), epi, N_STATE)
+                if j + S < SUBTILES:  # sub-tile u + S into the slot just read: this tile's, or the next one's
+                    stage_pair_rows(staging, u + S, pid_m, pid_n, j + S, N_STATE)
+                else:
+                    stage_pair_rows(staging, u + S, next_m, next_n, j + S - SUBTILES, N_STATE)
+            else:
+                loaded = _f32.load_rows(offs, in_tile, w_ptr, s0_ptr, s1_ptr, N_STATE, "")
             sq_j, bad_j = _f32.update_loaded_rows(g, loaded, offs, in_tile, w_ptr, s0_ptr, s1_ptr, h, grad_scale,
                                                   GUARDED_UPDATE, N_STATE, "")
             sq += sq_j
             bad += bad_j
+            u += 1
             if j + 1 < SUBTILES:
                 offs_m += ROWS
                 offs += ROWS * N
@@ -211,16 +262,20 @@ def pair_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad
         gl.store(norm_sq_ptr + slot, gl.sum(gl.sum(sq, axis=2), axis=1))
         gl.store(nonfinite_ptr + slot, gl.sum(gl.sum(bad, axis=2), axis=1))
         t += 1
+    if STAGE_STATE:
+        _q8.drain_staging(st_ready, u)
 
 
 @gluon.jit
-def pair_update_kernel(dy_desc, x_desc, w_ptr, s0_ptr, s1_ptr, norm_sq_ptr, nonfinite_ptr, M, N, K, h, grad_scale,
-                       GUARDED_UPDATE: gl.constexpr, N_STATE: gl.constexpr, STAGES: gl.constexpr,
-                       ROWS: gl.constexpr, GROUP_M: gl.constexpr, MMA_REGS: gl.constexpr, G_BUFS: gl.constexpr,
-                       MULTICAST: gl.constexpr,
+def pair_update_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, w_ptr, s0_ptr, s1_ptr, norm_sq_ptr, nonfinite_ptr,
+                       M, N, K, h, grad_scale, GUARDED_UPDATE: gl.constexpr, N_STATE: gl.constexpr,
+                       STAGES: gl.constexpr, ROWS: gl.constexpr, GROUP_M: gl.constexpr, MMA_REGS: gl.constexpr,
+                       G_BUFS: gl.constexpr, MULTICAST: gl.constexpr, STAGE_SLOTS: gl.constexpr,
                        num_warps: gl.constexpr):
     """The rings and barriers of the cluster, then the partitions (module docstring). dy_desc [K, M] block
-    [BK, 128] split by columns, x_desc [K, N] block [BK, BN] whole in both CTAs."""
+    [BK, 128] split by columns, x_desc [K, N] block [BK, BN] whole in both CTAs; STAGE_SLOTS: 0, or the staging
+    slots of W and the states, w_desc, s0_desc, s1_desc their descriptors over [M / 64, 64, N] in blocks
+    [2, ROWS, BN] split by CTA (an absent state's the weight's; all None without staging)."""
     gl.static_assert(gl.num_ctas() == 2)
     BK: gl.constexpr = dy_desc.block_type.shape[0]
     PAIR: gl.constexpr = dy_desc.block_type.shape[1]
@@ -239,10 +294,27 @@ def pair_update_kernel(dy_desc, x_desc, w_ptr, s0_ptr, s1_ptr, norm_sq_ptr, nonf
     for b in gl.static_range(G_BUFS):
         mbarrier.init(g_ready.index(b), count=1)
         mbarrier.init(g_empty.index(b), count=1)
+    staging = (w_desc, s0_desc, s1_desc, None, None, None, None)
+    if STAGE_SLOTS:
+        st_w = gl.allocate_shared_memory(w_desc.dtype, [STAGE_SLOTS] + w_desc.block_type.shape, w_desc.layout)
+        st_s0 = st_w
+        st_s1 = st_w
+        if N_STATE >= 1:
+            st_s0 = gl.allocate_shared_memory(s0_desc.dtype, [STAGE_SLOTS] + s0_desc.block_type.shape,
+                                              s0_desc.layout)
+            st_s1 = st_s0
+        if N_STATE >= 2:
+            st_s1 = gl.allocate_shared_memory(s1_desc.dtype, [STAGE_SLOTS] + s1_desc.block_type.shape,
+                                              s1_desc.layout)
+        st_ready = mbarrier.allocate_mbarrier(batch=STAGE_SLOTS)
+        for a in gl.static_range(STAGE_SLOTS):
+            mbarrier.init(st_ready.index(a), count=1)
+        staging = (w_desc, s0_desc, s1_desc, st_w, st_s0, st_s1, st_ready)
     cluster.barrier()  # both CTAs' barriers initialized before any copy or arrival reaches them
     gl.warp_specialize([
         (pair_epilogue, (g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_scale, norm_sq_ptr,
-                         nonfinite_ptr, GUARDED_UPDATE, N_STATE, ROWS, GROUP_M, num_warps)),
+                         nonfinite_ptr, staging, GUARDED_UPDATE, N_STATE, ROWS, GROUP_M, STAGE_SLOTS > 0,
+                         num_warps)),
         (pair_mma, (dy_desc, x_desc, dy_bufs, x_bufs, ready, released, g_bufs, g_ready, g_empty, M, N, K, GROUP_M,
                     MULTICAST)),
     ], [4], [MMA_REGS])
@@ -256,9 +328,9 @@ class PairConfig:
     buffers. The defaults: the grouped default's (gluon_f32.GROUPED_F32_WS_CONFIG) per SM."""
 
     def __init__(self, STAGES=4, ROWS=16, GROUP_M=8, num_warps=16, mma_registers=96, max_registers=96, g_buffers=2,
-                 multicast=True):
+                 multicast=True, stage_slots=0):
         self.STAGES, self.ROWS, self.GROUP_M, self.num_warps = STAGES, ROWS, GROUP_M, num_warps
-        self.multicast = multicast
+        self.multicast, self.stage_slots = multicast, stage_slots
         self.mma_registers, self.max_registers, self.g_buffers = mma_registers, max_registers, g_buffers
         self.BK, self.BN = 64, 128
 
@@ -266,7 +338,7 @@ class PairConfig:
     def label(self) -> str:
         return (f"pair {PAIR_ROWS}x{self.BN}x{self.BK} st{self.STAGES} w{self.num_warps} rows{self.ROWS} "
                 f"g{self.GROUP_M} mma{self.mma_registers} r{self.max_registers} gb{self.g_buffers}"
-                + ("" if self.multicast else " plain"))
+                + ("" if self.multicast else " plain") + (f" ss{self.stage_slots}" if self.stage_slots else ""))
 
 
 def _descriptors(dy, x, c: PairConfig):
@@ -276,10 +348,26 @@ def _descriptors(dy, x, c: PairConfig):
             _ws.TensorDescriptor.from_tensor(x, [c.BK, c.BN], x_layout))
 
 
+def _staging_descs(weight, states, c: PairConfig) -> tuple:
+    """(w_desc, s0_desc, s1_desc) of the staged pair tile: W and each fp32 state seen as [M / 64, 64, N] (each
+    CTA's ROWS rows of a sub-tile one box: blocks [2, ROWS, BN] split by CTA, rows as they lie in memory), an
+    absent state's the weight's; or three Nones. Needs M a multiple of 64."""
+    if not c.stage_slots:
+        return None, None, None
+    M, N = weight.shape
+    if M % CTA_ROWS:
+        raise ValueError(f"pair tile: staging its state needs M a multiple of {CTA_ROWS}, got {M}")
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3, cga_layout=[[1, 0, 0]])
+    descs = [_ws.TensorDescriptor.from_tensor(t.view(M // CTA_ROWS, CTA_ROWS, N), [2, c.ROWS, c.BN], layout)
+             for t in (weight, *states)]
+    descs += [descs[0]] * (3 - len(descs))
+    return descs[0], descs[1], descs[2]
+
+
 def _constants(rule, c: PairConfig, n_state: int):
     return (dict(GUARDED_UPDATE=_ws.guarded_update_gluon(rule), N_STATE=n_state, STAGES=c.STAGES, ROWS=c.ROWS,
                  GROUP_M=c.GROUP_M, MMA_REGS=c.mma_registers, G_BUFS=c.g_buffers, MULTICAST=c.multicast,
-                 num_warps=c.num_warps),
+                 STAGE_SLOTS=c.stage_slots, num_warps=c.num_warps),
             dict(maxnreg=c.max_registers, enable_fp_fusion=False, num_ctas=2))
 
 
@@ -295,9 +383,9 @@ def pair_update(weight, x, dy, states, rule, h, grad_scale=1.0, config: PairConf
     nonfinite = torch.zeros(2 * tiles, dtype=torch.int32, device=weight.device)
     given = list(states) + [weight, weight]
     constexprs, options = _constants(rule, c, len(states))
-    pair_update_kernel[(min(tiles, sms // 2),)](*_descriptors(dy, x, c), weight, given[0], given[1], norm_sq,
-                                                nonfinite, M, N, x.shape[0], tuple(h), grad_scale, **constexprs,
-                                                **options)
+    pair_update_kernel[(min(tiles, sms // 2),)](*_descriptors(dy, x, c), *_staging_descs(weight, states, c), weight,
+                                                given[0], given[1], norm_sq, nonfinite, M, N, x.shape[0], tuple(h),
+                                                grad_scale, **constexprs, **options)
     return norm_sq.sum(), nonfinite.sum()
 
 
@@ -308,7 +396,10 @@ def compile_for_sm90(rule, config: PairConfig | None = None, M=256, N=256, K=128
     dy = torch.empty(K, M, dtype=torch.bfloat16)
     x = torch.empty(K, N, dtype=torch.bfloat16)
     dy_desc, x_desc = _descriptors(dy, x, c)
-    args = dict(dy_desc=dy_desc, x_desc=x_desc, w_ptr=torch.empty(M, N), s0_ptr=torch.empty(M, N),
+    w, states = torch.empty(M, N), [torch.empty(M, N) for _ in rule.state]
+    w_desc, s0_desc, s1_desc = _staging_descs(w, states, c)
+    args = dict(dy_desc=dy_desc, x_desc=x_desc, w_desc=w_desc, s0_desc=s0_desc, s1_desc=s1_desc, w_ptr=w,
+                s0_ptr=torch.empty(M, N),
                 s1_ptr=torch.empty(M, N), norm_sq_ptr=torch.empty(4, dtype=torch.float64),
                 nonfinite_ptr=torch.empty(4, dtype=torch.int32), M=M, N=N, K=K,
                 h=tuple(1.0 for _ in rule.scalar_names), grad_scale=1.0, **constexprs)
@@ -328,18 +419,22 @@ def main(argv=None) -> None:
     p.add_argument("--stages", default="4,6", help="pair tiles timed: one a number of operand stages")
     p.add_argument("--plain", action="store_true",
                    help="also the first one's twin without multicast (each CTA loads x's block itself)")
+    p.add_argument("--staged", action="store_true",
+                   help="also the first one's twin streaming W and the states through 2 slots by TMA (v46's)")
     args = p.parse_args(argv)
     if args.ptx:
         from bench.registers import resource_usage
 
-        for name in sorted(RULES):
-            print(f"{name:8s}", resource_usage(compile_for_sm90(RULES[name]).asm["ptx"]))
+        for c in (PairConfig(), PairConfig(stage_slots=2)):
+            for name in sorted(RULES):
+                print(f"{c.label}  {name:8s}", resource_usage(compile_for_sm90(RULES[name], c).asm["ptx"]))
         return
     if args.check:
         sys.exit(check())
     configs = [PairConfig(STAGES=int(v)) for v in args.stages.split(",")]
-    time_against_route(args.shapes, args.tokens, args.rounds,
-                       configs + ([PairConfig(STAGES=configs[0].STAGES, multicast=False)] if args.plain else []))
+    configs += [PairConfig(STAGES=configs[0].STAGES, multicast=False)] if args.plain else []
+    configs += [PairConfig(STAGES=configs[0].STAGES, stage_slots=2)] if args.staged else []
+    time_against_route(args.shapes, args.tokens, args.rounds, configs)
 
 
 def check() -> int:
@@ -359,8 +454,10 @@ def check() -> int:
             wr, sr = w0.clone(), [s.clone() for s in s0]
             stats = _f32.fused_linear_update_f32_ws(wr, x, dy, sr, rule, h, config=_f32.GROUPED_F32_WS_CONFIG)
             ref = float(stats.norm_sq)
-            # the plain twin (no multicast) on AdamW's cases: the same bits
-            for c in (PairConfig(), PairConfig(multicast=False))[:2 if rule_name == "adamw" else 1]:
+            # the plain twin (no multicast) on AdamW's cases, the staged twin where M allows: the same bits
+            twins = [PairConfig()] + ([PairConfig(multicast=False)] if rule_name == "adamw" else [])
+            twins += [PairConfig(stage_slots=2)] if M % CTA_ROWS == 0 else []
+            for c in twins:
                 wp, sp = w0.clone(), [s.clone() for s in s0]
                 norm_sq, nonfinite = pair_update(wp, x, dy, sp, rule, h, config=c)
                 same = same_bits(wp, wr) and all(same_bits(a, b) for a, b in zip(sp, sr))
@@ -371,7 +468,8 @@ def check() -> int:
                           else bad_rows > 0)
                 ok = same and counted and summed
                 failed += not ok
-                print(f"{rule_name:9s} {M}x{N} K={K} bad rows {bad_rows}{'' if c.multicast else ' plain'}: bits "
+                twin = ("" if c.multicast else " plain") + (" staged" if c.stage_slots else "")
+                print(f"{rule_name:9s} {M}x{N} K={K} bad rows {bad_rows}{twin}: bits "
                       f"{same}, nonfinite {int(nonfinite)} ({int(stats.nonfinite)}), norm_sq {float(norm_sq):.6g} "
                       f"({ref:.6g}) -> {'ok' if ok else 'FAILED'}")
     return failed
@@ -387,7 +485,8 @@ def time_against_route(shapes: str, tokens: str, rounds: int, configs) -> None:
     from forge_num import kernels, rules
 
     ceilings = measure_ceilings()
-    names = [f"st{c.STAGES}" + ("" if c.multicast else "pl") for c in configs]
+    names = [f"st{c.STAGES}" + ("" if c.multicast else "pl") + (f"ss{c.stage_slots}" if c.stage_slots else "")
+             for c in configs]
     print(f"{'shape':>12s} {'K':>6s} " + " ".join(f"{n:>8s}" for n in names)
           + f" {'route':>8s} {'unfused':>8s} {'floor':>8s}  pair/route  unfused/pair  pair/floor  route tile")
     for shape in shapes.split(","):

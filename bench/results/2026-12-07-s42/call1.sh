@@ -7,7 +7,8 @@
 #   pair     bench/pair_tile.py --check (the pair tile, the fp32 split tile on a cluster of two sharing x's blocks
 #            by multicast, bit for bit against gluon_f32's grouped default, every rule), then its AdamW times
 #            against the route, the unfused step and the floor, issue 5's five shapes at 1024-16384 tokens
-#            (4 and 6 stages, and the 4-stage twin without multicast)
+#            (4 and 6 stages, and the 4-stage twin without multicast); the staged twin (v46's epilogue) at
+#            512-1024 tokens
 #   ncu      ncu on the probe's two variants, 28672x8192 and 4096x14336 at 1024 and 4096 tokens: time, L2 read
 #            sectors and requests from the SMs, the fabric's share, DRAM reads. Prediction (NOTES, session 41):
 #            the multicast variant's L2 read sectors 0.67-0.70x the other's, its time 0.85-0.95x
@@ -34,9 +35,12 @@ part_pair() {
   timeout "$(budget 100)" python3 bench/pair_tile.py --check >"$R/pair_check.log" 2>&1
   echo "pair check rc=$?"; grep -E "FAILED|Error|error" "$R/pair_check.log" | head -8 | cut -c1-200
   grep -c " ok$" "$R/pair_check.log"
-  timeout "$(budget 200)" python3 bench/pair_tile.py ${PAIR_TIME_ARGS:---tokens 1024,2048,4096,16384 --plain} \
+  timeout "$(budget 150)" python3 bench/pair_tile.py ${PAIR_TIME_ARGS:---tokens 1024,2048,4096,16384 --plain} \
     >"$R/pair_time.log" 2>&1
   echo "pair time rc=$?"; grep -vE "Warning|warn_once" "$R/pair_time.log" | tail -22 | cut -c1-150
+  timeout "$(budget 90)" python3 bench/pair_tile.py --tokens 512,768,1024 --stages 4 --staged \
+    >"$R/pair_time_staged.log" 2>&1
+  echo "pair time (staged) rc=$?"; grep -vE "Warning|warn_once" "$R/pair_time_staged.log" | tail -17 | cut -c1-150
 }
 part_ncu() {
   local m=gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sectors_srcunit_tex_op_read.sum
