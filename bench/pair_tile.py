@@ -421,6 +421,8 @@ def main(argv=None) -> None:
                    help="also the first one's twin without multicast (each CTA loads x's block itself)")
     p.add_argument("--staged", action="store_true",
                    help="also the first one's twin streaming W and the states through 2 slots by TMA (v46's)")
+    p.add_argument("--ncu", action="store_true",
+                   help="launch each pair tile and the route once a shape and K (to run under ncu), no timing")
     args = p.parse_args(argv)
     if args.ptx:
         from bench.registers import resource_usage
@@ -434,7 +436,30 @@ def main(argv=None) -> None:
     configs = [PairConfig(STAGES=int(v)) for v in args.stages.split(",")]
     configs += [PairConfig(STAGES=configs[0].STAGES, multicast=False)] if args.plain else []
     configs += [PairConfig(STAGES=configs[0].STAGES, stage_slots=2)] if args.staged else []
+    if args.ncu:
+        launch_once(args.shapes, args.tokens, configs)
+        return
     time_against_route(args.shapes, args.tokens, args.rounds, configs)
+
+
+def launch_once(shapes: str, tokens: str, configs) -> None:
+    """Each pair tile and the route once a shape and K, in that order, on time_against_route's problem (for ncu
+    -k regex:"pair_update|fused_linear_update": the first launch of a tile compiles it, the GPU runs it once)."""
+    from bench.kernels import adamw_problem
+    from forge_num import kernels, rules
+
+    for shape in shapes.split(","):
+        M, N = (int(v) for v in shape.split("x"))
+        for K in (int(v) for v in tokens.split(",")):
+            x, dy, w, states, h = adamw_problem(M, N, K)
+            for c in configs:
+                pair_update(w, x, dy, states, rules.ADAMW, h, config=c)
+                torch.cuda.synchronize()
+                print(f"{shape} K={K} {c.label}: launched")
+            kernels.fused_linear_update(w, x, dy, states, rules.ADAMW, h)
+            torch.cuda.synchronize()
+            print(f"{shape} K={K} route {getattr(kernels.launcher_tile(w, x, dy, states)[1], 'label', '?')}: "
+                  "launched")
 
 
 def check() -> int:

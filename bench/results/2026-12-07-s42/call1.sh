@@ -9,9 +9,10 @@
 #            against the route, the unfused step and the floor, issue 5's five shapes at 1024-16384 tokens
 #            (4 and 6 stages, and the 4-stage twin without multicast); the staged twin (v46's epilogue) at
 #            512-1024 tokens
-#   ncu      ncu on the probe's two variants, 28672x8192 and 4096x14336 at 1024 and 4096 tokens: time, L2 read
-#            sectors and requests from the SMs, the fabric's share, DRAM reads. Prediction (NOTES, session 41):
-#            the multicast variant's L2 read sectors 0.67-0.70x the other's, its time 0.85-0.95x
+#   ncu      ncu on the pair tile, its plain twin and the route at 1024 tokens (28672x8192, 4096x14336), then on
+#            the probe's two variants at 1024 and 4096: time, L2 bytes, read sectors (and requests) from the SMs,
+#            the fabric's share, DRAM reads. Prediction (NOTES, session 41): the multicast variant's L2 read
+#            sectors 0.67-0.70x the other's, its time 0.85-0.95x
 #   bits     the routed fp32 and 8bit tiles bit for bit against the Triton tile and the emulator
 #            (tests/test_gpu_gluon.py, FORGE_NUM_TEST_F32_ROUTED=1, FORGE_NUM_TEST_Q8_ROUTED=1)
 #   route    the fp32 route's times under 3.6 and under 3.9, one after the other (3.9 spills where 3.6 did not)
@@ -43,12 +44,18 @@ part_pair() {
   echo "pair time (staged) rc=$?"; grep -vE "Warning|warn_once" "$R/pair_time_staged.log" | tail -17 | cut -c1-150
 }
 part_ncu() {
-  local m=gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sectors_srcunit_tex_op_read.sum
+  local m=gpu__time_duration.sum,dram__bytes_read.sum,lts__t_bytes.sum,lts__t_sectors_srcunit_tex_op_read.sum
   m=$m,lts__t_sectors_srcunit_ltcfabric.sum
   ncu --query-metrics 2>/dev/null | grep -qE "^lts__t_requests_srcunit_tex_op_read " \
     && m=$m,lts__t_requests_srcunit_tex_op_read.sum
+  # the pair tile (4 stages), its plain twin and the route at 1024 tokens: L2's bytes, the mechanism
+  timeout "$(budget 120)" ncu --clock-control none -k regex:"pair_update|fused_linear_update_f32_ws" --metrics $m \
+    python3 bench/pair_tile.py --ncu --stages 4 --plain --shapes 28672x8192,4096x14336 --tokens 1024 \
+    >"$R/ncu_pair.txt" 2>&1
+  echo "ncu pair rc=$?"; grep -E "launched|gpu__time_duration|dram__|lts__|ERR" "$R/ncu_pair.txt" | sed 's/  */ /g' \
+    | head -40
   for shape in 28672x8192 4096x14336; do
-    echo "== ncu $shape"
+    echo "== ncu probe $shape"
     timeout "$(budget 90)" ncu --clock-control none -k regex:two_cta --metrics $m \
       python3 bench/multicast_mainloop.py --ncu --shapes $shape --tokens 1024,4096 >"$R/ncu_probe_$shape.txt" 2>&1
     echo "rc=$?"; grep -E "launched|gpu__time_duration|dram__|lts__|ERR" "$R/ncu_probe_$shape.txt" | sed 's/  */ /g' \
