@@ -26,7 +26,7 @@ import random
 
 import pytest
 
-from tests.test_ring_protocol import Barrier, wait
+from tests.test_ring_protocol import Barrier, interleave, wait
 
 LEAD = 0
 
@@ -98,23 +98,14 @@ def run_pair(tiles: int, nk: int, stages: int, seed: int, released_count: int = 
             for _ in range(rng.randint(0, 3)):  # hand_over's wait on the epilogue
                 yield
 
-    agents = [mma(0), mma(1)]
-    for _ in range(200_000):
-        if errors or (not agents and not in_flight):
-            return errors
-        if in_flight and (not agents or rng.random() < 0.3):  # a TMA transfer lands
-            c, contents, s, use, bar = in_flight.pop(rng.randrange(len(in_flight)))
-            if s in reading[c]:
-                errors.append(f"TMA: use {use} landed in CTA {c}'s slot {s} under use {reading[c][s]}'s wgmma")
-            contents[c][s] = use
-            bar.land(1)
-            continue
-        agent = rng.choice(agents)
-        try:
-            next(agent)
-        except StopIteration:
-            agents.remove(agent)
-    return errors + ["hang: the run did not end"]
+    def land(transfer):  # a TMA transfer lands
+        c, contents, s, use, bar = transfer
+        if s in reading[c]:
+            errors.append(f"TMA: use {use} landed in CTA {c}'s slot {s} under use {reading[c][s]}'s wgmma")
+        contents[c][s] = use
+        bar.land(1)
+
+    return interleave(rng, [mma(0), mma(1)], in_flight, land, errors, 200_000)
 
 
 SHAPES = [(tiles, nk, stages) for tiles in (1, 2, 3, 5) for nk, stages in ((1, 2), (2, 4), (4, 4), (8, 4), (5, 3),

@@ -229,15 +229,26 @@ def run(design: str, tiles: int, nk: int, stages: int, slots: int, seed: int, su
         agents = [operand_loader(), state_loader(), consumer(0, 1, False)]
     else:
         agents = [operand_loader(), state_loader()] + [consumer(p, 2, design == "pingpong_turns") for p in (0, 1)]
-    for _ in range(100_000):
+
+    def land(transfer):  # a TMA load lands
+        contents, s, use, bar = transfer
+        if contents is op_slot and s in reading:
+            errors.append(f"TMA: use {use} landed in slot {s} under use {reading[s]}'s wgmma")
+        contents[s] = use
+        bar.land(1)
+
+    return interleave(rng, agents, in_flight, land, errors, 100_000)
+
+
+def interleave(rng, agents: list, in_flight: list, land, errors: list, steps: int) -> list:
+    """One random interleaving: at each step a transfer of ``in_flight`` lands (``land(transfer)``; 3 steps in 10
+    while agents remain) or an agent (a generator) runs to its next yield, until an error, the end of every agent
+    and transfer, or ``steps`` steps; returns the errors, a hang appended if the run did not end."""
+    for _ in range(steps):
         if errors or (not agents and not in_flight):
             return errors
-        if in_flight and (not agents or rng.random() < 0.3):  # a TMA load lands
-            contents, s, use, bar = in_flight.pop(rng.randrange(len(in_flight)))
-            if contents is op_slot and s in reading:
-                errors.append(f"TMA: use {use} landed in slot {s} under use {reading[s]}'s wgmma")
-            contents[s] = use
-            bar.land(1)
+        if in_flight and (not agents or rng.random() < 0.3):
+            land(in_flight.pop(rng.randrange(len(in_flight))))
             continue
         agent = rng.choice(agents)
         try:
