@@ -28,9 +28,9 @@ The program is the cluster (Gluon's num_ctas = 2), every layout split by a cga_l
                                 (two_ctas: both CTAs' wgmma on slot s retired; init's count is per CTA, 1, two
                                 arrivals in the PTX; the lead waits there before its multicast refills the
                                 slot; tests/test_cluster_ring_protocol.py models it); each tile's first block
-                                before its loop
-                                (ptxas serializes the chain when zeros stand before a loop that may run no
-                                iteration, C7515); the accumulator into g buffer t % G (gluon_q8.hand_over)
+                                before its loop (ptxas serializes the chain when zeros stand before a loop that
+                                may run no iteration, C7515); the accumulator into g buffer t % G
+                                (gluon_q8.hand_over)
     epilogue      16            gluon_f32.f32_epilogue's path without staging or prefetch (the grouped
                                 default's, routed at 896-2303 tokens) on [2, ROWS, BN] sub-tiles: W and the
                                 states by pointer, the guarded rule, stores; or (stage_slots, v46's, routed at
@@ -42,7 +42,13 @@ element the same rule on the same fp32 values (`--check` compares with gluon_f32
 
     python bench/pair_tile.py --ptx                  # compile for sm_90 (no GPU): registers, spills, the chain
     python bench/pair_tile.py --check                # bits against gluon_f32's grouped default, every rule
-    python bench/pair_tile.py --tokens 1024,4096     # times against the route, the unfused step and the floor
+    python bench/pair_tile.py --tokens 1024,4096 --plain --staged   # times against the route, the unfused
+                                                                     # step and the floor
+    ncu -k regex:"pair_update|fused_linear_update_f32_ws" python bench/pair_tile.py --ncu --plain --tokens 1024
+
+Status (session 42): bits equal to the grouped default's on the H100 for Adam at 64x128 (K = 64) and 200x264
+(K = 150), then a hang at the first slot reuse (the released barriers' count, per CTA in Gluon: fixed, not yet
+run again). No time measured yet.
 """
 
 from __future__ import annotations
