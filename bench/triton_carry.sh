@@ -20,8 +20,8 @@
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 if [ "${1:-}" = use ]; then  # sourced: the caller's shell options stay as they were
   # the host Triton's ptxas for the carried one (the bundle has none), found before PYTHONPATH changes (once)
-  [ -n "${TRITON_PTXAS_PATH:-}" ] || TRITON_PTXAS_PATH=$(python3 -c "import os, triton; print(os.path.join(os.path.dirname(triton.__file__), \
-'backends', 'nvidia', 'bin', 'ptxas'))")
+  [ -n "${TRITON_PTXAS_PATH:-}" ] || TRITON_PTXAS_PATH=$(python3 -c "import os, triton; \
+print(os.path.join(os.path.dirname(triton.__file__), 'backends', 'nvidia', 'bin', 'ptxas'))")
   export TRITON_PTXAS_PATH TRITON_PTXAS_BLACKWELL_PATH=$TRITON_PTXAS_PATH
   export PYTHONPATH="$ROOT/.tri_site${PYTHONPATH:+:$PYTHONPATH}"
   return 0 2>/dev/null || exit 0
@@ -40,7 +40,7 @@ prepare() {
   # code generator (its Python stays: the host's Triton 3.6 metadata names it as an entry point, imported at
   # start), and both ptxas: `use` points Triton at the host Triton's own (3.6's, CUDA 12.8), which the
   # driver surely runs, and which assembles 3.9's PTX for sm_90 as 13.4 does (session 42: the same spills, the
-  # same bits of code, probed here)
+  # same code, probed here)
   rm -rf "$work/pkg/triton/backends/nvidia/lib/cupti" "$work/pkg/triton/backends/nvidia/lib/cupti-blackwell" \
     "$work/pkg/triton/backends/amd/lib" "$work/pkg/triton/backends/nvidia/bin/ptxas" \
     "$work/pkg/triton/backends/nvidia/bin/ptxas-blackwell" "$work/pkg/triton/backends/nvidia/bin/nvdisasm" \
