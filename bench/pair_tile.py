@@ -76,8 +76,6 @@ from forge_num.kernels import gluon_q8 as _q8  # noqa: E402
 from forge_num.kernels import gluon_update as _ws  # noqa: E402
 from forge_num.kernels.gluon_update import tma_load  # noqa: E402
 
-CTA_ROWS = 64  # rows of a tile a CTA computes: one warp group's m64 wgmma
-PAIR_ROWS = 2 * CTA_ROWS  # a cluster tile's rows
 
 
 @gluon.jit
@@ -134,13 +132,14 @@ def multiply_block(dy_bufs, x_bufs, ready, released, i, acc):
 @gluon.jit
 def pair_mma(dy_desc, x_desc, dy_bufs, x_bufs, ready, released, g_bufs, g_ready, g_empty, M, N, K,
              GROUP_M: gl.constexpr, MULTICAST: gl.constexpr):
-    """Worker (one warp group a CTA): per cluster tile, the chain of K blocks from zeros (the first before the
-    loop), the next loads issued as each slot is released, then the accumulator into g buffer t % G."""
+    """Worker (a warp group a CTA for 64 rows a CTA, two for 128): per cluster tile, the chain of K blocks from
+    zeros (the first before the loop), the next loads issued as each slot is released, then the accumulator into
+    g buffer t % G."""
     BK: gl.constexpr = dy_desc.block_type.shape[0]
     ROWS: gl.constexpr = g_bufs.type.shape[1]
     BN: gl.constexpr = g_bufs.type.shape[2]
     STAGES: gl.constexpr = dy_bufs.type.shape[0]
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[ROWS // 32, 1],
                                                          instr_shape=[16, BN, 16], cga_layout=[[1, 0]])
     tiles_m = gl.cdiv(M, ROWS)
     tiles_n = gl.cdiv(N, BN)
@@ -195,7 +194,7 @@ def stage_pair_rows(staging, u, pid_m, pid_n, j, N_STATE: gl.constexpr):
 def pair_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_scale, norm_sq_ptr, nonfinite_ptr,
                   staging, GUARDED_UPDATE: gl.constexpr, N_STATE: gl.constexpr, ROWS: gl.constexpr,
                   GROUP_M: gl.constexpr, STAGE_STATE: gl.constexpr, num_warps: gl.constexpr):
-    """Default partition (num_warps a CTA): per cluster tile, its CTA_ROWS / ROWS sub-tiles [2, ROWS, BN] of g
+    """Default partition (num_warps a CTA): per cluster tile, its (a CTA's rows) / ROWS sub-tiles [2, ROWS, BN] of g
     (CTA r: rows 64 r + ROWS j ..), each's W and states loaded by pointer and updated (gluon_f32.load_rows,
     update_loaded_rows), the g buffer handed back once the last is in registers; the telemetry a slot per CTA.
     STAGE_STATE: W and the states instead streamed through S staging slots by TMA (v46's design, gluon_f32's
@@ -323,7 +322,7 @@ def pair_update_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, w_ptr, s0_ptr,
                          num_warps)),
         (pair_mma, (dy_desc, x_desc, dy_bufs, x_bufs, ready, released, g_bufs, g_ready, g_empty, M, N, K, GROUP_M,
                     MULTICAST)),
-    ], [4], [MMA_REGS])
+    ], [PAIR // 32], [MMA_REGS])  # a warp a 16-row slice of a CTA's rows
     # neither CTA leaves while the other may still arrive at its barriers or copy into its shared memory
     cluster.barrier()
 
@@ -334,7 +333,11 @@ class PairConfig:
     buffers. The defaults: the grouped default's (gluon_f32.GROUPED_F32_WS_CONFIG) per SM."""
 
     def __init__(self, STAGES=4, ROWS=16, GROUP_M=8, num_warps=16, mma_registers=96, max_registers=96, g_buffers=2,
-                 multicast=True, stage_slots=0):
+                 multicast=True, stage_slots=0, cta_rows=64):
+        if cta_rows not in (64, 128) or cta_rows % ROWS or ROWS % num_warps:
+            raise ValueError(f"PairConfig: 64 or 128 rows a CTA (one or two MMA warp groups), sub-tiles of whole "
+                             f"rows a warp dividing them, got {cta_rows} rows, ROWS={ROWS}, {num_warps} warps")
+        self.cta_rows = cta_rows
         self.STAGES, self.ROWS, self.GROUP_M, self.num_warps = STAGES, ROWS, GROUP_M, num_warps
         self.multicast, self.stage_slots = multicast, stage_slots
         self.mma_registers, self.max_registers, self.g_buffers = mma_registers, max_registers, g_buffers
@@ -342,29 +345,37 @@ class PairConfig:
 
     @property
     def label(self) -> str:
-        return (f"pair {PAIR_ROWS}x{self.BN}x{self.BK} st{self.STAGES} w{self.num_warps} rows{self.ROWS} "
+        return (f"pair {2 * self.cta_rows}x{self.BN}x{self.BK} st{self.STAGES} w{self.num_warps} rows{self.ROWS} "
                 f"g{self.GROUP_M} mma{self.mma_registers} r{self.max_registers} gb{self.g_buffers}"
                 + ("" if self.multicast else " plain") + (f" ss{self.stage_slots}" if self.stage_slots else ""))
 
 
+# v47's SM on the pair (for 2304-16384 tokens, where v47 is routed): 128 rows a CTA on two MMA warp groups, eight
+# epilogue warps on 8-row sub-tiles at the 128-register cap, one g buffer, four operand stages (192 KB a CTA).
+# A cluster tile of 256 x 128 reads (256 + 128) rows of operands for two 128x128 tiles: 0.75x v47's
+TALL_PAIR = PairConfig(cta_rows=128, STAGES=4, ROWS=8, num_warps=8, mma_registers=96, max_registers=128,
+                       g_buffers=1)
+
+
 def _descriptors(dy, x, c: PairConfig):
-    dy_layout = gl.NVMMASharedLayout.get_default_for([c.BK, PAIR_ROWS], gl.bfloat16, cga_layout=[[0, 1]])
+    dy_layout = gl.NVMMASharedLayout.get_default_for([c.BK, 2 * c.cta_rows], gl.bfloat16, cga_layout=[[0, 1]])
     x_layout = gl.NVMMASharedLayout.get_default_for([c.BK, c.BN], gl.bfloat16, cga_layout=[[0, 0]])
-    return (_ws.TensorDescriptor.from_tensor(dy, [c.BK, PAIR_ROWS], dy_layout),
+    return (_ws.TensorDescriptor.from_tensor(dy, [c.BK, 2 * c.cta_rows], dy_layout),
             _ws.TensorDescriptor.from_tensor(x, [c.BK, c.BN], x_layout))
 
 
 def _staging_descs(weight, states, c: PairConfig) -> tuple:
-    """(w_desc, s0_desc, s1_desc) of the staged pair tile: W and each fp32 state seen as [M / 64, 64, N] (each
-    CTA's ROWS rows of a sub-tile one box: blocks [2, ROWS, BN] split by CTA, rows as they lie in memory), an
-    absent state's the weight's; or three Nones. Needs M a multiple of 64."""
+    """(w_desc, s0_desc, s1_desc) of the staged pair tile: W and each fp32 state seen as [M / R, R, N] (R the
+    CTA's rows; each CTA's ROWS rows of a sub-tile one box: blocks [2, ROWS, BN] split by CTA, rows as they lie in
+    memory), an absent state's the weight's; or three Nones. Needs M a multiple of R."""
     if not c.stage_slots:
         return None, None, None
     M, N = weight.shape
-    if M % CTA_ROWS:
-        raise ValueError(f"pair tile: staging its state needs M a multiple of {CTA_ROWS}, got {M}")
+    R = c.cta_rows
+    if M % R:
+        raise ValueError(f"pair tile: staging its state needs M a multiple of {R}, got {M}")
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3, cga_layout=[[1, 0, 0]])
-    descs = [_ws.TensorDescriptor.from_tensor(t.view(M // CTA_ROWS, CTA_ROWS, N), [2, c.ROWS, c.BN], layout)
+    descs = [_ws.TensorDescriptor.from_tensor(t.view(M // R, R, N), [2, c.ROWS, c.BN], layout)
              for t in (weight, *states)]
     descs += [descs[0]] * (3 - len(descs))
     return descs[0], descs[1], descs[2]
@@ -383,7 +394,7 @@ def pair_update(weight, x, dy, states, rule, h, grad_scale=1.0, config: PairConf
     aligned, M and N multiples of 8)."""
     c = config or PairConfig()
     M, N = weight.shape
-    tiles = triton.cdiv(M, PAIR_ROWS) * triton.cdiv(N, c.BN)
+    tiles = triton.cdiv(M, 2 * c.cta_rows) * triton.cdiv(N, c.BN)
     sms = torch.cuda.get_device_properties(weight.device).multi_processor_count
     norm_sq = torch.zeros(2 * tiles, dtype=torch.float64, device=weight.device)
     nonfinite = torch.zeros(2 * tiles, dtype=torch.int32, device=weight.device)
@@ -427,13 +438,14 @@ def main(argv=None) -> None:
                    help="also the first one's twin without multicast (each CTA loads x's block itself)")
     p.add_argument("--staged", action="store_true",
                    help="also the first one's twin streaming W and the states through 2 slots by TMA (v46's)")
+    p.add_argument("--tall", action="store_true", help="also TALL_PAIR (v47's SM on the pair)")
     p.add_argument("--ncu", action="store_true",
                    help="launch each pair tile and the route once a shape and K (to run under ncu), no timing")
     args = p.parse_args(argv)
     if args.ptx:
         from bench.registers import resource_usage
 
-        for c in (PairConfig(), PairConfig(stage_slots=2)):
+        for c in (PairConfig(), PairConfig(stage_slots=2), TALL_PAIR):
             for name in sorted(RULES):
                 print(f"{c.label}  {name:8s}", resource_usage(compile_for_sm90(RULES[name], c).asm["ptx"]))
         return
@@ -442,6 +454,7 @@ def main(argv=None) -> None:
     configs = [PairConfig(STAGES=int(v)) for v in args.stages.split(",")]
     configs += [PairConfig(STAGES=configs[0].STAGES, multicast=False)] if args.plain else []
     configs += [PairConfig(STAGES=configs[0].STAGES, stage_slots=2)] if args.staged else []
+    configs += [TALL_PAIR] if args.tall else []
     if args.ncu:
         launch_once(args.shapes, args.tokens, configs)
         return
@@ -487,7 +500,8 @@ def check() -> int:
             ref = float(stats.norm_sq)
             # the plain twin (no multicast) on AdamW's cases, the staged twin where M allows: the same bits
             twins = [PairConfig()] + ([PairConfig(multicast=False)] if rule_name == "adamw" else [])
-            twins += [PairConfig(stage_slots=2)] if M % CTA_ROWS == 0 else []
+            twins += [PairConfig(stage_slots=2)] if M % 64 == 0 else []
+            twins += [TALL_PAIR] if rule_name in ("adamw", "lion") else []
             for c in twins:
                 wp, sp = w0.clone(), [s.clone() for s in s0]
                 norm_sq, nonfinite = pair_update(wp, x, dy, sp, rule, h, config=c)
@@ -499,7 +513,8 @@ def check() -> int:
                           else bad_rows > 0)
                 ok = same and counted and summed
                 failed += not ok
-                twin = ("" if c.multicast else " plain") + (" staged" if c.stage_slots else "")
+                twin = ("" if c.multicast else " plain") + (" staged" if c.stage_slots else "") + (
+                    " tall" if c.cta_rows == 128 else "")
                 print(f"{rule_name:9s} {M}x{N} K={K} bad rows {bad_rows}{twin}: bits "
                       f"{same}, nonfinite {int(nonfinite)} ({int(stats.nonfinite)}), norm_sq {float(norm_sq):.6g} "
                       f"({ref:.6g}) -> {'ok' if ok else 'FAILED'}")
@@ -516,8 +531,8 @@ def time_against_route(shapes: str, tokens: str, rounds: int, configs) -> None:
     from forge_num import kernels, rules
 
     ceilings = measure_ceilings()
-    names = [f"st{c.STAGES}" + ("" if c.multicast else "pl") + (f"ss{c.stage_slots}" if c.stage_slots else "")
-             for c in configs]
+    names = [("tall" if c.cta_rows == 128 else "") + f"st{c.STAGES}" + ("" if c.multicast else "pl")
+             + (f"ss{c.stage_slots}" if c.stage_slots else "") for c in configs]
     print(f"{'shape':>12s} {'K':>6s} " + " ".join(f"{n:>8s}" for n in names)
           + f" {'route':>8s} {'unfused':>8s} {'floor':>8s}  pair/route  unfused/pair  pair/floor  route tile")
     for shape in shapes.split(","):
