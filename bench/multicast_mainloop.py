@@ -54,7 +54,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 try:
@@ -65,6 +65,7 @@ except ImportError:  # before Triton 3.7
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from emulator.tensor_core import dot_sm90  # noqa: E402
+from bench.pair_tile import multiply_block  # noqa: E402
 from forge_num.kernels.gluon_update import tma_load  # noqa: E402
 
 CTA_ROWS = 64  # rows of dW a CTA computes: one warp group's m64 wgmma
@@ -102,24 +103,16 @@ def mma_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, released, out_smem, d
                                                          instr_shape=[16, COLS, 16], cga_layout=[[1, 0]])
     # block 0 from a zero accumulator before the loop (K > 0): with the zeros before a loop that may run no
     # iteration, they are moved into the accumulator on the loop's exit edge, inside the wgmma pipeline, and
-    # ptxas serializes the chain (C7515). The same chain: zeros, then each block in K order
-    mbarrier.wait(ready.index(0), 0)
-    acc = warpgroup_mma(dy_bufs.index(0).permute((1, 0)), x_bufs.index(0),
-                        gl.zeros((ROWS, COLS), dtype=gl.float32, layout=acc_layout), is_async=True)
-    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # block 0 left in flight
+    # ptxas serializes the chain (C7515). The same chain: zeros, then each block in K order, each block's wgmma
+    # and its predecessor's release as the pair tile's (pair_tile.multiply_block)
+    acc = multiply_block(dy_bufs, x_bufs, ready, released, 0,
+                         gl.zeros((ROWS, COLS), dtype=gl.float32, layout=acc_layout))
     load_block(dy_desc, x_desc, dy_bufs, x_bufs, ready, STAGES - 1, pid_m, pid_n, MULTICAST, pred=STAGES - 1 < nk)
     for kb in range(1, nk):
-        s = kb % STAGES
-        mbarrier.wait(ready.index(s), (kb // STAGES) & 1)
-        a = dy_bufs.index(s).permute((1, 0))
-        b = x_bufs.index(s)
-        acc = warpgroup_mma(a, b, acc, is_async=True)
-        acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a, b))
-        # block kb - 1's wgmma retired: its slot released to the lead (predicates, not branches, around the
-        # chain)
-        mbarrier.arrive(released.index((kb - 1) % STAGES), count=1)
+        acc = multiply_block(dy_bufs, x_bufs, ready, released, kb, acc)
         ahead = kb + STAGES - 1
-        # that slot's next block: the lead waits for both CTAs' release before refilling it
+        # that slot's next block: the lead waits for both CTAs' release before refilling it (predicates, not
+        # branches, around the chain)
         mbarrier.wait(released.index(ahead % STAGES), ((ahead // STAGES) - 1) & 1, pred=ahead < nk)
         load_block(dy_desc, x_desc, dy_bufs, x_bufs, ready, ahead, pid_m, pid_n, MULTICAST, pred=ahead < nk)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
