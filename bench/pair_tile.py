@@ -256,8 +256,7 @@ def pair_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad
                 loaded = _f32.load_rows(offs, in_tile, w_ptr, s0_ptr, s1_ptr, N_STATE, "")
             sq_j, bad_j = _f32.update_loaded_rows(g, loaded, offs, in_tile, w_ptr, s0_ptr, s1_ptr, h, grad_scale,
                                                   GUARDED_UPDATE, N_STATE, "")
-            sq += sq_j
-            bad += bad_j
+            sq, bad = _q8.add_subtile_telemetry(sq, bad, sq_j, bad_j)
             u += 1
             if j + 1 < SUBTILES:
                 offs_m += ROWS

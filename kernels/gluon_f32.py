@@ -163,8 +163,7 @@ def f32_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, s0_ptr, s1_ptr, h, grad_
                 loaded = load_rows(offs, in_tile, w_ptr, s0_ptr, s1_ptr, N_STATE, STATE_EVICT)
             sq_j, bad_j = update_loaded_rows(g, loaded, offs, in_tile, w_ptr, s0_ptr, s1_ptr, h, grad_scale,
                                              GUARDED_UPDATE, N_STATE, STATE_EVICT)
-            sq += sq_j
-            bad += bad_j
+            sq, bad = _q8.add_subtile_telemetry(sq, bad, sq_j, bad_j)
             u += 1
             if j + 1 < SUBTILES:
                 offs_m += ROWS

@@ -473,6 +473,18 @@ def row_subtile_layout(ROWS, BN, num_warps):
 
 
 @gluon.jit
+def add_subtile_telemetry(sq, bad, sq_j, bad_j):
+    """(sq + sq_j, bad + bad_j): a row sub-tile's telemetry terms added to its tile's, element by element, here and
+    not later. The sums pass through a non-pure inline asm (two moves, which ptxas removes) because it is ordered
+    against the sub-tile's stores: Triton 3.9 otherwise sinks every sub-tile's terms below the tile's last stores
+    (one popcount of 64 packed flags, the fp64 squares after the loop), keeping each thread's g values of all
+    sub-tiles live, and v47's AdamW spilled 228 B a thread (none with the pin; Triton 3.6 keeps them in order
+    either way, and its PTX is the same but for the moves)."""
+    return gl.inline_asm_elementwise("mov.b64 $0, $2; mov.b32 $1, $3;", "=l,=r,l,r", [sq + sq_j, bad + bad_j],
+                                     dtype=(gl.float64, gl.int32), is_pure=False, pack=1)
+
+
+@gluon.jit
 def store_tile_telemetry(sq, bad, pid_m, pid_n, tiles_n, norm_sq_ptr, nonfinite_ptr):
     """A tile's telemetry terms (sq, bad: its sub-tiles' terms summed element by element) reduced into its slot
     pid_m * tiles_n + pid_n."""
@@ -584,8 +596,7 @@ def q8_epilogue(g_bufs, g_ready, g_empty, M, N, w_ptr, c0_ptr, scale0_ptr, c1_pt
                 else:
                     next_scales = load_scales(next_m * BM + gl.arange(0, ROWS, layout=rows), next_n, M, scale0_ptr,
                                               scale1_ptr, n_blocks, N_STATE)
-            sq += sq_j
-            bad += bad_j
+            sq, bad = add_subtile_telemetry(sq, bad, sq_j, bad_j)
             u += 1
         store_tile_telemetry(sq, bad, pid_m, pid_n, tiles_n, norm_sq_ptr, nonfinite_ptr)
         t += 1
