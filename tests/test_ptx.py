@@ -201,6 +201,7 @@ GLUON_F32_SPILL_EXCEPTIONS = {
     ("wsf 128x128x64 st4 w8 rows8 mma96 r128 sl cur gb1 ef", "sgd"): 8,
     # v46's staged tiles (W and the states read from shared memory: no load addresses in registers)
     ("wsf 128x128x64 st3 w8 rows16 mma96 r128 sl cur gb1 ss2", "lion"): 12,
+    ("wsf 128x128x64 st3 w8 rows16 mma96 r128 sl cur gb1 ss2", "sgd"): 8,
 }
 
 
