@@ -299,7 +299,8 @@ TALL_F32_WS_CONFIG = F32WSConfig(BM=128, STAGES=3, num_warps=8, mma_registers=96
 # the 128-row tile with one g buffer and four operand stages (v45b): where the mainloop is the longer part (from
 # ~4096 tokens) the epilogue has read a tile's g long before the next hand-over, so a second buffer buys nothing
 # there, and its 64 KB take a fourth operand stage (192 KB); the two-buffer tile's mainloop ran at ~450 TFLOP/s
-# with three. ptxas (Triton 3.6): AdamW spills 200 B, Lion 20, SGD 36
+# with three. ptxas (Triton 3.6): AdamW spills none, Lion 28 B, SGD 12 (AdamW 200 B before session 43's
+# gluon_q8.add_subtile_telemetry)
 TALL_ONE_BUFFER_F32_WS_CONFIG = F32WSConfig(BM=128, STAGES=4, num_warps=8, mma_registers=96, max_registers=128,
                                             g_buffers=1)
 # v46 (session 36): the default tile with W and the states streamed through two shared-memory slots by TMA
@@ -307,8 +308,8 @@ TALL_ONE_BUFFER_F32_WS_CONFIG = F32WSConfig(BM=128, STAGES=4, num_warps=8, mma_r
 STREAMED_F32_WS_CONFIG = F32WSConfig(STAGES=4, stage_slots=2)
 # v47 (session 39; routed in session 40): the one-buffer 128-row tile with 8-row sub-tiles (four elements a
 # thread, a row a warp), so that AdamW's epilogue holds its sub-tile in registers at the 128-register cap (ptxas,
-# Triton 3.6: AdamW spills none, Lion 24 B, SGD 76; the 16-row tile 200, 20, 36). Why, below among the candidates
-# it was timed with
+# Triton 3.6: AdamW spilled none, Lion 24 B, SGD 76; the 16-row tile 200, 20, 36; since session 43's pin of the
+# telemetry, v47 0, 60, 8 and the 16-row tile 0, 28, 12). Why, below among the candidates it was timed with
 TALL_SUBTILED_F32_WS_CONFIG = TALL_ONE_BUFFER_F32_WS_CONFIG.replace(ROWS=8)
 # v49 (session 40; routed in session 41): the default tile and v46 with groups of 16 tile rows instead of 8
 # (GROUP_M), so that an x panel serves twice the tiles before the state's stream evicts it from L2; why and
@@ -323,8 +324,8 @@ F32_WS_CANDIDATE_CONFIGS = (
                 prefetch=True),
     TALL_F32_WS_CONFIG,
     TALL_ONE_BUFFER_F32_WS_CONFIG,
-    # its five-stage twin (224 KB; AdamW spills 200 B, Lion and SGD 76-120): 1.00-1.06x its time at 4096-16384
-    # tokens
+    # its five-stage twin (224 KB; AdamW spilled 200 B, Lion and SGD 76-120, before session 43's pin; now 0, 16,
+    # 20): 1.00-1.06x its time at 4096-16384 tokens
     F32WSConfig(BM=128, STAGES=5, num_warps=8, mma_registers=96, max_registers=128, g_buffers=1),
     # the default tile with deeper operand rings (session 36; H200: within 2-3% of its time at 256-2048 tokens,
     # either way, so the mainloop does not wait for operands): its MMA warps load
