@@ -34,7 +34,7 @@ part_pair() {
     timeout "$(budget 100)" python3 bench/pair_tile.py --check >"$R/pair_check.log" 2>&1
     echo "pair check rc=$?"; grep -E "FAILED|Error|error" "$R/pair_check.log" | head -8 | cut -c1-200
     grep -c " ok$" "$R/pair_check.log"
-    timeout "$(budget 160)" python3 bench/pair_tile.py --tokens 1024,2048,4096,16384 --plain --tall \
+    timeout "$(budget 160)" python3 bench/pair_tile.py ${PAIR_TIME_ARGS:---tokens 1024,2048,4096,16384 --plain --tall} \
       >"$R/pair_time.log" 2>&1
     echo "pair time rc=$?"; grep -vE "Warning|warn_once" "$R/pair_time.log" | tail -22 | cut -c1-170 )
 }
