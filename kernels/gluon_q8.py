@@ -478,8 +478,9 @@ def add_subtile_telemetry(sq, bad, sq_j, bad_j):
     not later. The sums pass through a non-pure inline asm (two moves, which ptxas removes) because it is ordered
     against the sub-tile's stores: Triton 3.9 otherwise sinks every sub-tile's terms below the tile's last stores
     (one popcount of 64 packed flags, the fp64 squares after the loop), keeping each thread's g values of all
-    sub-tiles live, and v47's AdamW spilled 228 B a thread (none with the pin; Triton 3.6 keeps them in order
-    either way, and its PTX is the same but for the moves)."""
+    sub-tiles live, and v47's AdamW spilled 228 B a thread (none with the pin). Triton 3.6 sinks some of them too:
+    its 128-row tiles with 16-row sub-tiles spilled 200-252 B for AdamW, none with the pin (bench/NOTES.md,
+    session 43)."""
     return gl.inline_asm_elementwise("mov.b64 $0, $2; mov.b32 $1, $3;", "=l,=r,l,r", [sq + sq_j, bad + bad_j],
                                      dtype=(gl.float64, gl.int32), is_pure=False, pack=1)
 

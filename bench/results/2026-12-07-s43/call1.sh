@@ -8,8 +8,8 @@
 #   pair    under 3.9: bench/pair_tile.py --check (the pair tile bit for bit against gluon_f32's grouped default,
 #           every rule, its twins, TALL_PAIR), then AdamW times against the route, the unfused step and the floor
 #           (4 and 6 stages, the plain twin, TALL_PAIR) at 1024-16384 tokens
-#   ab36    under 3.6: the route's AdamW times with the pin and without (before_pin/: the two epilogue files of
-#           4a5cf67 copied over kernels/ in this copy, then put back), fp32 and 8bit, one after the other
+#   ab36    under 3.6: the route's AdamW times with the pin and without (unpin.py: the pin's two calls replaced in this
+#           copy by the sums they replaced, as at 4a5cf67, then put back), fp32 and 8bit, one after the other
 #   tiles36 under 3.6: v47 against the 16-row one-buffer tile (v45b) at 4096 and 16384 tokens: with the pin
 #           v45b's AdamW spills nothing (200 B before), the spills that made v47 win by up to 9% in session 39
 #   route39 under 3.9: the fp32 route's times (no fp32 tile spills under 3.9 with the pin)
@@ -40,11 +40,11 @@ part_pair() {
 }
 part_ab36() {
   for v in pin before; do
-    if [ $v = before ]; then cp kernels/gluon_q8.py kernels/gluon_f32.py /tmp/; cp $HERE/before_pin/*.py kernels/; fi
+    if [ $v = before ]; then python3 $HERE/unpin.py || return; fi
     under36 timeout "$(budget 70)" python3 bench/kernels.py --precision fp32,8bit --rounds 2 --configs none \
       --shapes $SHAPES --tokens 1024,4096 --out "$R/ab36_$v.json" >"$R/ab36_$v.log" 2>&1
     echo "route 3.6 $v rc=$?"; grep -E "^(fp32|8bit)" "$R/ab36_$v.log" | cut -c1-130
-    if [ $v = before ]; then cp /tmp/gluon_q8.py /tmp/gluon_f32.py kernels/; fi
+    if [ $v = before ]; then python3 $HERE/unpin.py restore; fi
   done
 }
 part_tiles36() {
