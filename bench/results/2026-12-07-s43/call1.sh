@@ -21,7 +21,7 @@ source bench/device_call.sh
 call_begin
 SHAPES=4096x14336,28672x8192,8192x8192
 HERE=bench/results/2026-12-07-s43
-under36() { PYTHONPATH=$(echo "$PYTHONPATH" | tr : "\n" | grep -v tri_site | paste -sd:) "$@"; }
+under36() { PYTHONPATH=$(echo "${PYTHONPATH:-}" | tr : "\n" | grep -v tri_site | paste -sd:) "$@"; }
 part_bits36() {
   ( under36 python3 -c "import triton; print('bits under', triton.__version__)"
     FORGE_NUM_TEST_F32_ROUTED=1 FORGE_NUM_TEST_Q8_ROUTED=1 under36 timeout "$(budget 130)" python3 -m pytest -q -m gpu \
