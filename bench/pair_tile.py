@@ -440,6 +440,10 @@ def main(argv=None) -> None:
     p.add_argument("--tall", action="store_true", help="also TALL_PAIR (v47's SM on the pair)")
     p.add_argument("--ncu", action="store_true",
                    help="launch each pair tile and the route once a shape and K (to run under ncu), no timing")
+    p.add_argument("--warm", action="store_true",
+                   help="compile what the same arguments would time, one process a tile and one for the route, "
+                        "all at once (Triton's cache then serves the timing); no timing")
+    p.add_argument("--only", default=None, help=argparse.SUPPRESS)  # --warm's children: a tile's index, or "route"
     args = p.parse_args(argv)
     if args.ptx:
         from bench.registers import resource_usage
@@ -454,15 +458,38 @@ def main(argv=None) -> None:
     configs += [PairConfig(STAGES=configs[0].STAGES, multicast=False)] if args.plain else []
     configs += [PairConfig(STAGES=configs[0].STAGES, stage_slots=2)] if args.staged else []
     configs += [TALL_PAIR] if args.tall else []
+    if args.warm:
+        sys.exit(warm(argv if argv is not None else sys.argv[1:], len(configs)))
     if args.ncu:
-        launch_once(args.shapes, args.tokens, configs)
+        only = args.only
+        launch_once(args.shapes, args.tokens, configs if only is None else [] if only == "route" else
+                    [configs[int(only)]], route=only in (None, "route"))
         return
     time_against_route(args.shapes, args.tokens, args.rounds, configs)
 
 
-def launch_once(shapes: str, tokens: str, configs) -> None:
-    """Each pair tile and the route once a shape and K, in that order, on time_against_route's problem (for ncu
-    -k regex:"pair_update|fused_linear_update": the first launch of a tile compiles it, the GPU runs it once)."""
+def warm(argv, n_configs: int) -> int:
+    """--warm: this script with --ncu once a tile (--only i) and once for the route (--only route), the processes
+    at once; each launch compiles its kernel into Triton's cache, where the timing run finds it (on a fresh device
+    machine the compiles, one after another, took a call's part: bench/results/2026-12-07-s43). Returns the
+    number of processes that failed."""
+    import subprocess
+
+    base = [sys.executable, __file__, *(a for a in argv if a != "--warm"), "--ncu"]
+    procs = {only: subprocess.Popen([*base, "--only", only], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             for only in [*map(str, range(n_configs)), "route"]}
+    failed = 0
+    for only, proc in procs.items():
+        err = proc.communicate()[1].decode(errors="replace").strip().splitlines()
+        failed += proc.returncode != 0
+        print(f"warm {only}: rc={proc.returncode}" + (f" {err[-1][:160]}" if proc.returncode and err else ""))
+    return failed
+
+
+def launch_once(shapes: str, tokens: str, configs, route: bool = True) -> None:
+    """Each pair tile and (route) the route once a shape and K, in that order, on time_against_route's problem
+    (for ncu -k regex:"pair_update|fused_linear_update": the first launch of a tile compiles it, the GPU runs it
+    once)."""
     from bench.kernels import adamw_problem
     from forge_num import kernels, rules
 
@@ -474,6 +501,8 @@ def launch_once(shapes: str, tokens: str, configs) -> None:
                 pair_update(w, x, dy, states, rules.ADAMW, h, config=c)
                 torch.cuda.synchronize()
                 print(f"{shape} K={K} {c.label}: launched")
+            if not route:
+                continue
             kernels.fused_linear_update(w, x, dy, states, rules.ADAMW, h)
             torch.cuda.synchronize()
             print(f"{shape} K={K} route {getattr(kernels.launcher_tile(w, x, dy, states)[1], 'label', '?')}: "

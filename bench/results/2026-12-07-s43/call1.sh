@@ -6,8 +6,9 @@
 #           FORGE_NUM_TEST_Q8_ROUTED=1): session 43's pin of each sub-tile's telemetry
 #           (gluon_q8.add_subtile_telemetry) changes every Gluon epilogue's code
 #   pair    under 3.9: bench/pair_tile.py --check (the pair tile bit for bit against gluon_f32's grouped default,
-#           every rule, its twins, TALL_PAIR), then AdamW times against the route, the unfused step and the floor
-#           (4 and 6 stages, the plain twin, TALL_PAIR) at 1024-16384 tokens
+#           every rule, its twins, TALL_PAIR) while --warm compiles the timed tiles in parallel, then AdamW times
+#           against the route, the unfused step and the floor (4 and 6 stages, the plain twin, TALL_PAIR) at
+#           1024-16384 tokens
 #   ab36    under 3.6: the route's AdamW times with the pin and without (unpin.py: the pin's two calls replaced in this
 #           copy by the sums they replaced, as at 4a5cf67, then put back), fp32 and 8bit, one after the other
 #   tiles36 under 3.6: v47 against the 16-row one-buffer tile (v45b) at 4096 and 16384 tokens: with the pin
@@ -24,24 +25,28 @@ HERE=bench/results/2026-12-07-s43
 under36() { PYTHONPATH=$(echo "${PYTHONPATH:-}" | tr : "\n" | grep -v tri_site | paste -sd:) "$@"; }
 part_bits36() {
   ( under36 python3 -c "import triton; print('bits under', triton.__version__)"
-    FORGE_NUM_TEST_F32_ROUTED=1 FORGE_NUM_TEST_Q8_ROUTED=1 under36 timeout "$(budget 130)" python3 -m pytest -q -m gpu \
-      -n 4 tests/test_gpu_gluon.py -k "f32_split_kernel_gives or 8bit_gives" >"$R/bits36.log" 2>&1
+    FORGE_NUM_TEST_F32_ROUTED=1 FORGE_NUM_TEST_Q8_ROUTED=1 under36 timeout "$(budget 240)" python3 -m pytest -q -m gpu \
+      -n 8 tests/test_gpu_gluon.py -k "f32_split_kernel_gives or 8bit_gives" >"$R/bits36.log" 2>&1
     echo "bits under 3.6 rc=$?"; grep -E "^FAILED|^ERROR|passed|failed" "$R/bits36.log" | cut -c1-200 | tail -6 )
 }
 part_pair() {
   ( source bench/triton_carry.sh use
     python3 -c "import triton; print('pair under', triton.__version__)"
-    timeout "$(budget 100)" python3 bench/pair_tile.py --check >"$R/pair_check.log" 2>&1
+    local time_args=${PAIR_TIME_ARGS:---tokens 1024,2048,4096,16384 --plain --tall}
+    # the timed tiles' compiles, one process each, beside the check (call 1: one after another they took the part)
+    timeout "$(budget 240)" python3 bench/pair_tile.py --warm $time_args >"$R/pair_warm.log" 2>&1 &
+    local warming=$!
+    timeout "$(budget 200)" python3 bench/pair_tile.py --check >"$R/pair_check.log" 2>&1
     echo "pair check rc=$?"; grep -E "FAILED|Error|error" "$R/pair_check.log" | head -8 | cut -c1-200
     grep -c " ok$" "$R/pair_check.log"
-    timeout "$(budget 160)" python3 bench/pair_tile.py ${PAIR_TIME_ARGS:---tokens 1024,2048,4096,16384 --plain --tall} \
-      >"$R/pair_time.log" 2>&1
+    wait $warming; echo "pair warm rc=$?"; grep "^warm" "$R/pair_warm.log"
+    timeout "$(budget 200)" python3 bench/pair_tile.py $time_args >"$R/pair_time.log" 2>&1
     echo "pair time rc=$?"; grep -vE "Warning|warn_once" "$R/pair_time.log" | tail -22 | cut -c1-170 )
 }
 part_ab36() {
   for v in pin before; do
     if [ $v = before ]; then python3 $HERE/unpin.py || return; fi
-    under36 timeout "$(budget 70)" python3 bench/kernels.py --precision fp32,8bit --rounds 2 --configs none \
+    under36 timeout "$(budget 150)" python3 bench/kernels.py --precision fp32,8bit --rounds 2 --configs none \
       --shapes $SHAPES --tokens 1024,4096 --out "$R/ab36_$v.json" >"$R/ab36_$v.log" 2>&1
     echo "route 3.6 $v rc=$?"; grep -E "^(fp32|8bit)" "$R/ab36_$v.log" | cut -c1-130
     if [ $v = before ]; then python3 $HERE/unpin.py restore; fi
