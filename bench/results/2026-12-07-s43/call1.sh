@@ -11,8 +11,9 @@
 #           1024-16384 tokens
 #   ab36    under 3.6: the route's AdamW times with the pin and without (unpin.py: the pin's two calls replaced in this
 #           copy by the sums they replaced, as at 4a5cf67, then put back), fp32 and 8bit, one after the other
-#   tiles36 under 3.6: v47 against the 16-row one-buffer tile (v45b) at 4096 and 16384 tokens: with the pin
-#           v45b's AdamW spills nothing (200 B before), the spills that made v47 win by up to 9% in session 39
+#   tiles36 under 3.6: v47 against the 16-row one-buffer tile (v45b) and its two-buffer, three-stage twin at 4096
+#           and 16384 tokens: with the pin their AdamW spills nothing (200 and 212 B before), the spills that made
+#           v47 win by up to 9% in session 39
 #   route39 under 3.9: the fp32 route's times (no fp32 tile spills under 3.9 with the pin)
 #   staged  under 3.9: the pair's staged twin (v46's epilogue) at 512-1024 tokens
 PART=${PART:-bits36,pair,ab36,tiles36,route39,staged}
@@ -54,7 +55,8 @@ part_ab36() {
 }
 part_tiles36() {
   timeout "$(budget 70)" python3 bench/kernels.py --precision fp32 --rounds 2 --shapes $SHAPES --tokens 4096,16384 \
-    --configs wsf_128x128x64_st4_w8_rows8_mma96_r128_sl_cur_gb1,wsf_128x128x64_st4_w8_rows16_mma96_r128_sl_cur_gb1 \
+    --configs wsf_128x128x64_st4_w8_rows8_mma96_r128_sl_cur_gb1,wsf_128x128x64_st4_w8_rows16_mma96_r128_sl_cur_gb1,$(
+             )wsf_128x128x64_st3_w8_rows16_mma96_r128_sl_cur \
     --out "$R/tiles36.json" >"$R/tiles36.log" 2>&1
   echo "tiles 3.6 rc=$?"; grep -E "^fp32|wsf" "$R/tiles36.log" | cut -c1-150 | tail -20
 }
