@@ -145,3 +145,109 @@ def test_a_follower_waiting_at_its_own_copy_of_the_barrier_is_sound_only_with_it
     hangs (the release routed to the lead only, waited on locally)."""
     assert not any(run_pair(2, 8, 4, seed, follower_waits=True) for seed in range(10))
     assert run_pair(2, 8, 4, 0, follower_waits=True, follower_arrives=False) == ["hang: the run did not end"]
+
+
+def run_quad(tiles: int, nk: int, stages: int, seed: int, released_count: int = 2, roles: bool = True) -> list:
+    """The 2x2 cluster's ring (bench/results/2026-12-07-s43/triton_probes/quad_probe.py), one random interleaving of
+    its four CTAs' MMA warps; returns the errors found. Rank bit 0 picks the CTA's row half (its dY half), bit 1 its
+    column half (its x half): dY's half is shared by the CTAs differing in bit 1 and issued by the one with bit 1
+    clear, x's half by those differing in bit 0 and issued by the one with bit 0 clear (the multicast lowering's
+    lowest rank). Each CTA expects its two halves on its own ready[s]; once block i's wgmma retired it releases the
+    slot twice, at dY's issuer's dy_released[s] and at x's issuer's x_released[s] (ordinary barriers: the count is
+    literal, two CTAs arrive at each); an issuer waits for its barrier's phase before refilling the slot.
+    Mutations: released_count (1: an issuer refills once the first of its two sharers released), roles (False:
+    every CTA waits on both of its own release barriers, where only an issuer's get arrivals)."""
+    rng = random.Random(seed)
+    errors: list = []
+    ctas = range(4)
+    ready = [[Barrier(f"ready[{c}][{s}]") for s in range(stages)] for c in ctas]
+    dy_released = [[Barrier(f"dy_released[{c}][{s}]", count=released_count) for s in range(stages)] for c in ctas]
+    x_released = [[Barrier(f"x_released[{c}][{s}]", count=released_count) for s in range(stages)] for c in ctas]
+    dy_slot = [[None] * stages for _ in ctas]
+    x_slot = [[None] * stages for _ in ctas]
+    reading: list = [{} for _ in ctas]
+    in_flight: list = []
+    uses = tiles * nk
+
+    def issues_dy(c: int) -> bool:
+        return not c & 2
+
+    def issues_x(c: int) -> bool:
+        return not c & 1
+
+    def load(c: int, j: int):
+        s = j % stages
+        if j >= stages:
+            if issues_dy(c) or not roles:
+                yield from wait(dy_released[c][s], j // stages - 1, errors, f"CTA {c} load {j} (dY)")
+            if issues_x(c) or not roles:
+                yield from wait(x_released[c][s], j // stages - 1, errors, f"CTA {c} load {j} (x)")
+        ready[c][s].arrive(errors, tx=2)  # expect(its dY half's 8 KB + its x half's 16 KB): two transfers
+        if issues_dy(c):
+            for d in (c, c | 2):
+                in_flight.append((d, dy_slot, s, j, ready[d][s]))
+        if issues_x(c):
+            for d in (c, c | 1):
+                in_flight.append((d, x_slot, s, j, ready[d][s]))
+
+    def mma(c: int):
+        who = f"CTA {c} MMA"
+        loaded = 0
+        for _ in range(stages - 1):
+            if loaded < uses:
+                yield from load(c, loaded)
+            loaded += 1
+        i = 0
+        for _t in range(tiles):
+            for _kb in range(nk):
+                s = i % stages
+                yield from wait(ready[c][s], i // stages, errors, who)
+                if dy_slot[c][s] != i or x_slot[c][s] != i:
+                    errors.append(f"{who}: use {i} read slot {s} holding dY {dy_slot[c][s]}, x {x_slot[c][s]}")
+                reading[c][s] = i
+                yield
+                if i > 0:  # use i - 1's wgmma retired: its slot released to both issuers
+                    prev = (i - 1) % stages
+                    reading[c].pop(prev, None)
+                    dy_released[c & ~2][prev].arrive(errors)
+                    x_released[c & ~1][prev].arrive(errors)
+                if loaded < uses:
+                    yield from load(c, loaded)
+                loaded += 1
+                i += 1
+                yield
+            reading[c].clear()
+            for _ in range(rng.randint(0, 3)):
+                yield
+
+    def land(transfer):
+        c, contents, s, use, bar = transfer
+        if s in reading[c]:
+            errors.append(f"TMA: use {use} landed in CTA {c}'s slot {s} under use {reading[c][s]}'s wgmma")
+        contents[c][s] = use
+        bar.land(1)
+
+    return interleave(rng, [mma(c) for c in ctas], in_flight, land, errors, 400_000)
+
+
+QUAD_SHAPES = [(tiles, nk, stages) for tiles in (1, 2, 3) for nk, stages in ((1, 2), (4, 4), (8, 4), (5, 3), (12, 6))]
+
+
+def test_the_2x2_ring_is_sound_in_every_interleaving_tried():
+    for tiles, nk, stages in QUAD_SHAPES:
+        for seed in range(8):
+            errors = run_quad(tiles, nk, stages, seed)
+            assert not errors, (tiles, nk, stages, seed, errors[:3])
+
+
+def test_the_model_sees_a_2x2_issuer_that_refills_after_one_of_its_two_sharers():
+    found = [run_quad(2, 8, 4, seed, released_count=1) for seed in range(30)]
+    assert sum(bool(e) for e in found) >= 5
+    assert any("under use" in m or "holding" in m or "beyond its count" in m for e in found for m in e)
+
+
+def test_a_2x2_cta_waiting_at_release_barriers_it_does_not_hold_hangs():
+    """Why the probe predicates its waits by the issuer's role: a CTA that issues neither operand (rank 3) gets no
+    arrivals at its own release barriers, so its first wait for a reused slot never passes."""
+    assert run_quad(1, 8, 4, 0, roles=False) == ["hang: the run did not end"]
+    assert run_quad(1, 4, 4, 0, roles=False) == []  # no slot reused: no wait
