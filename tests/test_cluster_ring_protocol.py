@@ -1,6 +1,7 @@
 """The two-CTA operand ring of bench/pair_tile.py (and bench/multicast_mainloop.py), modelled on the CPU, as
 tests/test_ring_protocol.py models the one-CTA rings: a model of the kernel's loops and barrier formulas, run
-over random interleavings of the two CTAs' warps and of the TMA transfers' landings.
+over random interleavings of the two CTAs' warps and of the TMA transfers' landings. run_quad models the 2x2
+cluster's ring the same way (its docstring; proofs/ring_protocol.md, Lemma 4).
 
 What the model holds (pair_tile.pair_mma, load_and_advance, multiply_block):
 
@@ -31,6 +32,68 @@ from tests.test_ring_protocol import Barrier, interleave, wait
 LEAD = 0
 
 
+class ClusterRing:
+    """What every CTA of a cluster model holds (its ready[s], which use each slot's dY and x parts hold, the slots
+    its issued, unretired wgmma reads) and does: its MMA warps' loop (``mma``) and a TMA transfer's landing
+    (``land``). The cluster's own part is ``load(c, j)`` (waits, expect, copies) and ``release(c, s)`` (a CTA's
+    arrivals once its wgmma on slot s retired), passed in."""
+
+    def __init__(self, n_ctas: int, tiles: int, nk: int, stages: int, rng, errors: list):
+        self.tiles, self.nk, self.stages, self.rng, self.errors = tiles, nk, stages, rng, errors
+        self.ready = [[Barrier(f"ready[{c}][{s}]") for s in range(stages)] for c in range(n_ctas)]
+        self.dy_slot = [[None] * stages for _ in range(n_ctas)]  # the use whose dY part a CTA's slot holds
+        self.x_slot = [[None] * stages for _ in range(n_ctas)]
+        self.reading: list = [{} for _ in range(n_ctas)]  # per CTA: slot -> the use its unretired wgmma reads
+        self.in_flight: list = []  # (cta, contents, slot, use, barrier)
+
+    def mma(self, c: int, load, release, release_ahead: bool = False):
+        """CTA c's MMA warps: STAGES - 1 loads ahead, then per use i the wait on ready, the wgmma, the release of
+        use i - 1's slot once warpgroup_mma_wait(1) retired it (release_ahead: use i's, at its issue), the next
+        load; warpgroup_mma_wait(0) and the hand-over between tiles."""
+        who, stages, uses = f"CTA {c} MMA", self.stages, self.tiles * self.nk
+        loaded = 0
+        for _ in range(stages - 1):
+            if loaded < uses:
+                yield from load(c, loaded)
+            loaded += 1
+        i = 0
+        for _t in range(self.tiles):
+            for _kb in range(self.nk):
+                s = i % stages
+                yield from wait(self.ready[c][s], i // stages, self.errors, who)
+                if self.dy_slot[c][s] != i or self.x_slot[c][s] != i:
+                    self.errors.append(f"{who}: use {i} read slot {s} holding dY {self.dy_slot[c][s]}, "
+                                       f"x {self.x_slot[c][s]}")
+                self.reading[c][s] = i  # the wgmma, issued
+                if release_ahead:
+                    release(c, s)
+                yield
+                if i > 0:  # warpgroup_mma_wait(1): use i - 1's wgmma retired
+                    self.reading[c].pop((i - 1) % stages, None)
+                    if not release_ahead:
+                        release(c, (i - 1) % stages)
+                if loaded < uses:
+                    yield from load(c, loaded)
+                loaded += 1
+                i += 1
+                yield
+            self.reading[c].clear()  # warpgroup_mma_wait(0) before the hand-over
+            for _ in range(self.rng.randint(0, 3)):  # hand_over's wait on the epilogue
+                yield
+
+    def land(self, transfer):
+        """A TMA transfer lands: in its CTA's slot (an error under that CTA's unretired wgmma), counted on its
+        ready barrier."""
+        c, contents, s, use, bar = transfer
+        if s in self.reading[c]:
+            self.errors.append(f"TMA: use {use} landed in CTA {c}'s slot {s} under use {self.reading[c][s]}'s wgmma")
+        contents[c][s] = use
+        bar.land(1)
+
+    def run(self, mmas, steps: int) -> list:
+        return interleave(self.rng, mmas, self.in_flight, self.land, self.errors, steps)
+
+
 def run_pair(tiles: int, nk: int, stages: int, seed: int, released_count: int = 2, lead_waits: bool = True,
              follower_waits: bool = False, follower_arrives: bool = True, release_ahead: bool = False) -> list:
     """One random interleaving of one cluster's MMA warps (both CTAs) over ``tiles`` cluster tiles of ``nk`` K
@@ -39,16 +102,10 @@ def run_pair(tiles: int, nk: int, stages: int, seed: int, released_count: int = 
     barrier its own warps arrive at unless follower_arrives is False: a release routed to the lead only, waited
     for locally), release_ahead (a CTA releases block i as soon as it issued it, before its
     wgmma retired)."""
-    rng = random.Random(seed)
     errors: list = []
-    ready = [[Barrier(f"ready[{c}][{s}]") for s in range(stages)] for c in (0, 1)]
+    ring = ClusterRing(2, tiles, nk, stages, random.Random(seed), errors)
     released = [Barrier(f"released[{s}]", count=released_count) for s in range(stages)]
     own_released = [Barrier(f"released[{s}] of CTA 1", count=1) for s in range(stages)]  # follower_waits only
-    dy_slot = [[None] * stages for _ in (0, 1)]  # the use whose dY half a CTA's slot holds
-    x_slot = [[None] * stages for _ in (0, 1)]
-    reading = [{}, {}]  # per CTA: slot -> the use its issued, unretired wgmma reads there
-    in_flight = []  # (cta, contents, slot, use, barrier)
-    uses = tiles * nk
 
     def load(c: int, j: int):
         """load_and_advance for use j in CTA c: the lead's wait on released, then expect and the copies."""
@@ -58,54 +115,18 @@ def run_pair(tiles: int, nk: int, stages: int, seed: int, released_count: int = 
                 yield from wait(released[s], j // stages - 1, errors, f"CTA {c} load {j}")
             if c != LEAD and follower_waits:
                 yield from wait(own_released[s], j // stages - 1, errors, f"CTA {c} load {j}")
-        ready[c][s].arrive(errors, tx=2)  # expect(dY's 8 KB + x's 16 KB): two transfers
-        in_flight.append((c, dy_slot, s, j, ready[c][s]))
+        ring.ready[c][s].arrive(errors, tx=2)  # expect(dY's 8 KB + x's 16 KB): two transfers
+        ring.in_flight.append((c, ring.dy_slot, s, j, ring.ready[c][s]))
         if c == LEAD:  # the multicast: one copy from the lead lands in both CTAs
             for d in (0, 1):
-                in_flight.append((d, x_slot, s, j, ready[d][s]))
+                ring.in_flight.append((d, ring.x_slot, s, j, ring.ready[d][s]))
 
-    def mma(c: int):
-        who = f"CTA {c} MMA"
-        loaded = 0
-        for _ in range(stages - 1):
-            if loaded < uses:
-                yield from load(c, loaded)
-            loaded += 1
-        i = 0
-        for _t in range(tiles):
-            for _kb in range(nk):
-                s = i % stages
-                yield from wait(ready[c][s], i // stages, errors, who)
-                if dy_slot[c][s] != i or x_slot[c][s] != i:
-                    errors.append(f"{who}: use {i} read slot {s} holding dY {dy_slot[c][s]}, x {x_slot[c][s]}")
-                reading[c][s] = i  # the wgmma, issued
-                if release_ahead:
-                    released[s].arrive(errors)
-                yield
-                # warpgroup_mma_wait(1): use i - 1's wgmma retired; its slot released to the lead
-                if i > 0:
-                    reading[c].pop((i - 1) % stages, None)
-                    if not release_ahead:
-                        released[(i - 1) % stages].arrive(errors)
-                        if c != LEAD and follower_arrives:
-                            own_released[(i - 1) % stages].arrive(errors)
-                if loaded < uses:
-                    yield from load(c, loaded)
-                loaded += 1
-                i += 1
-                yield
-            reading[c].clear()  # warpgroup_mma_wait(0) before the hand-over
-            for _ in range(rng.randint(0, 3)):  # hand_over's wait on the epilogue
-                yield
+    def release(c: int, s: int):  # the slot released to the lead (and, follower_waits, to CTA 1's own copy)
+        released[s].arrive(errors)
+        if c != LEAD and follower_arrives and not release_ahead:
+            own_released[s].arrive(errors)
 
-    def land(transfer):  # a TMA transfer lands
-        c, contents, s, use, bar = transfer
-        if s in reading[c]:
-            errors.append(f"TMA: use {use} landed in CTA {c}'s slot {s} under use {reading[c][s]}'s wgmma")
-        contents[c][s] = use
-        bar.land(1)
-
-    return interleave(rng, [mma(0), mma(1)], in_flight, land, errors, 200_000)
+    return ring.run([ring.mma(c, load, release, release_ahead) for c in (0, 1)], 200_000)
 
 
 SHAPES = [(tiles, nk, stages) for tiles in (1, 2, 3, 5) for nk, stages in ((1, 2), (2, 4), (4, 4), (8, 4), (5, 3),
@@ -157,17 +178,10 @@ def run_quad(tiles: int, nk: int, stages: int, seed: int, released_count: int = 
     literal, two CTAs arrive at each); an issuer waits for its barrier's phase before refilling the slot.
     Mutations: released_count (1: an issuer refills once the first of its two sharers released), roles (False:
     every CTA waits on both of its own release barriers, where only an issuer's get arrivals)."""
-    rng = random.Random(seed)
     errors: list = []
-    ctas = range(4)
-    ready = [[Barrier(f"ready[{c}][{s}]") for s in range(stages)] for c in ctas]
-    dy_released = [[Barrier(f"dy_released[{c}][{s}]", count=released_count) for s in range(stages)] for c in ctas]
-    x_released = [[Barrier(f"x_released[{c}][{s}]", count=released_count) for s in range(stages)] for c in ctas]
-    dy_slot = [[None] * stages for _ in ctas]
-    x_slot = [[None] * stages for _ in ctas]
-    reading: list = [{} for _ in ctas]
-    in_flight: list = []
-    uses = tiles * nk
+    ring = ClusterRing(4, tiles, nk, stages, random.Random(seed), errors)
+    dy_released = [[Barrier(f"dy_released[{c}][{s}]", count=released_count) for s in range(stages)] for c in range(4)]
+    x_released = [[Barrier(f"x_released[{c}][{s}]", count=released_count) for s in range(stages)] for c in range(4)]
 
     def issues_dy(c: int) -> bool:
         return not c & 2
@@ -182,52 +196,19 @@ def run_quad(tiles: int, nk: int, stages: int, seed: int, released_count: int = 
                 yield from wait(dy_released[c][s], j // stages - 1, errors, f"CTA {c} load {j} (dY)")
             if issues_x(c) or not roles:
                 yield from wait(x_released[c][s], j // stages - 1, errors, f"CTA {c} load {j} (x)")
-        ready[c][s].arrive(errors, tx=2)  # expect(its dY half's 8 KB + its x half's 16 KB): two transfers
+        ring.ready[c][s].arrive(errors, tx=2)  # expect(its dY half's 8 KB + its x half's 16 KB): two transfers
         if issues_dy(c):
             for d in (c, c | 2):
-                in_flight.append((d, dy_slot, s, j, ready[d][s]))
+                ring.in_flight.append((d, ring.dy_slot, s, j, ring.ready[d][s]))
         if issues_x(c):
             for d in (c, c | 1):
-                in_flight.append((d, x_slot, s, j, ready[d][s]))
+                ring.in_flight.append((d, ring.x_slot, s, j, ring.ready[d][s]))
 
-    def mma(c: int):
-        who = f"CTA {c} MMA"
-        loaded = 0
-        for _ in range(stages - 1):
-            if loaded < uses:
-                yield from load(c, loaded)
-            loaded += 1
-        i = 0
-        for _t in range(tiles):
-            for _kb in range(nk):
-                s = i % stages
-                yield from wait(ready[c][s], i // stages, errors, who)
-                if dy_slot[c][s] != i or x_slot[c][s] != i:
-                    errors.append(f"{who}: use {i} read slot {s} holding dY {dy_slot[c][s]}, x {x_slot[c][s]}")
-                reading[c][s] = i
-                yield
-                if i > 0:  # use i - 1's wgmma retired: its slot released to both issuers
-                    prev = (i - 1) % stages
-                    reading[c].pop(prev, None)
-                    dy_released[c & ~2][prev].arrive(errors)
-                    x_released[c & ~1][prev].arrive(errors)
-                if loaded < uses:
-                    yield from load(c, loaded)
-                loaded += 1
-                i += 1
-                yield
-            reading[c].clear()
-            for _ in range(rng.randint(0, 3)):
-                yield
+    def release(c: int, s: int):  # to both issuers
+        dy_released[c & ~2][s].arrive(errors)
+        x_released[c & ~1][s].arrive(errors)
 
-    def land(transfer):
-        c, contents, s, use, bar = transfer
-        if s in reading[c]:
-            errors.append(f"TMA: use {use} landed in CTA {c}'s slot {s} under use {reading[c][s]}'s wgmma")
-        contents[c][s] = use
-        bar.land(1)
-
-    return interleave(rng, [mma(c) for c in ctas], in_flight, land, errors, 400_000)
+    return ring.run([ring.mma(c, load, release) for c in range(4)], 400_000)
 
 
 QUAD_SHAPES = [(tiles, nk, stages) for tiles in (1, 2, 3) for nk, stages in ((1, 2), (4, 4), (8, 4), (5, 3), (12, 6))]
