@@ -115,9 +115,11 @@ def load_and_advance(dy_desc, x_desc, dy_bufs, x_bufs, ready, released, cursor, 
 
 
 @gluon.jit
-def multiply_block(dy_bufs, x_bufs, ready, released, i, acc):
+def multiply_block(dy_bufs, x_bufs, ready, released, i, acc, x_released=None):
     """The program's i-th K block's wgmma on acc (left in flight), once its operands landed; the wgmma before it
-    retired and its slot released to the lead (both CTAs arrive at released[(i - 1) % STAGES])."""
+    retired and its slot released: to the lead (both CTAs of a pair arrive at released[(i - 1) % STAGES], a
+    two_ctas barrier), or, given x_released (bench/quad_mainloop.py's 2x2 cluster), to dY's issuer at
+    released (from_cta=1: the rank's bit 1 cleared) and to x's issuer at x_released (from_cta=2: bit 0 cleared)."""
     STAGES: gl.constexpr = dy_bufs.type.shape[0]
     s = i % STAGES
     mbarrier.wait(ready.index(s), (i // STAGES) & 1)
@@ -125,7 +127,12 @@ def multiply_block(dy_bufs, x_bufs, ready, released, i, acc):
     b = x_bufs.index(s)
     acc = warpgroup_mma(a, b, acc, is_async=True)
     acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a, b))
-    mbarrier.arrive(released.index((i + STAGES - 1) % STAGES), count=1, pred=i > 0)
+    prev = (i + STAGES - 1) % STAGES
+    if x_released is None:
+        mbarrier.arrive(released.index(prev), count=1, pred=i > 0)
+    else:
+        mbarrier.arrive(released.index(prev), count=1, pred=i > 0, from_cta=1)
+        mbarrier.arrive(x_released.index(prev), count=1, pred=i > 0, from_cta=2)
     return acc
 
 

@@ -359,11 +359,12 @@ def test_ws_probe_refuses_without_cuda():
     assert proc.returncode != 0 and "needs an sm_90 CUDA device" in proc.stderr
 
 
-@pytest.mark.parametrize("script", ["pair_tile.py", "multicast_mainloop.py"])
+@pytest.mark.parametrize("script", ["pair_tile.py", "multicast_mainloop.py", "quad_mainloop.py"])
 def test_the_two_cta_scripts_compile_on_a_cluster_triton_and_refuse_on_an_older_one(script):
-    """bench/pair_tile.py and bench/multicast_mainloop.py need Triton 3.9's Gluon (two-CTA barriers, multicast
-    copies). On an older Triton (CI's 3.6) they say so and fail; on one with them, --ptx compiles both variants
-    for sm_90 without a GPU: no wgmma chain serialized."""
+    """bench/pair_tile.py, bench/multicast_mainloop.py and bench/quad_mainloop.py (the 2x2 cluster) need Triton
+    3.9's Gluon (two-CTA barriers, arrivals routed across a cluster, multicast copies). On an older Triton (CI's
+    3.6) they say so and fail; on one with them, --ptx compiles their variants for sm_90 without a GPU: no wgmma
+    chain serialized."""
     import triton
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted

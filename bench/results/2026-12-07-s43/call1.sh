@@ -11,12 +11,15 @@
 #           1024-16384 tokens
 #   ab36    under 3.6: the route's AdamW times with the pin and without (unpin.py: the pin's two calls replaced in this
 #           copy by the sums they replaced, as at 4a5cf67, then put back), fp32 and 8bit, alternated twice
+#   quad    under 3.9: bench/quad_mainloop.py, the 2x2 cluster's dW mainloop (both operands multicast): --check
+#           (bits against the sm_90 model and the pair's mainloop, slots reused), then its times beside the pair's
+#           mainloop (multicast_mainloop.two_cta_dw) and cuBLAS
 #   tiles36 under 3.6: v47 against the 16-row one-buffer tile (v45b) and its two-buffer, three-stage twin at 4096
 #           and 16384 tokens: with the pin their AdamW spills nothing (200 and 212 B before), the spills that made
 #           v47 win by up to 9% in session 39
 #   route39 under 3.9: the fp32 route's times (no fp32 tile spills under 3.9 with the pin)
 #   staged  under 3.9: the pair's staged twin (v46's epilogue) at 512-1024 tokens
-PART=${PART:-bits36,pair,ab36,tiles36,route39,staged}
+PART=${PART:-bits36,pair,ab36,quad,tiles36,route39,staged}
 bash bench/triton_carry.sh receive 1 | tail -1
 bash bench/triton_carry.sh install || exit 1
 source bench/device_call.sh
@@ -57,6 +60,14 @@ part_ab36() {
       if [ $v = before ]; then python3 $HERE/unpin.py restore; fi
     done
   done
+}
+part_quad() {
+  ( source bench/triton_carry.sh use
+    timeout "$(budget 120)" python3 bench/quad_mainloop.py --check >"$R/quad_check.log" 2>&1
+    echo "quad check rc=$?"; grep -E "K=|Error" "$R/quad_check.log" | cut -c1-160
+    timeout "$(budget 120)" python3 bench/quad_mainloop.py --shapes 4096x14336,28672x8192 --tokens 1024,4096,16384 \
+      >"$R/quad_time.log" 2>&1
+    echo "quad time rc=$?"; grep -E "K=|Error" "$R/quad_time.log" | cut -c1-200 )
 }
 part_tiles36() {
   timeout "$(budget 70)" python3 bench/kernels.py --precision fp32 --rounds 2 --shapes $SHAPES --tokens 4096,16384 \
