@@ -169,7 +169,7 @@ def test_a_follower_waiting_at_its_own_copy_of_the_barrier_is_sound_only_with_it
 
 
 def run_quad(tiles: int, nk: int, stages: int, seed: int, released_count: int = 2, roles: bool = True) -> list:
-    """The 2x2 cluster's ring (bench/results/2026-12-07-s43/triton_probes/quad_probe.py), one random interleaving of
+    """The 2x2 cluster's ring (bench/quad_mainloop.py's mma_partition), one random interleaving of
     its four CTAs' MMA warps; returns the errors found. Rank bit 0 picks the CTA's row half (its dY half), bit 1 its
     column half (its x half): dY's half is shared by the CTAs differing in bit 1 and issued by the one with bit 1
     clear, x's half by those differing in bit 0 and issued by the one with bit 0 clear (the multicast lowering's
