@@ -31,7 +31,8 @@ def report():
     proc = subprocess.run([sys.executable, "-m", "tests.ptx_check"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
     if proc.returncode != 0:
-        pytest.fail(f"PTX compilation failed:\n{proc.stderr[-4000:]}")
+        # a negative return code is the signal that ended it (stderr then empty)
+        pytest.fail(f"PTX compilation failed (return code {proc.returncode}):\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout)
 
 
