@@ -106,14 +106,15 @@ def mma_partition(dy_desc, x_desc, dy_bufs, x_bufs, ready, released, out_smem, d
     # ptxas serializes the chain (C7515). The same chain: zeros, then each block in K order, each block's wgmma
     # and its predecessor's release as the pair tile's (pair_tile.multiply_block)
     acc = multiply_block(dy_bufs, x_bufs, ready, released, 0,
-                         gl.zeros((ROWS, COLS), dtype=gl.float32, layout=acc_layout))
+                         gl.zeros((ROWS, COLS), dtype=gl.float32, layout=acc_layout), SHARED=MULTICAST)
     load_block(dy_desc, x_desc, dy_bufs, x_bufs, ready, STAGES - 1, pid_m, pid_n, MULTICAST, pred=STAGES - 1 < nk)
     for kb in range(1, nk):
-        acc = multiply_block(dy_bufs, x_bufs, ready, released, kb, acc)
+        acc = multiply_block(dy_bufs, x_bufs, ready, released, kb, acc, SHARED=MULTICAST)
         ahead = kb + STAGES - 1
         # that slot's next block: the lead waits for both CTAs' release before refilling it (predicates, not
-        # branches, around the chain)
-        mbarrier.wait(released.index(ahead % STAGES), ((ahead // STAGES) - 1) & 1, pred=ahead < nk)
+        # branches, around the chain); without the multicast each CTA refills after its own wgmma retired
+        if MULTICAST:
+            mbarrier.wait(released.index(ahead % STAGES), ((ahead // STAGES) - 1) & 1, pred=ahead < nk)
         load_block(dy_desc, x_desc, dy_bufs, x_bufs, ready, ahead, pid_m, pid_n, MULTICAST, pred=ahead < nk)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     out_smem.store(acc)
@@ -152,11 +153,14 @@ def two_cta_mainloop_kernel(dy_desc, x_desc, out_ptr, N, K, STAGES: gl.constexpr
     out_smem = gl.allocate_shared_memory(gl.float32, [ROWS, COLS], gl.NVMMASharedLayout.get_default_for(
         [ROWS, COLS], gl.float32, cga_layout=[[1, 0]]))
     ready = mbarrier.allocate_mbarrier(batch=STAGES)
-    released = mbarrier.allocate_mbarrier(batch=STAGES, two_ctas=True)
+    released = ready  # without the multicast none (pair_tile.multiply_block's SHARED); never used then
+    if MULTICAST:
+        released = mbarrier.allocate_mbarrier(batch=STAGES, two_ctas=True)
     done = mbarrier.allocate_mbarrier()
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(released.index(i), count=1)
+        if MULTICAST:
+            mbarrier.init(released.index(i), count=1)
     mbarrier.init(done, count=1)
     cluster.barrier()  # both CTAs' barriers initialized before any copy or arrival reaches them
     gl.warp_specialize([

@@ -46,9 +46,10 @@ element the same rule on the same fp32 values (`--check` compares with gluon_f32
                                                                      # step and the floor
     ncu -k regex:"pair_update|fused_linear_update_f32_ws" python bench/pair_tile.py --ncu --plain --tokens 1024
 
-Status (session 42): bits equal to the grouped default's on the H100 for Adam at 64x128 (K = 64) and 200x264
-(K = 150), then a hang at the first slot reuse (the released barriers' count, per CTA in Gluon: fixed, not yet
-run again). No time measured yet.
+Status (session 44): on the H100, bits equal to the grouped default's in all 55 cases of `--check` (every rule,
+the twins; K to 4096, slots reused), each a tile a cluster. Timing hung in the plain twin, the first time a
+program had several tiles: its CTA 1, fed by no multicast, ran ahead into the lead's release phases (fixed: no
+shared release without the multicast; `--check` now has cases of several tiles a cluster). No time measured yet.
 """
 
 from __future__ import annotations
@@ -95,14 +96,15 @@ def load_and_advance(dy_desc, x_desc, dy_bufs, x_bufs, ready, released, cursor, 
                      GROUP_M: gl.constexpr, MULTICAST: gl.constexpr):
     """gluon_q8.load_and_advance for the pair: the load the cursor (j, tile, k block, pid_m, pid_n) names, once
     the lead has seen both CTAs release the slot's last use (use j - STAGES: released[j % STAGES]'s phase
-    (j // STAGES - 1); the first STAGES uses of the ring have none), then the cursor moved on. Predicates, not
-    branches, around the wgmma chain (multicast_mainloop.py)."""
+    (j // STAGES - 1); the first STAGES uses of the ring have none; without MULTICAST no wait, multiply_block's
+    SHARED), then the cursor moved on. Predicates, not branches, around the wgmma chain (multicast_mainloop.py)."""
     BK: gl.constexpr = dy_desc.block_type.shape[0]
     STAGES: gl.constexpr = dy_bufs.type.shape[0]
     j, tile, kb, pid_m, pid_n = cursor
     exists = tile < tiles_m * tiles_n
     slot = j % STAGES
-    mbarrier.wait(released.index(slot), ((j // STAGES) - 1) & 1, pred=exists & (j >= STAGES))
+    if MULTICAST:
+        mbarrier.wait(released.index(slot), ((j // STAGES) - 1) & 1, pred=exists & (j >= STAGES))
     load_pair_block(dy_desc, x_desc, dy_bufs, x_bufs, ready, slot, kb * BK, pid_m, pid_n, exists, MULTICAST)
     j += 1
     kb += 1
@@ -115,11 +117,15 @@ def load_and_advance(dy_desc, x_desc, dy_bufs, x_bufs, ready, released, cursor, 
 
 
 @gluon.jit
-def multiply_block(dy_bufs, x_bufs, ready, released, i, acc, x_released=None):
+def multiply_block(dy_bufs, x_bufs, ready, released, i, acc, x_released=None, SHARED: gl.constexpr = True):
     """The program's i-th K block's wgmma on acc (left in flight), once its operands landed; the wgmma before it
     retired and its slot released: to the lead (both CTAs of a pair arrive at released[(i - 1) % STAGES], a
     two_ctas barrier), or, given x_released (bench/quad_mainloop.py's 2x2 cluster), to dY's issuer at
-    released (from_cta=1: the rank's bit 1 cleared) and to x's issuer at x_released (from_cta=2: bit 0 cleared)."""
+    released (from_cta=1: the rank's bit 1 cleared) and to x's issuer at x_released (from_cta=2: bit 0 cleared).
+    SHARED=False (the plain twins: each CTA copies all its operands itself): no release, each CTA's refill of a
+    slot ordered after this retirement by its own program order, as in one CTA. A release kept there hangs:
+    nothing holds CTA 1 back, so its arrivals run ahead into the lead's later phases (session 44;
+    tests/test_cluster_ring_protocol.py, the plain twin)."""
     STAGES: gl.constexpr = dy_bufs.type.shape[0]
     s = i % STAGES
     mbarrier.wait(ready.index(s), (i // STAGES) & 1)
@@ -128,7 +134,9 @@ def multiply_block(dy_bufs, x_bufs, ready, released, i, acc, x_released=None):
     acc = warpgroup_mma(a, b, acc, is_async=True)
     acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a, b))
     prev = (i + STAGES - 1) % STAGES
-    if x_released is None:
+    if not SHARED:
+        pass
+    elif x_released is None:
         mbarrier.arrive(released.index(prev), count=1, pred=i > 0)
     else:
         mbarrier.arrive(released.index(prev), count=1, pred=i > 0, from_cta=1)
@@ -160,12 +168,12 @@ def pair_mma(dy_desc, x_desc, dy_bufs, x_bufs, ready, released, g_bufs, g_ready,
     t = 0
     for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
         acc = multiply_block(dy_bufs, x_bufs, ready, released, i,
-                             gl.zeros((ROWS, BN), dtype=gl.float32, layout=acc_layout))
+                             gl.zeros((ROWS, BN), dtype=gl.float32, layout=acc_layout), SHARED=MULTICAST)
         cursor = load_and_advance(dy_desc, x_desc, dy_bufs, x_bufs, ready, released, cursor, nk, tiles_m, tiles_n,
                                   GROUP_M, MULTICAST)
         i += 1
         for _kb in range(1, nk):
-            acc = multiply_block(dy_bufs, x_bufs, ready, released, i, acc)
+            acc = multiply_block(dy_bufs, x_bufs, ready, released, i, acc, SHARED=MULTICAST)
             cursor = load_and_advance(dy_desc, x_desc, dy_bufs, x_bufs, ready, released, cursor, nk, tiles_m,
                                       tiles_n, GROUP_M, MULTICAST)
             i += 1
@@ -296,12 +304,15 @@ def pair_update_kernel(dy_desc, x_desc, w_desc, s0_desc, s1_desc, w_ptr, s0_ptr,
     g_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([PAIR, BN], gl.float32, cga_layout=[[1, 0]])
     g_bufs = gl.allocate_shared_memory(gl.float32, [G_BUFS, PAIR, BN], g_layout)
     ready = mbarrier.allocate_mbarrier(batch=STAGES)
-    released = mbarrier.allocate_mbarrier(batch=STAGES, two_ctas=True)
+    released = ready  # without the multicast none (multiply_block's SHARED); never used then
+    if MULTICAST:
+        released = mbarrier.allocate_mbarrier(batch=STAGES, two_ctas=True)
     g_ready = mbarrier.allocate_mbarrier(batch=G_BUFS)
     g_empty = mbarrier.allocate_mbarrier(batch=G_BUFS)
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(released.index(s), count=1)
+        if MULTICAST:
+            mbarrier.init(released.index(s), count=1)
     for b in gl.static_range(G_BUFS):
         mbarrier.init(g_ready.index(b), count=1)
         mbarrier.init(g_empty.index(b), count=1)
@@ -394,10 +405,12 @@ def _constants(rule, c: PairConfig, n_state: int):
             dict(maxnreg=c.max_registers, enable_fp_fusion=False, num_ctas=2))
 
 
-def pair_update(weight, x, dy, states, rule, h, grad_scale=1.0, config: PairConfig | None = None):
+def pair_update(weight, x, dy, states, rule, h, grad_scale=1.0, config: PairConfig | None = None,
+                programs: int | None = None):
     """The fp32 update of weight [M, N] and its states by dW = dyᵀ x (x [K, N], dy [K, M] bf16) on the pair tile;
     (norm_sq, nonfinite) summed over the slots. For operands gluon_f32's route accepts (contiguous, 16-byte
-    aligned, M and N multiples of 8)."""
+    aligned, M and N multiples of 8). programs: the clusters launched (default one an SM pair, at most one a
+    tile); fewer give small problems several tiles a program, as large ones have."""
     c = config or PairConfig()
     M, N = weight.shape
     tiles = triton.cdiv(M, 2 * c.cta_rows) * triton.cdiv(N, c.BN)
@@ -406,7 +419,7 @@ def pair_update(weight, x, dy, states, rule, h, grad_scale=1.0, config: PairConf
     nonfinite = torch.zeros(2 * tiles, dtype=torch.int32, device=weight.device)
     given = list(states) + [weight, weight]
     constexprs, options = _constants(rule, c, len(states))
-    pair_update_kernel[(min(tiles, sms // 2),)](*_descriptors(dy, x, c), *_staging_descs(weight, states, c), weight,
+    pair_update_kernel[(min(tiles, programs or sms // 2),)](*_descriptors(dy, x, c), *_staging_descs(weight, states, c), weight,
                                                 given[0], given[1], norm_sq, nonfinite, M, N, x.shape[0], tuple(h),
                                                 grad_scale, **constexprs, **options)
     return norm_sq.sum(), nonfinite.sum()
@@ -448,9 +461,14 @@ def main(argv=None) -> None:
     p.add_argument("--ncu", action="store_true",
                    help="launch each pair tile and the route once a shape and K (to run under ncu), no timing")
     p.add_argument("--warm", action="store_true",
-                   help="compile what the same arguments would time, one process a tile and one for the route, "
-                        "all at once (Triton's cache then serves the timing); no timing")
-    p.add_argument("--only", default=None, help=argparse.SUPPRESS)  # --warm's children: a tile's index, or "route"
+                   help="compile and run once what the same arguments would time, one process a tile and one for "
+                        "the route, all at once (Triton's cache then serves the timing); prints each one's rc, "
+                        "'hung' for one still running after --warm-s seconds (killed); no timing")
+    p.add_argument("--warm-s", type=float, default=150.0)
+    p.add_argument("--only", default=None,
+                   help="the tiles to time, by index in the order built (--stages' tiles, --plain's, --staged's, "
+                        "--tall's), comma-separated: those --warm found to run; the route is always timed")
+    p.add_argument("--rules", default=None, help="--check: only these rules (comma-separated)")
     args = p.parse_args(argv)
     if args.ptx:
         from bench.registers import resource_usage
@@ -460,34 +478,48 @@ def main(argv=None) -> None:
                 print(f"{c.label}  {name:8s}", resource_usage(compile_for_sm90(RULES[name], c).asm["ptx"]))
         return
     if args.check:
-        sys.exit(check())
+        sys.exit(check(args.rules.split(",") if args.rules else None))
     configs = [PairConfig(STAGES=int(v)) for v in args.stages.split(",")]
     configs += [PairConfig(STAGES=configs[0].STAGES, multicast=False)] if args.plain else []
     configs += [PairConfig(STAGES=configs[0].STAGES, stage_slots=2)] if args.staged else []
     configs += [TALL_PAIR] if args.tall else []
     if args.warm:
-        sys.exit(warm(argv if argv is not None else sys.argv[1:], len(configs)))
+        sys.exit(warm(argv if argv is not None else sys.argv[1:], len(configs), args.warm_s))
     if args.ncu:
         only = args.only
         launch_once(args.shapes, args.tokens, configs if only is None else [] if only == "route" else
                     [configs[int(only)]], route=only in (None, "route"))
         return
+    if args.only is not None:
+        configs = [configs[int(i)] for i in args.only.split(",") if i]
     time_against_route(args.shapes, args.tokens, args.rounds, configs)
 
 
-def warm(argv, n_configs: int) -> int:
+def warm(argv, n_configs: int, seconds: float) -> int:
     """--warm: this script with --ncu once a tile (--only i) and once for the route (--only route), the processes
     at once; each launch compiles its kernel into Triton's cache, where the timing run finds it (on a fresh device
-    machine the compiles, one after another, took a call's part: bench/results/2026-12-07-s43). Returns the
-    number of processes that failed."""
+    machine the compiles, one after another, took a call's part: bench/results/2026-12-07-s43). A process still
+    running after ``seconds`` is killed and reported hung (session 44: the plain twin hung at its first problem
+    of several tiles a cluster, and with it the timing that launched it). Returns the number of processes that
+    failed or hung."""
     import subprocess
+    import time
 
     base = [sys.executable, __file__, *(a for a in argv if a != "--warm"), "--ncu"]
     procs = {only: subprocess.Popen([*base, "--only", only], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
              for only in [*map(str, range(n_configs)), "route"]}
+    deadline = time.monotonic() + seconds
     failed = 0
     for only, proc in procs.items():
-        err = proc.communicate()[1].decode(errors="replace").strip().splitlines()
+        try:
+            err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[1]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            failed += 1
+            print(f"warm {only}: hung (killed after {seconds:.0f} s)")
+            continue
+        err = err.decode(errors="replace").strip().splitlines()
         failed += proc.returncode != 0
         print(f"warm {only}: rc={proc.returncode}" + (f" {err[-1][:160]}" if proc.returncode and err else ""))
     return failed
@@ -516,19 +548,23 @@ def launch_once(shapes: str, tokens: str, configs, route: bool = True) -> None:
                   "launched")
 
 
-def check() -> int:
+def check(rule_names=None) -> int:
     """The pair tile against gluon_f32's grouped default, bit for bit (weights, states, nonfinite counts; the
     squared norm within the order bound of its sums), every rule of tests/test_gpu_gluon.py: cluster tiles past
     M (a CTA with no row, and one with some) and past N, a partial last K block, K below one block, nonfinite
-    gradient rows. Returns the number of failed cases."""
+    gradient rows; and two cases on two or three clusters, several tiles each (the g buffers' reuse, the
+    staging of the next tile's rows, the ring's uses across tiles: the launch's cluster count covers every tile
+    of the others). Returns the number of failed cases."""
     from forge_num.emulator.bounds import sum_of_squares_order_bound
     from tests.kernel_cases import same_bits
     from tests.test_gpu_gluon import HYPERS, _case
 
     failed = 0
-    for rule_name in sorted(HYPERS):
-        for M, N, K, bad_rows in ((64, 128, 64, 0), (200, 264, 150, 0), (8 * 37, 8 * 41, 1024, 3), (512, 384, 8, 0),
-                                  (1024, 1024, 4096, 0)):
+    for rule_name in sorted(rule_names or HYPERS):
+        for M, N, K, bad_rows, programs in ((64, 128, 64, 0, None), (200, 264, 150, 0, None),
+                                            (8 * 37, 8 * 41, 1024, 3, None), (512, 384, 8, 0, None),
+                                            (1024, 1024, 4096, 0, None), (512, 640, 200, 0, 3),
+                                            (8 * 37, 8 * 41, 520, 3, 2)):
             rule, h, w0, s0, x, dy = _case(rule_name, M, N, K, seed=M * 5 + N + K, bad_rows=bad_rows)
             wr, sr = w0.clone(), [s.clone() for s in s0]
             stats = _f32.fused_linear_update_f32_ws(wr, x, dy, sr, rule, h, config=_f32.GROUPED_F32_WS_CONFIG)
@@ -539,7 +575,7 @@ def check() -> int:
             twins += [TALL_PAIR] if rule_name in ("adamw", "lion") else []
             for c in twins:
                 wp, sp = w0.clone(), [s.clone() for s in s0]
-                norm_sq, nonfinite = pair_update(wp, x, dy, sp, rule, h, config=c)
+                norm_sq, nonfinite = pair_update(wp, x, dy, sp, rule, h, config=c, programs=programs)
                 same = same_bits(wp, wr) and all(same_bits(a, b) for a, b in zip(sp, sr))
                 counted = int(nonfinite) == int(stats.nonfinite)
                 finite = ref == ref and abs(ref) != float("inf")
@@ -550,7 +586,8 @@ def check() -> int:
                 failed += not ok
                 twin = ("" if c.multicast else " plain") + (" staged" if c.stage_slots else "") + (
                     " tall" if c.cta_rows == 128 else "")
-                print(f"{rule_name:9s} {M}x{N} K={K} bad rows {bad_rows}{twin}: bits "
+                on = f" on {programs} clusters" if programs else ""
+                print(f"{rule_name:9s} {M}x{N} K={K} bad rows {bad_rows}{on}{twin}: bits "
                       f"{same}, nonfinite {int(nonfinite)} ({int(stats.nonfinite)}), norm_sq {float(norm_sq):.6g} "
                       f"({ref:.6g}) -> {'ok' if ok else 'FAILED'}")
     return failed

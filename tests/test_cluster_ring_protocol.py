@@ -95,13 +95,17 @@ class ClusterRing:
 
 
 def run_pair(tiles: int, nk: int, stages: int, seed: int, released_count: int = 2, lead_waits: bool = True,
-             follower_waits: bool = False, follower_arrives: bool = True, release_ahead: bool = False) -> list:
+             follower_waits: bool = False, follower_arrives: bool = True, release_ahead: bool = False,
+             multicast: bool = True, shared_release: bool = True) -> list:
     """One random interleaving of one cluster's MMA warps (both CTAs) over ``tiles`` cluster tiles of ``nk`` K
     blocks; returns the errors found. The mutations: released_count (4: session 42's count=2), lead_waits
     (False: the lead refills without both releases), follower_waits (True: the other CTA also waits, at a local
     barrier its own warps arrive at unless follower_arrives is False: a release routed to the lead only, waited
     for locally), release_ahead (a CTA releases block i as soon as it issued it, before its
-    wgmma retired)."""
+    wgmma retired). multicast=False: the plain twin (each CTA copies x's block for itself), with
+    shared_release the lead's released[s] kept (session 44's hang: nothing holds CTA 1 back, so its arrivals
+    run ahead into phases of uses the lead has not issued), without it no release at all (each CTA's refills
+    ordered by its own wgmma's retirement, as in one CTA)."""
     errors: list = []
     ring = ClusterRing(2, tiles, nk, stages, random.Random(seed), errors)
     released = [Barrier(f"released[{s}]", count=released_count) for s in range(stages)]
@@ -110,18 +114,22 @@ def run_pair(tiles: int, nk: int, stages: int, seed: int, released_count: int = 
     def load(c: int, j: int):
         """load_and_advance for use j in CTA c: the lead's wait on released, then expect and the copies."""
         s = j % stages
-        if j >= stages:
+        if j >= stages and shared_release:
             if c == LEAD and lead_waits:
                 yield from wait(released[s], j // stages - 1, errors, f"CTA {c} load {j}")
             if c != LEAD and follower_waits:
                 yield from wait(own_released[s], j // stages - 1, errors, f"CTA {c} load {j}")
         ring.ready[c][s].arrive(errors, tx=2)  # expect(dY's 8 KB + x's 16 KB): two transfers
         ring.in_flight.append((c, ring.dy_slot, s, j, ring.ready[c][s]))
-        if c == LEAD:  # the multicast: one copy from the lead lands in both CTAs
+        if not multicast:  # the plain twin: each CTA's own copy of x's block
+            ring.in_flight.append((c, ring.x_slot, s, j, ring.ready[c][s]))
+        elif c == LEAD:  # the multicast: one copy from the lead lands in both CTAs
             for d in (0, 1):
                 ring.in_flight.append((d, ring.x_slot, s, j, ring.ready[d][s]))
 
     def release(c: int, s: int):  # the slot released to the lead (and, follower_waits, to CTA 1's own copy)
+        if not shared_release:
+            return
         released[s].arrive(errors)
         if c != LEAD and follower_arrives and not release_ahead:
             own_released[s].arrive(errors)
@@ -166,6 +174,20 @@ def test_a_follower_waiting_at_its_own_copy_of_the_barrier_is_sound_only_with_it
     hangs (the release routed to the lead only, waited on locally)."""
     assert not any(run_pair(2, 8, 4, seed, follower_waits=True) for seed in range(10))
     assert run_pair(2, 8, 4, 0, follower_waits=True, follower_arrives=False) == ["hang: the run did not end"]
+
+
+def test_the_plain_twin_with_the_leads_release_goes_wrong_and_without_it_is_sound():
+    """Session 44's hang on the H100 (bench/pair_tile.py's plain twin, first run with several cluster tiles a
+    program): without the multicast nothing holds CTA 1 back, so its arrivals at the lead's released[s] for use
+    u + R can come before the lead's for use u, and the lead's parity waits pass for the wrong phase or never.
+    Lemma 3's step "phase n + 1 needs arrivals for use u, whose copies the lead has not issued" holds only when
+    the lead issues CTA 1's x. Without the shared release each CTA is a one-CTA ring (Lemma 2)."""
+    for tiles, nk, stages in SHAPES:
+        for seed in range(10):
+            errors = run_pair(tiles, nk, stages, seed, multicast=False, shared_release=False)
+            assert not errors, (tiles, nk, stages, seed, errors[:3])
+    found = [run_pair(5, 16, 4, seed, multicast=False) for seed in range(40)]
+    assert sum(bool(e) for e in found) >= 5, found
 
 
 def run_quad(tiles: int, nk: int, stages: int, seed: int, released_count: int = 2, roles: bool = True) -> list:
