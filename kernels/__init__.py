@@ -49,7 +49,7 @@ from forge_num.emulator.linear_update import cdiv as _cdiv
 from forge_num.emulator.philox import CounterMap, check_counter_rows
 from forge_num.rules import Rule
 
-from .launch_cache import CachedLaunch, alignment_bits
+from .launch_cache import CachedLaunch, alignment_bits, descriptor_builder
 from .linear_update import elementwise_update_kernel, fused_linear_update_kernel
 from .quant8 import QBLOCK as _QBLOCK
 from .rules import guarded_update_jit
@@ -616,28 +616,22 @@ def _tma_descriptors(x: torch.Tensor, dy: torch.Tensor, config: TileConfig, tma_
 
 @functools.lru_cache(maxsize=1)
 def _descriptor_type():
-    """Triton's host-side TensorDescriptor, and whether its fields are (base, shape, strides,
-    block_shape, padding) as in Triton 3.6 (a dataclass), so that _tma_descriptor may set them."""
-    import dataclasses
-
+    """Triton's host-side TensorDescriptor, and the function that builds one from (base, shape, strides,
+    block_shape) without its constructor (launch_cache.descriptor_builder), or None where this Triton's fields
+    are not known."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    fields = tuple(f.name for f in dataclasses.fields(TensorDescriptor))
-    return TensorDescriptor, fields == ("base", "shape", "strides", "block_shape", "padding")
+    return TensorDescriptor, descriptor_builder(TensorDescriptor, ("base", "shape", "strides", "block_shape"))
 
 
 def _tma_descriptor(t: torch.Tensor, shape: list, strides: list, block: list):
-    """TensorDescriptor(t, shape, strides, block), its fields set directly: its __post_init__ re-checks
-    in Python what _tma_addressable checked (unit inner stride, 16-byte base and row pitch, tokens;
-    the launcher launches only with M, N > 0) and the configs' blocks (powers of two), two
-    descriptors a launch (kernels/gluon_update.py's _nvmma_desc does the same).
-    tests/test_launch_cache.py checks the result equals the constructor's."""
-    cls, fields_match = _descriptor_type()
-    if not fields_match:
-        return cls(t, shape, strides, block)
-    d = object.__new__(cls)
-    d.base, d.shape, d.strides, d.block_shape, d.padding = t, shape, strides, block, "zero"
-    return d
+    """TensorDescriptor(t, shape, strides, block), built without its __post_init__, which re-checks in Python
+    what _tma_addressable checked (unit inner stride, 16-byte base and row pitch, tokens; the launcher launches
+    only with M, N > 0) and the configs' blocks (powers of two), two descriptors a launch
+    (kernels/gluon_update.py's _nvmma_desc does the same). tests/test_launch_cache.py checks the result equals
+    the constructor's."""
+    cls, build = _descriptor_type()
+    return (cls if build is None else build)(t, shape, strides, block)
 
 
 def _triton_tile(M: int, N: int, K: int, dtype: torch.dtype, bf16: bool, q8: bool, tma_ok: bool) -> TileConfig:

@@ -59,7 +59,6 @@ epilogue's integer and IEEE work wants more warps an SM than these tiles have).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import types
@@ -82,7 +81,7 @@ from . import quant8 as _quant8
 from . import random as _random
 from . import rounding as _rounding
 from .ieee import NAMESPACE as IEEE_NAMESPACE
-from .launch_cache import CachedLaunch
+from .launch_cache import CachedLaunch, descriptor_builder
 
 # Gluon's TMA copies under the installed Triton's names: async_load and async_store from Triton 3.8 (3.9 turned
 # the older async_copy_global_to_shared and async_copy_shared_to_global into errors), the older names before
@@ -801,10 +800,10 @@ def _nvmma_layout(block: tuple, dtype):
     return gl.NVMMASharedLayout.get_default_for(list(block), dtype)
 
 
-# TensorDescriptor's fields, in order, as Triton 3.6 defines them (a dataclass); _nvmma_desc sets
-# them directly only where the installed Triton's are the same.
-_DESC_FIELDS = ("base", "shape", "strides", "block_shape", "layout", "padding")
-_DESC_FIELDS_MATCH = tuple(f.name for f in dataclasses.fields(TensorDescriptor)) == _DESC_FIELDS
+# TensorDescriptor's leading fields (a dataclass, Triton 3.6 to 3.9), set by _nvmma_desc; the later ones at
+# their defaults (launch_cache.descriptor_builder), or None: a Triton whose descriptor it does not know
+_DESC_FIELDS = ("base", "shape", "strides", "block_shape", "layout")
+_build_desc = descriptor_builder(TensorDescriptor, _DESC_FIELDS)
 
 
 def _nvmma_desc(t: torch.Tensor, block, dtype, layout=None):
@@ -817,12 +816,8 @@ def _nvmma_desc(t: torch.Tensor, block, dtype, layout=None):
     configs' powers of two), at about 4 of the 5 us a descriptor took on this machine's CPU, five
     descriptors a launch. tests/test_gluon_route.py checks the result equals the constructor's."""
     layout = _nvmma_layout(tuple(block), dtype) if layout is None else layout
-    if not _DESC_FIELDS_MATCH:
-        return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), layout)
-    d = object.__new__(TensorDescriptor)
-    d.base, d.shape, d.strides, d.block_shape, d.layout, d.padding = (
-        t, list(t.shape), list(t.stride()), list(block), layout, "zero")
-    return d
+    make = TensorDescriptor if _build_desc is None else _build_desc
+    return make(t, list(t.shape), list(t.stride()), list(block), layout)
 
 
 def check_operands(fn: str, weight, x, dy, tensors, n_given: int, n_state: int):

@@ -51,6 +51,38 @@ from triton.runtime.driver import driver
 MAX_KEYS = 4096
 
 
+# Trailing fields of Triton's host-side TensorDescriptor dataclasses that the constructor leaves at their
+# defaults for the descriptors built here (bf16 and fp32 blocks, zero padding, no TF32 rounding): Triton 3.6's
+# padding, and 3.9's round_f32_to_tf32 after it. A field not named here may be one __post_init__ computes.
+KNOWN_DEFAULTED_FIELDS = ("padding", "round_f32_to_tf32")
+
+
+def descriptor_builder(cls, leading: tuple):
+    """A function making an instance of the dataclass ``cls`` from the values of its ``leading`` fields, in
+    order, every later field at its declared default, without the constructor: its __post_init__ re-checks in
+    Python what the launchers checked already, ~4 us a descriptor on this project's CPU. None where cls's fields
+    are not ``leading`` followed by fields of KNOWN_DEFAULTED_FIELDS (a Triton whose descriptor this does not
+    know: the caller uses the constructor). tests/test_launch_cache.py and tests/test_gluon_route.py check its
+    descriptors equal the constructor's, field by field, under the installed Triton."""
+    import dataclasses
+
+    fields = dataclasses.fields(cls)
+    names = tuple(f.name for f in fields)
+    trailing = fields[len(leading):]
+    if names[:len(leading)] != tuple(leading) or any(
+            f.name not in KNOWN_DEFAULTED_FIELDS or f.default is dataclasses.MISSING for f in trailing):
+        return None
+    defaults = {f.name: f.default for f in trailing}
+
+    def build(*values):
+        d = object.__new__(cls)
+        d.__dict__.update(zip(leading, values))
+        d.__dict__.update(defaults)
+        return d
+
+    return build
+
+
 def alignment_bits(tensors) -> int:
     """One bit a tensor argument, in order: whether its data pointer is 16-byte aligned (Triton
     specializes every pointer on it); 0 for None. A key's part for the launches below."""

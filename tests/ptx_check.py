@@ -29,6 +29,12 @@ def compile_ptx(kernel, signature, constexprs, options=None):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    # parameters left at their defaults (constexprs such as RAND_REMAP=False): Triton 3.6's ASTSource took them
+    # from the function, 3.9's leaves their types unset; named here for both
+    signature, constexprs = dict(signature), dict(constexprs)
+    for p in kernel.params:
+        if p.name not in signature and p.has_default:
+            signature[p.name], constexprs[p.name] = "constexpr", p.default
     src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
     opts = {"enable_fp_fusion": False, "num_warps": 4}
     opts.update(options or {})

@@ -369,14 +369,39 @@ def test_the_elementwise_kernels_key_determines_its_specialization(recorded_elem
                  ("remap", "rand_stride"), ("numel",), ("rand_cols",), ("rand_stride",)))
 
 
+def test_the_descriptor_builder_takes_only_fields_it_knows_at_their_defaults():
+    """launch_cache.descriptor_builder skips a dataclass's constructor only where every field after the ones it
+    sets is a known one left at its declared default (Triton 3.6's padding, 3.9's round_f32_to_tf32): a field
+    it does not know, one without a default, or other leading fields send the caller to the constructor."""
+    import dataclasses
+
+    def desc(*extra):
+        return dataclasses.make_dataclass("D", [("base", object), ("shape", list), *extra])
+
+    lead = ("base", "shape")
+    d36 = desc(("padding", str, dataclasses.field(default="zero")))
+    d39 = desc(("padding", str, dataclasses.field(default="zero")),
+               ("round_f32_to_tf32", bool, dataclasses.field(default=False)))
+    for cls in (d36, d39):
+        made = launch_cache.descriptor_builder(cls, lead)("t", [2, 3])
+        assert type(made) is cls and made == cls("t", [2, 3])
+    unknown = desc(("padding", str, dataclasses.field(default="zero")), ("swizzle", int, dataclasses.field(default=0)))
+    assert launch_cache.descriptor_builder(unknown, lead) is None  # a field it does not know: maybe derived
+    assert launch_cache.descriptor_builder(desc(("padding", str)), lead) is None  # no default to give it
+    assert launch_cache.descriptor_builder(d36, ("base", "strides")) is None
+
+
 @pytest.mark.parametrize("config", [kernels.Q8_TMA_CONFIG, kernels.DEFAULT_TMA_CONFIGS["large_k"]], ids=str)
 def test_the_launchers_descriptors_equal_tritons_constructor(config):
     """_tma_descriptors sets TensorDescriptor's fields without its __post_init__ (whose checks are
     _tma_addressable's): every field equals what the constructor makes, on the installed Triton's
     fields; a row pitch TMA cannot take gets no descriptor."""
+    import dataclasses
+
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    assert kernels._descriptor_type() == (TensorDescriptor, True)
+    cls, build = kernels._descriptor_type()
+    assert cls is TensorDescriptor and build is not None, [f.name for f in dataclasses.fields(TensorDescriptor)]
     x = torch.empty(96, 136, dtype=torch.bfloat16)[8:]  # a view: rows of 272 B, 16-byte aligned
     dy = torch.empty(88, 264, dtype=torch.bfloat16)
     fast = kernels._tma_descriptors(x, dy, config, kernels._tma_addressable(x, dy))
@@ -384,7 +409,9 @@ def test_the_launchers_descriptors_equal_tritons_constructor(config):
             TensorDescriptor.from_tensor(dy, [config.BK, config.BM]))
     for f, m in zip(fast, made):
         assert type(f) is TensorDescriptor and f.base is m.base
-        made_fields = (list(m.shape), list(m.strides), m.block_shape, m.padding)
-        assert (f.shape, f.strides, f.block_shape, f.padding) == made_fields
+        for field in dataclasses.fields(TensorDescriptor):  # every field of the installed Triton's
+            got, want = getattr(f, field.name), getattr(m, field.name)
+            assert got is want if field.name == "base" else list(got) == list(want) if field.name in (
+                "shape", "strides", "block_shape") else got == want, field.name
     odd = torch.empty(88, 132, dtype=torch.bfloat16)  # rows of 264 B
     assert kernels._tma_descriptors(odd, dy, config, kernels._tma_addressable(odd, dy)) == (None, None)
