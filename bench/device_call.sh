@@ -38,7 +38,9 @@ train() {
   local tag=$1 secs=$2 flag=$3; shift 3
   echo "== $tag $(date -u +%T) $([[ "$flag" == *=* ]] && echo "$flag" || echo "FORGE_NUM_GLUON_Q8=$flag")"
   ( if [[ "$flag" == *=* ]]; then export "${flag?}"; elif [ "$flag" != - ]; then export FORGE_NUM_GLUON_Q8=$flag; fi
-    PYTHONPATH=/tmp/site timeout "$(budget "$secs")" python3 bench/train_step.py --checkpointing on --warmup 3 \
+    # /tmp/site before what the caller had (bench/triton_carry.sh use's carried Triton)
+    PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} timeout "$(budget "$secs")" python3 bench/train_step.py \
+      --checkpointing on --warmup 3 \
       --budget-s "$(( $(budget "$secs") - 20 ))" --out "$R/$tag.json" "$@" >"$R/$tag.log" 2>&1 )
   echo "$tag rc=$?"; grep -vE "^#|^$|^ratios" "$R/$tag.log" | cut -c1-220 | tail -24
 }
