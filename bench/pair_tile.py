@@ -419,9 +419,9 @@ def pair_update(weight, x, dy, states, rule, h, grad_scale=1.0, config: PairConf
     nonfinite = torch.zeros(2 * tiles, dtype=torch.int32, device=weight.device)
     given = list(states) + [weight, weight]
     constexprs, options = _constants(rule, c, len(states))
-    pair_update_kernel[(min(tiles, programs or sms // 2),)](*_descriptors(dy, x, c), *_staging_descs(weight, states, c), weight,
-                                                given[0], given[1], norm_sq, nonfinite, M, N, x.shape[0], tuple(h),
-                                                grad_scale, **constexprs, **options)
+    grid = (min(tiles, programs or sms // 2),)
+    pair_update_kernel[grid](*_descriptors(dy, x, c), *_staging_descs(weight, states, c), weight, given[0], given[1],
+                             norm_sq, nonfinite, M, N, x.shape[0], tuple(h), grad_scale, **constexprs, **options)
     return norm_sq.sum(), nonfinite.sum()
 
 

@@ -4,8 +4,9 @@ route 2-8% faster than 3.6's at 4096 tokens with neither spilling; v47's SASS is
 fewer barriers over its epilogue warps under 3.9. Run under each Triton, with 3.6's ptxas for both (session 43's
 method):
 
-    python bench/results/2026-12-07-s44/sass_barriers.py
-    TRITON_PTXAS_PATH=$P TRITON_PTXAS_BLACKWELL_PATH=$P /path/to/triton39/python bench/results/2026-12-07-s44/sass_barriers.py
+    python bench/results/2026-12-07-s44/sass_barriers.py                    # under Triton 3.6
+    TRITON_PTXAS_PATH=$P TRITON_PTXAS_BLACKWELL_PATH=$P \
+        <Triton 3.9's python> bench/results/2026-12-07-s44/sass_barriers.py   # $P: 3.6's ptxas
 """
 import collections
 import re
