@@ -134,13 +134,12 @@ def multiply_block(dy_bufs, x_bufs, ready, released, i, acc, x_released=None, SH
     acc = warpgroup_mma(a, b, acc, is_async=True)
     acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a, b))
     prev = (i + STAGES - 1) % STAGES
-    if not SHARED:
-        pass
-    elif x_released is None:
-        mbarrier.arrive(released.index(prev), count=1, pred=i > 0)
-    else:
-        mbarrier.arrive(released.index(prev), count=1, pred=i > 0, from_cta=1)
-        mbarrier.arrive(x_released.index(prev), count=1, pred=i > 0, from_cta=2)
+    if SHARED:
+        if x_released is None:
+            mbarrier.arrive(released.index(prev), count=1, pred=i > 0)
+        else:
+            mbarrier.arrive(released.index(prev), count=1, pred=i > 0, from_cta=1)
+            mbarrier.arrive(x_released.index(prev), count=1, pred=i > 0, from_cta=2)
     return acc
 
 

@@ -349,8 +349,7 @@ def test_no_configuration_spills_registers(report):
         key = (report["labels"][r["config"]], r["precision"])
         allowed = SPILL_EXCEPTIONS.get(key, 0)
         seen.add(key)
-        assert spills_within(r["spill_stores"], allowed) and (allowed or r["spill_loads"] == 0 or not tables_apply()), (
-            key, r)
+        assert not tables_apply() or (r["spill_stores"] <= allowed and (allowed or r["spill_loads"] == 0)), (key, r)
     assert set(SPILL_EXCEPTIONS) <= seen, f"exceptions for configurations no longer compiled: {set(SPILL_EXCEPTIONS) - seen}"
 
 
