@@ -41,6 +41,10 @@ except ImportError:  # a Triton without Gluon: the Triton tiles only
     gluon_f32 = gluon_q8 = None
 from forge_num.kernels import random as krandom
 
+# run as `python bench/kernels.py`, sys.path[0] is bench/: the repository's root behind the rest, for bench.timing
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.timing import paired_medians  # noqa: E402
+
 # issue 5: the Llama-8B projections (4096x4096, 14336x4096, 4096x14336) and two of Llama-70B's
 LLAMA_SHAPES = "4096x4096,14336x4096,4096x14336,8192x8192,28672x8192"
 HYPER = {"lr": 1e-4, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
@@ -172,7 +176,8 @@ def regime_problem(M: int, N: int, K: int, precision: str = "fp32"):
     return x, dy, w, states, h, SEED
 
 
-def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", only=None, rounds: int = 1) -> dict:
+def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", only=None, rounds: int = 1,
+              paired: bool = False) -> dict:
     x, dy, w, states, h, seed = regime_problem(M, N, K, precision)
 
     def forge(config=None):
@@ -211,21 +216,36 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", o
     # another (interleaved), each time the median of its rounds: a drift of the GPU's clocks falls on every tile
     # and on both baselines alike (session 33: two timings of one tile minutes apart in one run differed by
     # 2-7%; session 37: the route, timed once after the rounds, read 4-7% above the same tile's median on the
-    # largest shape at 768-1024 tokens).
+    # largest shape at 768-1024 tokens). With paired (--paired), each round times the route, the unfused step and
+    # the tiles call by call in turn (bench/timing.py): session 44's labels read up to 15% above the route for the
+    # same kernel, and up to 20% apart round to round, timed a function at a time.
     rounds_ms, route_rounds_ms, unfused_rounds_ms = {}, [], []
     selected = [cfg for cfg in (*configs, *candidates) if only is None or cfg.label in only]
+
+    def time_label(cfg):
+        try:
+            t = triton.testing.do_bench(lambda: forge(cfg), warmup=10, rep=100, return_mode="median")
+            compiled.setdefault(str(cfg), {} if _is_gluon_q8(cfg) or _is_gluon_f32(cfg) else RECORDER.resources())
+            return t
+        except Exception as e:  # a tile that does not compile here (shared memory): reported, not fatal
+            failed[str(cfg)] = f"{type(e).__name__}: {str(e)[:160]}"
+
+    if paired:  # every tile that compiles, then all of them and both baselines call by call (bench/timing.py)
+        selected = [cfg for cfg in selected if time_label(cfg) is not None]
     for _ in range(rounds):
-        route_rounds_ms.append(triton.testing.do_bench(forge, warmup=25, rep=200, return_mode="median"))
-        unfused_rounds_ms.append(triton.testing.do_bench(unfused, warmup=25, rep=200, return_mode="median"))
-        for cfg in selected:
-            if str(cfg) in failed:
-                continue
-            try:
-                t = triton.testing.do_bench(lambda: forge(cfg), warmup=10, rep=100, return_mode="median")
-                rounds_ms.setdefault(str(cfg), []).append(t)
-                compiled.setdefault(str(cfg), {} if _is_gluon_q8(cfg) or _is_gluon_f32(cfg) else RECORDER.resources())
-            except Exception as e:  # a tile that does not compile here (shared memory): reported, not fatal
-                failed[str(cfg)] = f"{type(e).__name__}: {str(e)[:160]}"
+        if paired:
+            med = paired_medians({"route": forge, "unfused": unfused,
+                                  **{str(cfg): (lambda c=cfg: forge(c)) for cfg in selected}}, rep_ms=200, warmup_ms=25)
+            route_rounds_ms.append(med.pop("route"))
+            unfused_rounds_ms.append(med.pop("unfused"))
+            for k, t in med.items():
+                rounds_ms.setdefault(k, []).append(t)
+        else:
+            route_rounds_ms.append(triton.testing.do_bench(forge, warmup=25, rep=200, return_mode="median"))
+            unfused_rounds_ms.append(triton.testing.do_bench(unfused, warmup=25, rep=200, return_mode="median"))
+            for cfg in selected:
+                if str(cfg) not in failed and (t := time_label(cfg)) is not None:
+                    rounds_ms.setdefault(str(cfg), []).append(t)
     per_config = {k: statistics.median(v) * 1e-3 for k, v in rounds_ms.items()}
     t_forge = statistics.median(route_rounds_ms) * 1e-3
     t_unfused = statistics.median(unfused_rounds_ms) * 1e-3
@@ -343,6 +363,8 @@ def main(argv=None) -> int:
                     "beside the default (the launcher's pick)")
     ap.add_argument("--rounds", type=int, default=1, help="time the tiles this many times, interleaved (each tile "
                     "once a round); each tile's time is the median of its rounds")
+    ap.add_argument("--paired", action="store_true", help="each round, time the route, the unfused step and the "
+                    "tiles call by call in turn (bench/timing.py) rather than one function's samples at a time")
     ap.add_argument("--mainloop", action="store_true", help="time the dW mainloop alone per tile (MAINLOOP_TILES)")
     args = ap.parse_args(argv)
     if args.rounds < 1:
@@ -374,6 +396,7 @@ def main(argv=None) -> int:
             "python": platform.python_version(), "ceilings": ceilings,
             # the Philox rounds' multiply form (kernels/random.py: mul.wide.u32 unless FORGE_NUM_PHILOX_WIDE=0)
             "philox_wide_products": bool(getattr(krandom, "WIDE_PRODUCTS", False)),  # (an older build has none)
+            "timing": "paired (bench/timing.py)" if args.paired else "do_bench, a function at a time",
             "command": "python bench/kernels.py " + " ".join(sys.argv[1:] if argv is None else argv),
             # which forge_num ran (an A/B puts an older build first on PYTHONPATH)
             "forge_num_path": os.path.dirname(kernels.__file__)}
@@ -381,7 +404,7 @@ def main(argv=None) -> int:
         if precision not in STATE_BYTES:
             raise SystemExit(f"unknown precision {precision!r}; choose from {sorted(STATE_BYTES)}")
         only = None if args.configs is None else {c.replace("_", " ") for c in args.configs.split(",")}
-        rows.append(bench_one(M, N, K, ceilings, precision, only, args.rounds))
+        rows.append(bench_one(M, N, K, ceilings, precision, only, args.rounds, args.paired))
         r = rows[-1]
         print(f"{precision:<7} {M:>6}x{N:<6} K={K:<6} forge {r['forge_ms']:8.3f} ms  unfused {r['unfused_ms']:8.3f} ms  "
               f"floor {r['floor_ms']:7.3f} ms  speedup {r['speedup_vs_unfused']:5.2f}x  "

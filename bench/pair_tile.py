@@ -451,6 +451,8 @@ def main(argv=None) -> None:
     p.add_argument("--shapes", default="4096x4096,14336x4096,4096x14336,8192x8192,28672x8192")
     p.add_argument("--tokens", default="1024,2048,4096,16384")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--paired", action="store_true", help="each round, time the tiles, the route and the unfused "
+                   "step call by call in turn (bench/timing.py) rather than one function's samples at a time")
     p.add_argument("--stages", default="4,6", help="pair tiles timed: one a number of operand stages")
     p.add_argument("--plain", action="store_true",
                    help="also the first one's twin without multicast (each CTA loads x's block itself)")
@@ -491,7 +493,7 @@ def main(argv=None) -> None:
         return
     if args.only is not None:
         configs = [configs[int(i)] for i in args.only.split(",") if i]
-    time_against_route(args.shapes, args.tokens, args.rounds, configs)
+    time_against_route(args.shapes, args.tokens, args.rounds, configs, args.paired)
 
 
 def warm(argv, n_configs: int, seconds: float) -> int:
@@ -592,13 +594,14 @@ def check(rule_names=None) -> int:
     return failed
 
 
-def time_against_route(shapes: str, tokens: str, rounds: int, configs) -> None:
+def time_against_route(shapes: str, tokens: str, rounds: int, configs, paired: bool = False) -> None:
     """The pair tiles' AdamW update against the launcher's route (the same problem, bench/kernels.py's), the
     unfused step (cuBLAS's dW, torch's fused AdamW) and the floor, interleaved rounds, medians in ms; the ratios
-    of the first pair tile."""
+    of the first pair tile. paired: each round times every function call by call in turn (bench/timing.py)."""
     import statistics
 
     from bench.kernels import HYPER, adamw_problem, measure_ceilings
+    from bench.timing import paired_medians
     from forge_num import kernels, rules
 
     ceilings = measure_ceilings()
@@ -623,6 +626,10 @@ def time_against_route(shapes: str, tokens: str, rounds: int, configs) -> None:
             fns.update(route=lambda: kernels.fused_linear_update(w, x, dy, states, rules.ADAMW, h), unfused=unfused)
             ms = {k: [] for k in fns}
             for _ in range(rounds):
+                if paired:
+                    for k, t in paired_medians(fns, rep_ms=200, warmup_ms=25).items():
+                        ms[k].append(t)
+                    continue
                 for k, fn in fns.items():
                     ms[k].append(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
             med = {k: statistics.median(v) for k, v in ms.items()}
