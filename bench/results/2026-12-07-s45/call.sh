@@ -6,6 +6,7 @@
 #             tokens, once a function at a time (do_bench, as session 44) and once paired: session 44's labels
 #             read up to 15% above the route for the same kernel; if paired timing closes the gap, it was the
 #             method (the clocks between one function's samples and the next's), not the kernel
+#   (PAIR_TWINS, default "--plain --tall", names the pair's twins timed beside it; "" for none)
 #   exact39   the GPU exactness tests of the Gluon route and the Triton kernels under 3.9 (3.9 as the device's
 #             Triton needs them first), as many as the budget allows; the cases passed in passed39.txt
 source bench/device_call.sh
@@ -18,7 +19,7 @@ under36() { PYTHONPATH=$(echo "${PYTHONPATH:-}" | tr : "\n" | grep -v tri_site |
 part_pair() {
   ( source bench/triton_carry.sh use
     python3 -c "import triton; print('pair under', triton.__version__)"
-    local args="--shapes $SHAPES --tokens ${TOKENS:-1024,2048,4096,16384} --stages 4 --plain --tall" ran
+    local args="--shapes $SHAPES --tokens ${TOKENS:-1024,2048,4096,16384} --stages 4 ${PAIR_TWINS---plain --tall}" ran
     timeout "$(budget 200)" python3 bench/pair_tile.py --warm --warm-s "${WARM_S:-150}" $args >"$R/pair_warm.log" 2>&1 &
     local warming=$!
     timeout "$(budget 170)" python3 bench/pair_tile.py --check --rules adamw >"$R/pair_check.log" 2>&1
