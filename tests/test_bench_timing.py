@@ -4,10 +4,11 @@ functions' own times, a drift of the clocks falls on every function alike, and e
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 
 import pytest
 
-from bench.timing import paired_medians, paired_ms
+from bench.timing import paired_medians, paired_ms, pass_orders
 
 
 class SimulatedGPU:
@@ -48,20 +49,38 @@ def test_samples_are_the_functions_own_times_and_each_follows_a_flush():
     fns = {"a": gpu.kernel("a", 2.0), "b": gpu.kernel("b", 3.0), "c": gpu.kernel("c", 0.5)}
     ms = paired_ms(fns, rep_ms=60, warmup_ms=10, device_interface=gpu, flush=gpu.flush)
     assert {n: set(v) for n, v in ms.items()} == {"a": {2.0}, "b": {3.0}, "c": {0.5}}
-    assert all(len(v) == 20 for v in ms.values())  # 60 ms / the slowest's 3 ms
+    assert all(len(v) == 24 for v in ms.values())  # 60 ms / the slowest's 3 ms, rounded up to whole squares of 6
     timed = gpu.log[gpu.log.index("flush"):]  # from the estimate on, every call follows a flush
     calls = [i for i, e in enumerate(timed) if e != "flush"]
     assert all(timed[i - 1] == "flush" for i in calls)
 
 
-def test_rotation_puts_each_function_first_equally_often():
+@pytest.mark.parametrize("n", range(1, 8))
+def test_pass_orders_balance_positions_and_predecessors(n):
+    """Every row an order of range(n); over the rows each function at each position equally often, and each
+    ordered pair (i directly before j) equally often: what a cyclic rotation of one order lacks from n = 3 on."""
+    rows = pass_orders(n)
+    assert len(rows) == (n if n % 2 == 0 else 2 * n)
+    assert all(sorted(row) == list(range(n)) for row in rows)
+    positions = Counter((row[p], p) for row in rows for p in range(n))
+    assert len(set(positions.values())) == 1 and len(positions) == n * n
+    pairs = Counter((row[p], row[p + 1]) for row in rows for p in range(n - 1))
+    assert len(pairs) == n * (n - 1) and len(set(pairs.values())) <= 1
+    rotation = [[(r + v) % n for v in range(n)] for r in range(n)]
+    assert n < 3 or len(Counter((row[p], row[p + 1]) for row in rotation for p in range(n - 1))) < n * (n - 1)
+
+
+def test_sampled_passes_follow_the_square():
+    """The sampled calls, pass by pass, are pass_orders' rows in turn, whole squares of them (3 functions: 6 rows;
+    min_samples 10 rounds up to 12 passes)."""
     gpu = SimulatedGPU()
     names = ["a", "b", "c"]
-    paired_ms({n: gpu.kernel(n, 1.0) for n in names}, rep_ms=30, warmup_ms=0, min_samples=30,
-              device_interface=gpu, flush=gpu.flush)
-    calls = [e for e in gpu.log if e != "flush"][-30 * 3:]  # the sampled passes, the last 30
-    firsts = [calls[3 * i] for i in range(30)]
-    assert {n: firsts.count(n) for n in names} == {n: 10 for n in names}
+    ms = paired_ms({n: gpu.kernel(n, 1.0) for n in names}, rep_ms=1, warmup_ms=0, min_samples=10,
+                   device_interface=gpu, flush=gpu.flush)
+    assert all(len(v) == 12 for v in ms.values())
+    calls = [e for e in gpu.log if e != "flush"][-12 * 3:]
+    rows = pass_orders(3)
+    assert [calls[3 * i:3 * i + 3] for i in range(12)] == [[names[j] for j in rows[i % 6]] for i in range(12)]
 
 
 @pytest.mark.parametrize("drift", [1e-3, 4e-3])
