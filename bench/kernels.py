@@ -222,18 +222,20 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", o
     rounds_ms, route_rounds_ms, unfused_rounds_ms = {}, [], []
     selected = [cfg for cfg in (*configs, *candidates) if only is None or cfg.label in only]
 
-    def time_label(cfg):
+    def compiles(cfg) -> bool:
+        """cfg's first launch (its compilation), its resources recorded; a tile that does not compile here (shared
+        memory) is reported in failed, not fatal."""
         try:
-            t = triton.testing.do_bench(lambda: forge(cfg), warmup=10, rep=100, return_mode="median")
-            compiled.setdefault(str(cfg), {} if _is_gluon_q8(cfg) or _is_gluon_f32(cfg) else RECORDER.resources())
-            return t
-        except Exception as e:  # a tile that does not compile here (shared memory): reported, not fatal
+            forge(cfg)
+        except Exception as e:
             failed[str(cfg)] = f"{type(e).__name__}: {str(e)[:160]}"
+            return False
+        compiled[str(cfg)] = {} if _is_gluon_q8(cfg) or _is_gluon_f32(cfg) else RECORDER.resources()
+        return True
 
-    if paired:  # every tile that compiles, then all of them and both baselines call by call (bench/timing.py)
-        selected = [cfg for cfg in selected if time_label(cfg) is not None]
+    selected = [cfg for cfg in selected if compiles(cfg)]
     for _ in range(rounds):
-        if paired:
+        if paired:  # the route, the unfused step and the tiles call by call (bench/timing.py)
             med = paired_medians({"route": forge, "unfused": unfused,
                                   **{str(cfg): (lambda c=cfg: forge(c)) for cfg in selected}}, rep_ms=200, warmup_ms=25)
             route_rounds_ms.append(med.pop("route"))
@@ -244,8 +246,8 @@ def bench_one(M: int, N: int, K: int, ceilings: dict, precision: str = "fp32", o
             route_rounds_ms.append(triton.testing.do_bench(forge, warmup=25, rep=200, return_mode="median"))
             unfused_rounds_ms.append(triton.testing.do_bench(unfused, warmup=25, rep=200, return_mode="median"))
             for cfg in selected:
-                if str(cfg) not in failed and (t := time_label(cfg)) is not None:
-                    rounds_ms.setdefault(str(cfg), []).append(t)
+                t = triton.testing.do_bench(lambda: forge(cfg), warmup=10, rep=100, return_mode="median")
+                rounds_ms.setdefault(str(cfg), []).append(t)
     per_config = {k: statistics.median(v) * 1e-3 for k, v in rounds_ms.items()}
     t_forge = statistics.median(route_rounds_ms) * 1e-3
     t_unfused = statistics.median(unfused_rounds_ms) * 1e-3
