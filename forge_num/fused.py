@@ -273,20 +273,19 @@ def fused_linear_backward(layer, use, param, xc, weight, kept_cast, dy, dt, x_dt
     path). ``xc`` is the input as the layer computed with it (in the autocast dtype ``dt`` if any),
     ``weight`` the saved weight, ``kept_cast`` its ``dt`` copy if one was kept, ``needs`` the
     (input, weight, bias) entries of ``ctx.needs_input_grad``. Shared by the fused layer and by
-    forge_num.loss.linear_cross_entropy, whose LM head hands in the logits' gradient."""
+    forge_num.loss.linear_cross_entropy, whose LM head hands in the logits' gradient (and computes dX
+    itself, by slabs of the head's cast: needs[0] False)."""
     opt = layer.opt
     conv = layer.layout == "conv1d"
     x2 = xc.reshape(-1, xc.shape[-1])
     dy2 = dy.reshape(-1, dy.shape[-1])
     if dt is not None and dy2.dtype != dt:
         dy2 = dy2.to(dt)
-    if kept_cast is not None:
-        wc = kept_cast
-    else:
-        wc = weight.to(dt) if dt is not None else weight
     dx = None
-    if needs[0]:  # dX with the pre-update weight, before anything else
+    if needs[0]:  # dX with the pre-update weight, before anything else (the cast made only for it)
+        wc = kept_cast if kept_cast is not None else weight.to(dt) if dt is not None else weight
         dx = torch.mm(dy2, wc.t() if conv else wc).view(*xc.shape[:-1], -1).to(x_dtype)
+        del wc
     db = None
     if has_bias and needs[2]:
         db = dy2.sum(0).to(torch.float32)

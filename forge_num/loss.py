@@ -17,27 +17,36 @@ parameters. Here the logits exist one chunk of rows at a time:
 so the backward holds 2 bytes per logit (dY, which the head's update needs whole) plus one chunk's
 temporaries. The price is the head's GEMM once more in the backward.
 
-The logits' GEMM runs over a group of chunks at once (_group_rows: about DEFAULT_GROUP_BYTES of logits,
-512 rows at Llama's 128,256-token vocabulary), the fp32 work chunk by chunk: a 64-row GEMM reads the
-whole head (0.5-1 GB in bf16) for 64 rows of output and is bound by those bytes, not by its arithmetic
-(512 such GEMMs a step at Llama-1B and 8x2048 tokens, forward and backward: ~90 ms of the 0.577 s that
-session 30 measured for the captured 8bit step with this loss, against 0.455 s with the model's own).
-The forward's group logits are a buffer of their own; the backward's are dY's own rows, which the
-group's chunks then overwrite with their gradients, so the backward holds nothing more than before.
+The head's copy in the compute dtype (autocast's bf16 cast of an fp32 head: 2 bytes a weight, 0.98 GiB at
+Llama-8B's) never exists whole: each GEMM that needs it casts one slab of the head just before it runs,
+at most DEFAULT_CHUNK_BYTES of cast weight (_cast_slabs), and frees it after. The logits are computed by
+slabs of the vocabulary (the head's rows, _logits), dX = dY · W by slabs of the hidden features (the
+head's columns, _input_grad: each a product over the whole vocabulary, as autograd's one GEMM). A slab
+never meets a chunk's temporaries (the logits are made before the chunks run, dX after), so the
+backward's peak is dY plus the larger of one chunk's temporaries and one slab: at Llama-8B and 4x1024
+tokens 0.9 GiB below dY, the cast and a chunk. Where no cast is needed (no autocast, or a head already
+in the compute dtype) the products are one GEMM each, as before.
+
+While the loss needs a backward, the logits of all rows are computed at once, slab by slab, into one
+[rows, vocabulary] buffer: in the backward that buffer is dY's own (the chunks' gradients then overwrite
+their logits), in the forward one of the same size, where the backward's dY and the slabs will exceed it
+anyway, so the forward's peak stays below the backward's. Both are the same GEMMs (the same slabs into a
+fresh buffer of the same shape: the same operands, leading dimension and alignment for cuBLAS), so the
+recomputed logits are the forward's. Without a backward (evaluation under torch.no_grad) the forward
+takes groups of chunks instead (_group_rows: about DEFAULT_GROUP_BYTES of logits, 512 rows at Llama's
+128,256-token vocabulary), so that evaluating many tokens holds no [rows, vocabulary] buffer.
 
 What is and is not the same as ``F.cross_entropy(model.lm_head(h).float(), y)``: per row, the
-same operations (linear in the autocast dtype, upcast, log-softmax, the label's term). A group's
-logits come from a GEMM over fewer rows, which cuBLAS may compute with another algorithm, so the
-logits (and from them the loss and dY) may differ in their last bits from the whole GEMM's; the
-loss sums the chunks' sums in another order than torch's mean. The forward and the backward take the
-same groups, the same GEMM (torch.mm into a buffer whose first byte lies at the same offset modulo
-_GEMM_ALIGNMENT), so the recomputed logits are the forward's. The head's update from dY is the
-fused kernel's, bit-exact as everywhere in forge_num given its dY.
+same operations (linear in the autocast dtype, upcast, log-softmax, the label's term). The logits come
+from GEMMs of other shapes than the whole one (slabs of the vocabulary, groups of rows), which cuBLAS may
+compute with other algorithms, so the logits (and from them the loss and dY) may differ in their last bits
+from the whole GEMM's; so may dX, a product of fewer columns; the loss sums the chunks' sums in another
+order than torch's mean (proofs/loss.md). The head's update from dY is the fused kernel's, bit-exact as
+everywhere in forge_num given its dY.
 """
 
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn.functional as F
@@ -59,15 +68,17 @@ __all__ = ["linear_cross_entropy"]
 _BYTES_PER_CHUNK_LOGIT = 12
 DEFAULT_CHUNK_BYTES = 128 * 2**20
 _CHUNK_ROW_TILE = 64
-# Logits (in the compute dtype) one GEMM computes at most: 512 rows of Llama's vocabulary in bf16, where
-# the GEMM's arithmetic intensity (~rows FLOP a byte of the head) passes the H100/H200's ~230 FLOP a byte
-# of bf16 tensor-core rate to memory bandwidth. In the forward a buffer of its own (at the forward's end,
-# where dY, at least this large, does not yet exist); in the backward dY's rows.
+# A slab of the head cast to the compute dtype (module docstring) holds at most DEFAULT_CHUNK_BYTES, as a
+# chunk's temporaries do, which it never meets: the backward's peak is dY and the larger of the two. Its
+# vocabulary rows (or hidden columns) are whole _SLAB_TILE tiles where one fits, so that every slab after the
+# first starts its logits' columns 256 bytes into a row in bf16 (its operand and result as aligned as the
+# first slab's, for cuBLAS's vector loads): at Llama's 4096 features 16384 rows a slab (8 slabs), dX's at
+# 128,256 words 512 columns (8 slabs).
+_SLAB_TILE = 128
+# Logits (in the compute dtype) one GEMM computes at most in a forward without backward (evaluation): 512
+# rows of Llama's vocabulary in bf16, where the GEMM's arithmetic intensity (~rows FLOP a byte of the head)
+# passes the H100/H200's ~230 FLOP a byte of bf16 tensor-core rate to memory bandwidth.
 DEFAULT_GROUP_BYTES = 128 * 2**20
-# PyTorch tells cuBLASLt the alignment of each operand's address, up to 256 bytes
-# (aten/src/ATen/cuda/CUDABlas.cpp, _getAlignment): every group's logits start at a multiple of it in dY,
-# as a fresh buffer does, so that the forward's and the backward's GEMMs are asked the same
-_GEMM_ALIGNMENT = 256
 
 
 def linear_cross_entropy(hidden: torch.Tensor, head: nn.Linear, labels: torch.Tensor, *, ignore_index: int = -100,
@@ -121,25 +132,51 @@ def _chunks(n: int, rows: int):
 
 
 def _group_rows(n: int, chunk_rows: int, vocab: int, itemsize: int) -> int:
-    """Rows of logits one GEMM computes (module docstring): a whole number of chunks, as many as
-    DEFAULT_GROUP_BYTES of logits hold, and a multiple of the chunks whose logits fill whole
-    _GEMM_ALIGNMENT-byte units, so that every group starts aligned in dY; one chunk where no such multiple
-    fits the budget (each chunk's GEMM as before, its logits a buffer of their own), all rows where they
-    fit."""
+    """Rows of logits one GEMM computes in a forward without backward (module docstring): all rows where
+    their logits fit DEFAULT_GROUP_BYTES, else as many whole chunks as fit, at least one."""
     if n * vocab * itemsize <= DEFAULT_GROUP_BYTES:
         return max(n, chunk_rows)
-    chunks = DEFAULT_GROUP_BYTES // (chunk_rows * vocab * itemsize)
-    aligned = _GEMM_ALIGNMENT // math.gcd(_GEMM_ALIGNMENT, chunk_rows * vocab * itemsize)  # chunks a unit
-    return chunk_rows * (chunks - chunks % aligned) if chunks >= aligned else chunk_rows
+    return chunk_rows * max(1, DEFAULT_GROUP_BYTES // (chunk_rows * vocab * itemsize))
 
 
-def _group_logits(hc, wc, g0, g1, out=None):
-    """The logits of the rows [g0, g1) in the compute dtype, one GEMM (as F.linear's: hc · wcᵀ), into
-    ``out`` (dY's rows in the backward) or a buffer of their own. One definition for the forward and the
-    backward's recomputation, which must give the same values."""
+def _needs_cast(weight, dt) -> bool:
+    return dt is not None and weight.dtype != dt
+
+
+def _cast_slabs(length: int, other: int, itemsize: int):
+    """[start, end) slabs of ``length`` rows (or columns) of the head, each cast with its ``other``
+    elements a row to at most DEFAULT_CHUNK_BYTES of ``itemsize``-byte elements: whole _SLAB_TILE tiles
+    where one fits, else one tile."""
+    rows = max(1, DEFAULT_CHUNK_BYTES // (other * itemsize))
+    rows = rows - rows % _SLAB_TILE if rows >= _SLAB_TILE else _SLAB_TILE
+    return _chunks(length, rows)
+
+
+def _logits(hc, weight, dt, g0, g1, out=None):
+    """The logits of the rows [g0, g1) in the compute dtype, hc[g0:g1] · Wᵀ as F.linear's product, into
+    ``out`` (dY in the backward) or a buffer of their own. Where the head needs a cast to ``dt``, by slabs
+    of the vocabulary: each slab's rows of the head cast just before its GEMM, which writes the slab's
+    columns of ``out``; else one GEMM. One definition for the forward and the backward's recomputation,
+    which must give the same values."""
     if out is None:
-        out = torch.empty((g1 - g0, wc.shape[0]), dtype=hc.dtype, device=hc.device)
-    return torch.mm(hc[g0:g1], wc.t(), out=out)
+        out = torch.empty((g1 - g0, weight.shape[0]), dtype=hc.dtype, device=hc.device)
+    if not _needs_cast(weight, dt):
+        return torch.mm(hc[g0:g1], weight.t(), out=out)
+    for v0, v1 in _cast_slabs(weight.shape[0], weight.shape[1], hc.element_size()):
+        torch.mm(hc[g0:g1], weight[v0:v1].to(dt).t(), out=out[:, v0:v1])
+    return out
+
+
+def _input_grad(dy, weight, dt):
+    """dX = dY · W in the compute dtype. Where the head needs a cast to ``dt``, by slabs of its hidden
+    columns: each slab's columns cast just before its GEMM, a product over the whole vocabulary as
+    autograd's one GEMM, into the slab's columns of dX; else one GEMM."""
+    if not _needs_cast(weight, dt):
+        return dy @ weight
+    dx = torch.empty((dy.shape[0], weight.shape[1]), dtype=dy.dtype, device=dy.device)
+    for c0, c1 in _cast_slabs(weight.shape[1], weight.shape[0], dy.element_size()):
+        torch.mm(dy, weight[:, c0:c1].to(dt), out=dx[:, c0:c1])
+    return dx
 
 
 def _chunk_log_probs(logits):
@@ -233,14 +270,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
         dt = _autocast_dtype(hidden.device.type)
         hc = hidden.to(dt) if dt is not None else hidden
-        wc = weight.to(dt) if dt is not None else weight
         # torch's mean reduction divides by the sum of the class weights of the counted rows: their
         # number, in fp32 (NaN for no counted row, as torch)
         count = (labels != ignore_index).sum().to(torch.float32)
         loss_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        group_rows = _group_rows(hc.shape[0], chunk_rows, weight.shape[0], hc.element_size())
-        for g0, g1 in _chunks(hc.shape[0], group_rows):
-            logits = _group_logits(hc, wc, g0, g1)
+        n = hc.shape[0]
+        # with a backward to come, all rows at once as the backward computes them (module docstring)
+        group_rows = n if any(ctx.needs_input_grad[:2]) else _group_rows(n, chunk_rows, weight.shape[0],
+                                                                          hc.element_size())
+        for g0, g1 in _chunks(n, group_rows):
+            logits = _logits(hc, weight, dt, g0, g1)
             for r0, r1 in _chunks(g1 - g0, chunk_rows):
                 log_probs = _chunk_log_probs(logits[r0:r1])
                 loss_sum = loss_sum + _chunk_loss_sum(log_probs, labels[g0 + r0:g0 + r1], ignore_index)
@@ -262,34 +301,24 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
         hc, weight, labels, count = ctx.saved_tensors
         dt = ctx.dt
-        wc = weight.to(dt) if dt is not None else weight
         # the value torch's mean nll backward writes at each counted label (negated): grad / total_weight
         row_grad = grad_loss.to(torch.float32) / count
-        dy = torch.empty((hc.shape[0], weight.shape[0]), dtype=hc.dtype, device=hc.device)
-        group_rows = _group_rows(hc.shape[0], ctx.chunk_rows, weight.shape[0], hc.element_size())
-        for g0, g1 in _chunks(hc.shape[0], group_rows):
-            # the group's logits in dY's rows where they start aligned as a fresh buffer does (every group of
-            # several chunks: _group_rows), else in a buffer of their own as in the forward
-            in_dy = (g0 * dy.shape[1] * dy.element_size()) % _GEMM_ALIGNMENT == 0
-            logits = _group_logits(hc, wc, g0, g1, out=dy[g0:g1] if in_dy else None)
-            for r0, r1 in _chunks(g1 - g0, ctx.chunk_rows):
-                log_probs = _chunk_log_probs(logits[r0:r1])
-                # rounded to the logits' dtype, as the upcast's backward does; over the chunk's own logits,
-                # read (upcast) above
-                dy[g0 + r0:g0 + r1] = _chunk_logits_grad(log_probs, labels[g0 + r0:g0 + r1], ctx.ignore_index,
-                                                         row_grad)
-                del log_probs
-            del logits
+        # every row's logits into dY, as the forward computed them; then each chunk's gradient over its logits
+        dy = _logits(hc, weight, dt, 0, hc.shape[0],
+                     out=torch.empty((hc.shape[0], weight.shape[0]), dtype=hc.dtype, device=hc.device))
+        for r0, r1 in _chunks(hc.shape[0], ctx.chunk_rows):
+            log_probs = _chunk_log_probs(dy[r0:r1])
+            # rounded to the logits' dtype, as the upcast's backward does; over the chunk's own logits, read
+            # (upcast) above
+            dy[r0:r1] = _chunk_logits_grad(log_probs, labels[r0:r1], ctx.ignore_index, row_grad)
+            del log_probs
         needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], False)
-        if ctx.layer is not None:  # a fused head: dX first, then the update in its backward (or dW where materialized)
-            # dX takes the cast the chunks were recomputed with (equal to weight.to(dt): the weight
-            # changes only in this update, after dX), not a second one: one bf16 copy of the head alive
-            # instead of two (0.98 GiB at Llama-8B's head, at the step's peak)
-            dx, dw, _ = fused_linear_backward(ctx.layer, ctx.use, ctx.param, hc, weight, wc if dt is not None else None,
-                                              dy, dt, ctx.x_dtype, False, needs)
-        else:  # as autograd for F.linear: both products in the compute dtype, dW cast back to the weight's
-            dx = (dy @ wc).to(ctx.x_dtype) if needs[0] else None
-            del wc  # the head's bf16 cast (2 bytes a weight; 0.73 GiB at Llama-3B) is dead before dW
+        # dX with the pre-update weight, before the head's update: by slabs of the head cast one at a time
+        dx = _input_grad(dy, weight, dt).to(ctx.x_dtype) if needs[0] else None
+        if ctx.layer is not None:  # a fused head: the update in its backward (or dW where materialized)
+            _, dw, _ = fused_linear_backward(ctx.layer, ctx.use, ctx.param, hc, weight, None, dy, dt, ctx.x_dtype,
+                                             False, (False, needs[1], False))
+        else:  # as autograd for F.linear: dW = dYᵀ h in the compute dtype, cast back to the weight's
             dw = None
             rows = _TIED_ROWS.get(ctx.param) if needs[1] else None
             # tied, in a stochastic regime: the rows the batch's tokens do not touch are updated now, in
