@@ -15,6 +15,9 @@
 #                and the environment as exported, under 120 s of the budget, into $R/TAG<p>.log; prints each
 #                process's count of parted runs
 #   call_end     the results folder $R packed into $OUT/results.tgz, env.txt beside it
+#   run_parts DEFAULT   a call that carries a Triton (.tri/1: bench/triton_carry.sh): receives and installs
+#                it, call_begin, the parts PART names (comma-separated; DEFAULT if unset), each the
+#                function part_<name> the script defined, then call_end
 set -uo pipefail
 DEADLINE=$((SECONDS + ${CALL_BUDGET_S:-570}))
 OUT=${OUT:-out}
@@ -74,4 +77,13 @@ call_end() {
   echo "== done $(date -u +%T)"
   date -u >>"$R/env.txt"
   tar czf "$OUT/results.tgz" -C "$R" . ; cp "$R/env.txt" "$OUT/"
+}
+
+run_parts() {
+  bash bench/triton_carry.sh receive 1 | tail -1
+  bash bench/triton_carry.sh install >/dev/null || exit 1
+  call_begin
+  local part
+  for part in $(echo "${PART:-$1}" | tr , " "); do "part_$part"; done
+  call_end
 }

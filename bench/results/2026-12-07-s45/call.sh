@@ -9,11 +9,8 @@
 #   (PAIR_TWINS, default "--plain --tall", names the pair's twins timed beside it; "" for none)
 #   exact39   the GPU exactness tests of the Gluon route and the Triton kernels under 3.9 (3.9 as the device's
 #             Triton needs them first), as many as the budget allows; the cases passed in passed39.txt
+# Sourced (session 46's call.sh), it defines the parts and runs nothing.
 source bench/device_call.sh
-PART=${PART:-pair,route,train39}
-bash bench/triton_carry.sh receive 1 | tail -1
-bash bench/triton_carry.sh install >/dev/null || exit 1
-call_begin
 SHAPES=${SHAPES:-4096x14336,28672x8192}
 under36() { PYTHONPATH=$(echo "${PYTHONPATH:-}" | tr : "\n" | grep -v tri_site | paste -sd:) "$@"; }
 part_pair() {
@@ -66,6 +63,6 @@ part_exact39() {
     echo "exact39 rc=$?"; sed -n 's/^PASSED //p' "$R/exact39.log" | LC_ALL=C sort -u >"$R/passed39.txt"
     grep -E "^FAILED|^ERROR| passed| failed" "$R/exact39.log" | cut -c1-200 | tail -8 )
 }
-for part in ${PART//,/ }; do "part_$part"; done
-call_end
+[[ "${BASH_SOURCE[0]}" == "$0" ]] || return 0
+run_parts pair,route,train39
 exit 0

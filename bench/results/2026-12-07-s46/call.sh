@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Session 46's device calls (carry .tri/1 and .whl): session 45's parts (bench/results/2026-12-07-s45/call.sh:
+# pair, route, train39, labels, exact39; that file says what each measures, none has run yet) and one more:
+#   loss   the chunked loss with the head's bf16 cast made a slab at a time (129369f), under the device's
+#          Triton: Llama-8B fp32 at 4x1024 tokens, forge+cl beside torch_adamw+cl (AMP), peak and tokens/s
+#          (AMP's ~120 GiB needs an H200: skipped on a smaller GPU); then Llama-1B at 1x1024 and 4x1024, the
+#          same two methods (the slabs' 24 GEMMs and casts a step where there were 3: tokens/s)
+source bench/results/2026-12-07-s45/call.sh
+part_loss() {
+  local mib
+  mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+  if [ "${mib:-0}" -gt 100000 ]; then
+    train loss8b 220 - --methods forge+cl,torch_adamw+cl --models llama-8b --tokens 4x1024 --steps 3
+  else
+    echo "loss8b: skipped (${mib} MiB: torch_adamw+cl at 8B 4x1024 needs ~120 GiB)"
+  fi
+  train loss1b 150 - --methods forge+cl,torch_adamw+cl --models llama-1b --tokens 1x1024,4x1024
+}
+run_parts loss,pair
+exit 0
