@@ -34,7 +34,8 @@ anyway, so the forward's peak stays below the backward's. Both are the same GEMM
 fresh buffer of the same shape: the same operands, leading dimension and alignment for cuBLAS), so the
 recomputed logits are the forward's. Without a backward (evaluation under torch.no_grad) the forward
 takes groups of chunks instead (_group_rows: about DEFAULT_GROUP_BYTES of logits, 512 rows at Llama's
-128,256-token vocabulary), so that evaluating many tokens holds no [rows, vocabulary] buffer.
+128,256-token vocabulary), so that evaluating many tokens holds no [rows, vocabulary] buffer, with the head
+cast once, whole, for all groups (a cast by slabs would repeat for every group: at 8B 3 GB of traffic each).
 
 What is and is not the same as ``F.cross_entropy(model.lm_head(h).float(), y)``: per row, the
 same operations (linear in the autocast dtype, upcast, log-softmax, the label's term). The logits come
@@ -275,11 +276,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
         count = (labels != ignore_index).sum().to(torch.float32)
         loss_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
         n = hc.shape[0]
-        # with a backward to come, all rows at once as the backward computes them (module docstring)
-        group_rows = n if any(ctx.needs_input_grad[:2]) else _group_rows(n, chunk_rows, weight.shape[0],
-                                                                          hc.element_size())
+        if any(ctx.needs_input_grad[:2]):  # all rows at once, as the backward recomputes them (module docstring)
+            group_rows, w, w_dt = n, weight, dt
+        else:  # evaluation: groups of rows, the head cast once for all of them (nothing to recompute alike)
+            group_rows = _group_rows(n, chunk_rows, weight.shape[0], hc.element_size())
+            w, w_dt = (weight.to(dt), None) if _needs_cast(weight, dt) else (weight, dt)
         for g0, g1 in _chunks(n, group_rows):
-            logits = _logits(hc, weight, dt, g0, g1)
+            logits = _logits(hc, w, w_dt, g0, g1)
             for r0, r1 in _chunks(g1 - g0, chunk_rows):
                 log_probs = _chunk_log_probs(logits[r0:r1])
                 loss_sum = loss_sum + _chunk_loss_sum(log_probs, labels[g0 + r0:g0 + r1], ignore_index)
