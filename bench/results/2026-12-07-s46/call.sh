@@ -4,10 +4,15 @@
 #   loss   the chunked loss with the head's bf16 cast made a slab at a time (129369f), under the device's
 #          Triton: Llama-8B fp32 at 4x1024 tokens, forge+cl beside torch_adamw+cl (AMP), peak and tokens/s
 #          (AMP's ~120 GiB needs an H200: skipped on a smaller GPU); then Llama-1B at 1x1024 and 4x1024, the
-#          same two methods (the slabs' 24 GEMMs and casts a step where there were 3: tokens/s)
+#          same two methods (the slabs' 24 GEMMs and casts a step where there were 3: tokens/s); first the
+#          loss's GPU tests (tests/test_loss.py on cuda: the recomputation's bits; the chunked-loss training
+#          cases of tests/test_gpu_training.py), into losstests.log
 source bench/results/2026-12-07-s45/call.sh
 part_loss() {
   local mib
+  timeout "$(budget 100)" python3 -m pytest -q -rfE -p no:cacheprovider -W ignore::DeprecationWarning -k "cuda or chunked" \
+    tests/test_loss.py tests/test_gpu_training.py >"$R/losstests.log" 2>&1
+  echo "loss tests rc=$?"; grep -E "^FAILED|^ERROR| passed| failed" "$R/losstests.log" | cut -c1-200 | tail -6
   mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
   if [ "${mib:-0}" -gt 100000 ]; then
     train loss8b 220 - --methods forge+cl,torch_adamw+cl --models llama-8b --tokens 4x1024 --steps 3
