@@ -24,7 +24,7 @@ slabs of the vocabulary (the head's rows, _logits), dX = dY · W by slabs of the
 head's columns, _input_grad: each a product over the whole vocabulary, as autograd's one GEMM). A slab
 never meets a chunk's temporaries (the logits are made before the chunks run, dX after), so the
 backward's peak is dY plus the larger of one chunk's temporaries and one slab: at Llama-8B and 4x1024
-tokens 0.9 GiB below dY, the cast and a chunk. Where no cast is needed (no autocast, or a head already
+tokens about 0.9 GiB less than dY, the whole cast and a chunk together. Where no cast is needed (no autocast, or a head already
 in the compute dtype) the products are one GEMM each, as before.
 
 While the loss needs a backward, the logits of all rows are computed at once, slab by slab, into one
@@ -48,7 +48,6 @@ everywhere in forge_num given its dY.
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -71,9 +70,9 @@ DEFAULT_CHUNK_BYTES = 128 * 2**20
 _CHUNK_ROW_TILE = 64
 # A slab of the head cast to the compute dtype (module docstring) holds at most DEFAULT_CHUNK_BYTES, as a
 # chunk's temporaries do, which it never meets: the backward's peak is dY and the larger of the two. Its
-# vocabulary rows (or hidden columns) are whole _SLAB_TILE tiles where one fits, so that every slab after the
-# first starts its logits' columns 256 bytes into a row in bf16 (its operand and result as aligned as the
-# first slab's, for cuBLAS's vector loads): at Llama's 4096 features 16384 rows a slab (8 slabs), dX's at
+# vocabulary rows (or hidden columns) are whole _SLAB_TILE tiles where one fits, so that every slab starts
+# its columns of the logits (or of dX) a multiple of 256 bytes into a row in bf16 (as aligned as the first
+# slab's, for cuBLAS's vector loads): at Llama's 4096 features 16384 rows a slab (8 slabs), dX's at
 # 128,256 words 512 columns (8 slabs).
 _SLAB_TILE = 128
 # Logits (in the compute dtype) one GEMM computes at most in a forward without backward (evaluation): 512
