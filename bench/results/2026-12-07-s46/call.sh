@@ -3,7 +3,8 @@
 # pair, route, train39, labels, exact39; that file says what each measures, none has run yet) and one more:
 #   loss   the chunked loss with the head's bf16 cast made a slab at a time (129369f), under the device's
 #          Triton: Llama-8B fp32 at 4x1024 tokens, forge+cl beside torch_adamw+cl (AMP), peak and tokens/s
-#          (AMP's ~120 GiB needs an H200: skipped on a smaller GPU); then Llama-1B at 1x1024 and 4x1024, the
+#          (AMP's ~120 GiB needs an H200: skipped on a smaller GPU); then Llama-3B at 4x1024 (session 47: its
+#          peak was the loss's loop with the cast in session 14) and Llama-1B at 1x1024 and 4x1024, the
 #          same two methods (the slabs' 24 GEMMs and casts a step where there were 3: tokens/s); first the
 #          loss's GPU tests (tests/test_loss.py on cuda: the recomputation's bits; the chunked-loss training
 #          cases of tests/test_gpu_training.py), into losstests.log
@@ -19,6 +20,7 @@ part_loss() {
   else
     echo "loss8b: skipped (${mib} MiB: torch_adamw+cl at 8B 4x1024 needs ~120 GiB)"
   fi
+  train loss3b 90 - --methods forge+cl,torch_adamw+cl --models llama-3b --tokens 4x1024
   train loss1b 150 - --methods forge+cl,torch_adamw+cl --models llama-1b --tokens 1x1024,4x1024
 }
 run_parts loss,pair
