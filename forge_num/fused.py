@@ -16,10 +16,10 @@
   when its backward runs (two live uses of one weight in the graph). Where the tied head's dW comes
   from ``forge_num.linear_cross_entropy``, the embedding (``handle.tied_rows``) adds only the rows of
   its tokens into it in place (``_TiedRows``): autograd's sum bit for bit, without the embedding's
-  dense [V, H] gradient beside the head's. In the stochastic regimes (bf16-sr, 8bit) the tied
-  weight's update is split by rows instead (``_SplitHeadUpdate``): the rows its tokens do not touch
-  are updated in the head's backward, block by block, the touched rows in the embedding's: no
-  [V, H] gradient at all.
+  dense [V, H] gradient beside the head's. Where a step is one micro-batch (in every regime since
+  session 47) the tied weight's update is split by rows instead (``_SplitHeadUpdate``): the rows its
+  tokens do not touch are updated in the head's backward, block by block as the loss hands it dY's
+  slabs, the touched rows in the embedding's: no [V, H] gradient, nor dY, at all.
 * Under FSDP2 (``fully_shard``) the Linear layers of FSDP2-managed weights stay unfused (FSDP2
   reduce-scatters their dW first) and every parameter is updated on its local shard in the hook that
   FSDP2 calls after the reduce-scatter (forge_num.distributed); ``handle.sharded`` names them.
@@ -428,15 +428,17 @@ class _TiedRows:
         self.deposit, self.task = grad, task
         return True
 
-    def split_head_update(self, param: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, head=None) -> bool:
+    def split_head_update(self, param: torch.Tensor, dy_blocks, x: torch.Tensor, head=None) -> bool:
         """The tied weight's update split by rows (v26), where its optimizer allows it
         (ForgeOptimizer._can_split_rows), the weight's gradient is accumulated in this backward (not an
         ``autograd.grad`` that stops short of it), one embedding call and no other head (``head``: the
         calling head's node) will backward in it: the rows the embedding's tokens do not touch are
         updated now from the head's gradient dYᵀX, computed and updated in row blocks
         (_SplitHeadUpdate), and the touched rows' head gradient is kept for the embedding's backward,
-        which adds its own and updates them. No [V, H] gradient exists. True if done (the caller
-        returns no gradient), False (nothing done) otherwise."""
+        which adds its own and updates them. ``dy_blocks``: an iterable of (r0, dY's columns [r0, r1)),
+        one a block of _split_block_rows(H) rows in order (forge_num.loss makes them; consumed only if
+        the split is done). No [V, H] gradient exists. True if done (the caller returns no gradient),
+        False (nothing done, nothing consumed) otherwise."""
         opt = self.opt
         if opt is None or param not in opt._recs or param.dim() != 2 or not opt._can_split_rows(param):
             return False
@@ -457,7 +459,7 @@ class _TiedRows:
         if not self.deposit_head_grad(split, head):
             return False
         self.split_last = True
-        split.apply_head(opt._start_row_updates(param, split), dy, x, param.dtype)
+        split.apply_head(opt._start_row_updates(param, split), dy_blocks, x, param.dtype)
         return True
 
     def take_head_grad(self, node):
@@ -609,17 +611,19 @@ class _SplitHeadUpdate:
         self.head_rows = None  # G_head's rows in T, [len(T), H] in the weight's dtype
         self.updater = None
 
-    def apply_head(self, updater, dy: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> None:
+    def apply_head(self, updater, dy_blocks, x: torch.Tensor, dtype: torch.dtype) -> None:
+        """``dy_blocks``: (r0, dY's columns [r0, r1)) for each of the tokens' blocks, in order
+        (split_head_update)."""
         self.updater = updater
         n_rows, cols = updater.n_rows, updater.cols
         # split_head_update made the tokens for this weight's [V, H] (its rows and columns: the updater's)
         assert (n_rows, cols) == self.tokens.shape, (self.tokens.shape, (n_rows, cols))
-        rows, starts, edges = self.tokens.block_rows, self.tokens.starts, self.tokens.edges
+        edges = self.tokens.edges
         # zeros, not empty: should a block fail (out of memory), finish() applies no garbage
-        self.head_rows = torch.zeros((self.touched.numel(), cols), dtype=dtype, device=dy.device)
-        for i, r0 in enumerate(starts):
-            r1 = min(r0 + rows, n_rows)
-            block = head_grad_rows(dy, x, r0, r1, dtype)
+        self.head_rows = torch.zeros((self.touched.numel(), cols), dtype=dtype, device=x.device)
+        for i, (r0, dy_block) in enumerate(_each_block(dy_blocks, self.tokens)):
+            block = head_grad_rows(dy_block, x, dtype)
+            del dy_block
             t0, t1 = edges[i], edges[i + 1]
             held = None
             if t1 > t0:
@@ -667,16 +671,17 @@ class _StaticSplitHeadUpdate(_SplitHeadUpdate):
 
     __slots__ = ()
 
-    def apply_head(self, updater, dy: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> None:
+    def apply_head(self, updater, dy_blocks, x: torch.Tensor, dtype: torch.dtype) -> None:
         self.updater = updater
         n_rows, cols = updater.n_rows, updater.cols
         assert (n_rows, cols) == self.tokens.shape, (self.tokens.shape, (n_rows, cols))
-        kept, mask, rows = self.touched, self.tokens.mask, self.tokens.block_rows
-        self.head_rows = torch.zeros((kept.numel(), cols), dtype=dtype, device=dy.device)
+        kept, mask = self.touched, self.tokens.mask
+        self.head_rows = torch.zeros((kept.numel(), cols), dtype=dtype, device=x.device)
         held = updater.hold(kept)
-        for r0 in self.tokens.starts:
-            r1 = min(r0 + rows, n_rows)
-            block = head_grad_rows(dy, x, r0, r1, dtype)
+        for r0, dy_block in _each_block(dy_blocks, self.tokens):
+            r1 = r0 + dy_block.shape[1]
+            block = head_grad_rows(dy_block, x, dtype)
+            del dy_block
             in_block = ((kept >= r0) & (kept < r1)).unsqueeze(1)
             local = (kept - r0).clamp_(0, r1 - r0 - 1)
             for s0 in range(0, kept.numel(), _STATIC_GATHER_ROWS):  # a few MiB gathered at a time, not [R, H]
@@ -703,10 +708,26 @@ class _StaticSplitHeadUpdate(_SplitHeadUpdate):
         self.updater.done()
 
 
-def head_grad_rows(dy: torch.Tensor, x: torch.Tensor, r0: int, r1: int, dtype: torch.dtype) -> torch.Tensor:
-    """Rows [r0, r1) of F.linear's weight gradient, ``(dyᵀ x).to(dtype)`` (forge_num.loss.WeightGrad's
-    product, over fewer rows)."""
-    return (dy[:, r0:r1].t() @ x).to(dtype)
+def head_grad_rows(dy_block: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Rows [r0, r1) of F.linear's weight gradient, ``(dy_blockᵀ x).to(dtype)``, from dY's columns [r0, r1)
+    (forge_num.loss.WeightGrad's product, over fewer rows)."""
+    return (dy_block.t() @ x).to(dtype)
+
+
+def _each_block(dy_blocks, tokens):
+    """The (r0, dY's columns) of ``dy_blocks``, checked to be the tokens' blocks in order: every block's
+    rows are the split's (its edges, kept rows and counters are computed for them)."""
+    count = 0
+    for i, (r0, dy_block) in enumerate(dy_blocks):
+        r1 = min(r0 + tokens.block_rows, tokens.shape[0])
+        if i >= len(tokens.starts) or r0 != tokens.starts[i] or dy_block.shape[1] != r1 - r0:
+            raise RuntimeError(f"forge_num: the tied head's dY block {i} covers rows [{r0}, {r0 + dy_block.shape[1]}),"
+                               f" the split's block is [{tokens.starts[i] if i < len(tokens.starts) else None}, ..)")
+        count += 1
+        yield r0, dy_block
+        del dy_block
+    if count != len(tokens.starts):
+        raise RuntimeError(f"forge_num: the tied head's dY came in {count} blocks, the split has {len(tokens.starts)}")
 
 
 def _padding_slot(touched: torch.Tensor, padding_idx) -> int:

@@ -1,48 +1,44 @@
-"""linear_cross_entropy: a language model's head and its cross-entropy loss, computed in row chunks.
+"""linear_cross_entropy: a language model's head and its cross-entropy loss, without the logits or their
+gradient ever whole.
 
 Under Hugging Face's loss the logits of a step cost 12 bytes each at their peak: the bf16 logits,
 their fp32 upcast, and the fp32 and bf16 gradients. At 4096 tokens and Llama's 128,256-token
 vocabulary that is 6.3 GB, more than the weight gradients forge_num never materializes at 1B
-parameters. Here the logits exist one chunk of rows at a time:
+parameters. Here the logits are made by blocks: B(g, s) = h_g · W_sᵀ, the rows of a group g (_group_rows:
+512 rows at Llama's vocabulary) against a slab s of the head's rows (_slab_rows: 16 Mi weights, 8192 words at
+2048 features, 4096 at 4096: the tied head's split blocks, forge_num.fused._split_block_rows):
 
-    forward    loss = Σ_chunks cross_entropy(float(h_c · Wᵀ), y_c, reduction="sum") / count
-    backward   per chunk, again: dL/dlogits_c = the aten calls autograd would make for the same
-               chunk (nll_loss_backward, _log_softmax_backward_data), with the scalar
-               grad_loss / count (what torch's mean reduction hands every row: -(grad / total_weight)
-               at the label, in fp32), stored in the logits' dtype (the upcast's backward rounds it
-               to bf16 so) into dY [tokens, vocabulary]; then dX = dY · W and the head's update
-               from dW = dYᵀ h (the fused kernel where the head is a fused layer, else returned
-               to autograd as F.linear would)
+    forward    per group: its logits [rows, V] from its blocks; per chunk of its rows, torch's log-softmax
+               in fp32 and the nll loss's sum; and per row the log-softmax's max and logsum
+               (_row_normalizers). loss = Σ_chunks Σ_rows term / count.
+    backward   per slab s: its blocks again (the same GEMMs, so the same logits); dY_s = dL/dlogits of its
+               columns from the logits and the row normalizers, through the aten calls autograd makes
+               (_slab_logits_grad: the bits of the whole row's backward); dX += dY_s · W_s in fp32
+               (_add_input_grad); then dY_s to the head's update: a tied head's split update takes it as
+               its block (forge_num.fused._SplitHeadUpdate), else it is copied into dY [tokens, V] for the
+               fused kernel (a fused head) or F.linear's dW (a plain or tied head that does not split).
 
-so the backward holds 2 bytes per logit (dY, which the head's update needs whole) plus one chunk's
-temporaries. The price is the head's GEMM once more in the backward.
+So a forward holds one group's logits and one chunk's temporaries; a backward one slab of dY (n x 8192 bf16 at
+Llama-1B's head: 64 MiB at 4096 tokens) and one piece's temporaries, plus dY whole only where the head's
+update takes it whole. The price: the head's GEMM once more in the backward, and where the head needs a cast
+to the compute dtype (autocast's bf16 cast of an fp32 head) a cast of each slab for each group in the forward
+(the head's bytes read once a group: 8 times at 4096 tokens) and once in the backward; the whole cast never
+exists (0.98 GiB at Llama-8B's head).
 
-The head's copy in the compute dtype (autocast's bf16 cast of an fp32 head: 2 bytes a weight, 0.98 GiB at
-Llama-8B's) never exists whole: each GEMM that needs it casts one slab of the head just before it runs,
-at most DEFAULT_CHUNK_BYTES of cast weight (_cast_slabs), and frees it after. The logits are computed by
-slabs of the vocabulary (the head's rows, _logits), dX = dY · W by slabs of the hidden features (the
-head's columns, _input_grad: each a product over the whole vocabulary, as autograd's one GEMM). A slab
-never meets a chunk's temporaries (the logits are made before the chunks run, dX after), so the
-backward's peak is dY plus the larger of one chunk's temporaries and one slab: at Llama-8B and 4x1024
-tokens about 0.9 GiB less than dY, the whole cast and a chunk together. Where no cast is needed (no autocast, or a head already
-in the compute dtype) the products are one GEMM each, as before.
-
-While the loss needs a backward, the logits of all rows are computed at once, slab by slab, into one
-[rows, vocabulary] buffer: in the backward that buffer is dY's own (the chunks' gradients then overwrite
-their logits), in the forward one of the same size, where the backward's dY and the slabs will exceed it
-anyway, so the forward's peak stays below the backward's. Both are the same GEMMs (the same slabs into a
-fresh buffer of the same shape: the same operands, leading dimension and alignment for cuBLAS), so the
-recomputed logits are the forward's. Without a backward (evaluation under torch.no_grad) the forward
-takes groups of chunks instead (_group_rows: about DEFAULT_GROUP_BYTES of logits, 512 rows at Llama's
-128,256-token vocabulary), so that evaluating many tokens holds no [rows, vocabulary] buffer, with the head
-cast once, whole, for all groups (a cast by slabs would repeat for every group: at 8B 3 GB of traffic each).
+Why by blocks of both: log-softmax needs whole rows (the forward's groups), the head's update whole
+columns of dY (the slabs: dW_s = dY_sᵀ h over every row). A block's GEMM is the same call in both passes (the
+same operands, shape, and a fresh output of the same leading dimension and alignment: _block_logits), so the
+backward recomputes the forward's logits bit for bit, on cuBLAS too. And every element of the log-softmax's
+backward depends on its row only through the row's max and logsum (saved by the forward, 8 bytes a row)
+and through Σ_j dL/dlog_probs_j (−grad at the label, or 0), which one extra column carries into a slab.
 
 What is and is not the same as ``F.cross_entropy(model.lm_head(h).float(), y)``: per row, the
-same operations (linear in the autocast dtype, upcast, log-softmax, the label's term). The logits come
-from GEMMs of other shapes than the whole one (slabs of the vocabulary, groups of rows), which cuBLAS may
+same operations (linear in the autocast dtype, upcast, log-softmax, the label's term, and the backward's
+aten calls). The logits come from GEMMs of other shapes than the whole one (blocks), which cuBLAS may
 compute with other algorithms, so the logits (and from them the loss and dY) may differ in their last bits
-from the whole GEMM's; so may dX, a product of fewer columns; the loss sums the chunks' sums in another
-order than torch's mean (proofs/loss.md). The head's update from dY is the fused kernel's, bit-exact as
+from the whole GEMM's; dX is a sum of the slabs' products in fp32, rounded once, where torch's one GEMM sums
+in its own order; the loss sums the chunks' sums in another order than torch's mean (proofs/loss.md). Given
+the logits, dY is torch's bit for bit. The head's update from dY is the fused kernel's, bit-exact as
 everywhere in forge_num given its dY.
 """
 
@@ -54,30 +50,19 @@ from torch import nn
 
 __all__ = ["linear_cross_entropy"]
 
-# Per-chunk temporaries, in bytes per logit: three fp32 [rows, V] tensors at the backward's
-# recomputation (the log-softmax, the nll loss's gradient and the log-softmax's; the upcast logits are
-# freed once their log-softmax exists), 12; four and 16 while the backward asked autograd for the
-# chunk's gradient (bench/NOTES.md, session 19). They sit on top of the backward's dY (2 bytes a logit,
-# all rows): with a tied head's update split by rows in the stochastic regimes
-# (forge_num.fused._SplitHeadUpdate), that is the 8bit step's peak at Llama-1B and -3B, 4x1024 tokens.
-# 128 MiB of them at most (64 rows of Llama's 128,256-token vocabulary, 94 MiB; 128 rows and 256 MiB
-# before v28, 512 MiB before that), each chunk's GEMM whole 64-row tiles (_CHUNK_ROW_TILE). At 12
-# bytes a logit other vocabularies take more rows than at 16 (GPT-2's 50,257: 192 rows, was 128;
-# 32,000: 320, was 256), which regroups the loss's sum (its last bits) and may change the chunk GEMM's
-# algorithm on the GPU.
+# Per-chunk temporaries, in bytes per logit: three fp32 tensors (the forward's upcast logits, their
+# log-softmax and the nll loss's terms; the backward's log-probabilities and two gradients of a piece,
+# _piece_rows), 12 (bench/NOTES.md, session 19). 128 MiB of them at most (64 rows of Llama's 128,256-token
+# vocabulary, 94 MiB), each chunk whole 64-row tiles (_CHUNK_ROW_TILE). At 12 bytes a logit GPT-2's 50,257
+# words take 192 rows, 32,000 take 320. The chunks set the order of the loss's sum (its last bits).
 _BYTES_PER_CHUNK_LOGIT = 12
 DEFAULT_CHUNK_BYTES = 128 * 2**20
 _CHUNK_ROW_TILE = 64
-# A slab of the head cast to the compute dtype (module docstring) holds at most DEFAULT_CHUNK_BYTES, as a
-# chunk's temporaries do, which it never meets: the backward's peak is dY and the larger of the two. Its
-# vocabulary rows (or hidden columns) are whole _SLAB_TILE tiles where one fits, so that every slab starts
-# its columns of the logits (or of dX) a multiple of 256 bytes into a row in bf16 (as aligned as the first
-# slab's, for cuBLAS's vector loads): at Llama's 4096 features 16384 rows a slab (8 slabs), dX's at
-# 128,256 words 512 columns (8 slabs).
-_SLAB_TILE = 128
-# Logits (in the compute dtype) one GEMM computes at most in a forward without backward (evaluation): 512
-# rows of Llama's vocabulary in bf16, where the GEMM's arithmetic intensity (~rows FLOP a byte of the head)
-# passes the H100/H200's ~230 FLOP a byte of bf16 tensor-core rate to memory bandwidth.
+# Logits (in the compute dtype) of one group of rows, which the forward computes at once and log-softmaxes
+# chunk by chunk: 512 rows of Llama's vocabulary in bf16. Without a backward (evaluation) a group is one GEMM,
+# whose arithmetic intensity (~rows FLOP a byte of the head) at 512 rows passes the H100/H200's ~230 FLOP a
+# byte of bf16 tensor-core rate to memory bandwidth; with one, a GEMM a slab of the vocabulary (module
+# docstring).
 DEFAULT_GROUP_BYTES = 128 * 2**20
 
 
@@ -143,40 +128,86 @@ def _needs_cast(weight, dt) -> bool:
     return dt is not None and weight.dtype != dt
 
 
-def _cast_slabs(length: int, other: int, itemsize: int):
-    """[start, end) slabs of ``length`` rows (or columns) of the head, each cast with its ``other``
-    elements a row to at most DEFAULT_CHUNK_BYTES of ``itemsize``-byte elements: whole _SLAB_TILE tiles
-    where one fits, else one tile."""
-    rows = max(1, DEFAULT_CHUNK_BYTES // (other * itemsize))
-    rows = rows - rows % _SLAB_TILE if rows >= _SLAB_TILE else _SLAB_TILE
-    return _chunks(length, rows)
+def _slab_rows(hidden: int) -> int:
+    """Vocabulary rows of the head a slab holds (module docstring): the tied head's split blocks
+    (forge_num.fused._split_block_rows, 16 Mi weights: 8192 rows at 2048 features, 4096 at 4096), so that
+    a slab's dY is the block the split update takes."""
+    from forge_num.fused import _split_block_rows
+
+    return _split_block_rows(hidden)
 
 
-def _logits(hc, weight, dt, g0, g1, out=None):
-    """The logits of the rows [g0, g1) in the compute dtype, hc[g0:g1] · Wᵀ as F.linear's product, into
-    ``out`` (dY in the backward) or a buffer of their own. Where the head needs a cast to ``dt``, by slabs
-    of the vocabulary: each slab's rows of the head cast just before its GEMM, which writes the slab's
-    columns of ``out``; else one GEMM. One definition for the forward and the backward's recomputation,
-    which must give the same values."""
-    if out is None:
-        out = torch.empty((g1 - g0, weight.shape[0]), dtype=hc.dtype, device=hc.device)
-    if not _needs_cast(weight, dt):
-        return torch.mm(hc[g0:g1], weight.t(), out=out)
-    for v0, v1 in _cast_slabs(weight.shape[0], weight.shape[1], hc.element_size()):
-        torch.mm(hc[g0:g1], weight[v0:v1].to(dt).t(), out=out[:, v0:v1])
-    return out
+def _slab_weight(weight, dt, v0, v1):
+    """The head's rows [v0, v1) as the GEMMs take them: cast to the compute dtype ``dt`` where it needs a
+    cast (a fresh tensor, freed by the caller after its GEMMs), else a view."""
+    return weight[v0:v1].to(dt) if _needs_cast(weight, dt) else weight[v0:v1]
 
 
-def _input_grad(dy, weight, dt):
-    """dX = dY · W in the compute dtype. Where the head needs a cast to ``dt``, by slabs of its hidden
-    columns: each slab's columns cast just before its GEMM, a product over the whole vocabulary as
-    autograd's one GEMM, into the slab's columns of dX; else one GEMM."""
-    if not _needs_cast(weight, dt):
-        return dy @ weight
-    dx = torch.empty((dy.shape[0], weight.shape[1]), dtype=dy.dtype, device=dy.device)
-    for c0, c1 in _cast_slabs(weight.shape[1], weight.shape[0], dy.element_size()):
-        torch.mm(dy, weight[:, c0:c1].to(dt), out=dx[:, c0:c1])
-    return dx
+def _block_logits(hc, slab_weight, g0, g1):
+    """The logits of rows [g0, g1) and one slab of the vocabulary, hc[g0:g1] · W_slabᵀ, into a fresh
+    [rows, slab] tensor: one definition for the forward and the backward's recomputation, which must
+    give the same bits (the same operands, shape, leading dimension and alignment for the BLAS library)."""
+    return torch.mm(hc[g0:g1], slab_weight.t())
+
+
+def _row_normalizers(logits, log_probs):
+    """(max, logsum) of each row, as the log-softmax ``log_probs`` of ``logits`` computed them: torch's
+    log-softmax writes (x − max) − log Σ exp(x − max) (the CPU and CUDA kernels alike), so at the row's
+    largest logit it wrote (max − max) − logsum = −logsum exactly. With these, (x − max) − logsum
+    recomputes any element of the row from its logit alone, bit for bit (tests/test_loss.py)."""
+    row_max, at = logits.max(1, keepdim=True)
+    return row_max.float().squeeze(1), log_probs.gather(1, at).squeeze(1).neg()
+
+
+def _slab_logits_grad(logits, row_max, row_logsum, labels, v0, ignore_index, row_grad, out, piece_rows):
+    """dL/dlogits of one slab of the vocabulary [v0, v0 + w) for some rows, from their logits and the
+    forward's row normalizers, into ``out`` (the logits' dtype): the bits torch's whole-row backward
+    (_chunk_logits_grad) gives those columns. Each element of that backward depends on the row only
+    through Σ_j dL/dlog_probs_j, which is −row_grad for a counted row (its label's entry) and 0 for an
+    ignored one: so a slab takes one extra column that carries the label's entry where the label lies in
+    another slab, with log-probability −inf (exp = 0), and the same aten calls then compute every other
+    element as on the whole row. The log-probabilities are (x − max) − logsum (_row_normalizers). In pieces
+    of ``piece_rows`` rows (_piece_rows), three fp32 [rows, w + 1] temporaries each."""
+    aten = torch.ops.aten
+    w = logits.shape[1]
+    piece = piece_rows
+    # each row's target column: its label's, the extra column w where the label is in another slab, and -1
+    # (the ignored index of these calls: never a column) where the row is ignored
+    inside = (labels >= v0) & (labels < v0 + w)
+    target = torch.where(labels == ignore_index, -1, torch.where(inside, labels - v0, w))
+    unused_total_weight = row_grad  # a sum reduction does not divide by it
+    for a, b in _chunks(logits.shape[0], piece):
+        log_probs = torch.empty((b - a, w + 1), dtype=torch.float32, device=logits.device)
+        log_probs[:, w] = float("-inf")
+        shifted = log_probs[:, :w]
+        shifted.copy_(logits[a:b]).sub_(row_max[a:b, None]).sub_(row_logsum[a:b, None])
+        grad_log_probs = aten.nll_loss_backward(row_grad, log_probs, target[a:b], None, _SUM, -1,
+                                                unused_total_weight)
+        out[a:b] = aten._log_softmax_backward_data(grad_log_probs, log_probs, 1, torch.float32)[:, :w]
+        del log_probs, shifted, grad_log_probs
+
+
+def _piece_rows(chunk_rows: int, vocab: int, slab: int) -> int:
+    """Rows of one piece of the backward's gradient over a slab of ``slab`` words: as many as hold no more
+    temporaries than a chunk of the forward (chunk_rows whole rows, _BYTES_PER_CHUNK_LOGIT a logit), the
+    memory bound linear_cross_entropy's chunk_rows sets. At Llama's vocabulary and 8192-word slabs ~1000
+    rows (8 million elements an op), where rows of the chunk's 64 would take ~16 times the launches."""
+    return max(1, chunk_rows * vocab // (slab + 1))
+
+
+def _add_input_grad(dx32, dy_slab, slab_weight):
+    """dx32 += dY_slab · W_slab with every product's terms summed in fp32 (cuBLAS's fp32 output of a
+    bf16 or fp16 GEMM on CUDA; the operands widened, exactly, elsewhere): dX = Σ_slabs dY_s · W_s, one
+    rounding to the compute dtype at the end, where autograd's one GEMM sums the whole vocabulary in fp32
+    and rounds once too."""
+    if dy_slab.dtype == torch.float32:
+        dx32.addmm_(dy_slab, slab_weight)
+    elif dy_slab.is_cuda:
+        dx32.add_(torch.mm(dy_slab, slab_weight, out_dtype=torch.float32))
+    else:
+        wide = slab_weight.float()
+        for a, b in _chunks(dy_slab.shape[0], max(1, DEFAULT_CHUNK_BYTES // (4 * dy_slab.shape[1]))):
+            dx32[a:b].addmm_(dy_slab[a:b].float(), wide)
 
 
 def _chunk_log_probs(logits):
@@ -192,18 +223,6 @@ def _chunk_loss_sum(log_probs, labels, ignore_index):
 
 
 _SUM = 2  # torch's reduction enum (at::Reduction::Sum), as F.nll_loss hands it to aten
-
-
-def _chunk_logits_grad(log_probs, labels, ignore_index, grad_sum):
-    """d(Σ_rows loss) / d(upcast logits) for one chunk, scaled by ``grad_sum`` (a 0-d fp32 tensor): the
-    aten calls autograd makes for it, nll_loss_forward's total weight, nll_loss_backward, then
-    _log_softmax_backward_data, so the bits are autograd's by construction, without its graph (a third
-    of the host time a chunk) and without holding the upcast logits beside the gradients (three fp32
-    [rows, V] tensors alive, not four)."""
-    aten = torch.ops.aten
-    total_weight = aten.nll_loss_forward(log_probs, labels, None, _SUM, ignore_index)[1]
-    grad_log_probs = aten.nll_loss_backward(grad_sum, log_probs, labels, None, _SUM, ignore_index, total_weight)
-    return aten._log_softmax_backward_data(grad_log_probs, log_probs, 1, torch.float32)
 
 
 class WeightGrad:
@@ -274,19 +293,32 @@ class _LinearCrossEntropy(torch.autograd.Function):
         # number, in fp32 (NaN for no counted row, as torch)
         count = (labels != ignore_index).sum().to(torch.float32)
         loss_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        n = hc.shape[0]
-        if any(ctx.needs_input_grad[:2]):  # all rows at once, as the backward recomputes them (module docstring)
-            group_rows, w, w_dt = n, weight, dt
-        else:  # evaluation: groups of rows, the head cast once for all of them (nothing to recompute alike)
-            group_rows = _group_rows(n, chunk_rows, weight.shape[0], hc.element_size())
-            w, w_dt = (weight.to(dt), None) if _needs_cast(weight, dt) else (weight, dt)
+        n, vocab = hc.shape[0], weight.shape[0]
+        group_rows = _group_rows(n, chunk_rows, vocab, hc.element_size())
+        backward = any(ctx.needs_input_grad[:2])
+        if backward:  # the logits by blocks of a group's rows and a slab, as the backward recomputes them
+            slabs = list(_chunks(vocab, _slab_rows(weight.shape[1])))
+            row_max = torch.empty(n, dtype=torch.float32, device=hidden.device)
+            row_logsum = torch.empty_like(row_max)
+        else:  # evaluation: the head cast once for all groups (nothing to recompute alike)
+            whole = weight.to(dt) if _needs_cast(weight, dt) else weight
         for g0, g1 in _chunks(n, group_rows):
-            logits = _logits(hc, w, w_dt, g0, g1)
+            if backward:
+                logits = torch.empty((g1 - g0, vocab), dtype=hc.dtype, device=hc.device)
+                for v0, v1 in slabs:
+                    logits[:, v0:v1] = _block_logits(hc, _slab_weight(weight, dt, v0, v1), g0, g1)
+            else:
+                logits = torch.mm(hc[g0:g1], whole.t())
             for r0, r1 in _chunks(g1 - g0, chunk_rows):
                 log_probs = _chunk_log_probs(logits[r0:r1])
                 loss_sum = loss_sum + _chunk_loss_sum(log_probs, labels[g0 + r0:g0 + r1], ignore_index)
+                if backward:
+                    row_max[g0 + r0:g0 + r1], row_logsum[g0 + r0:g0 + r1] = _row_normalizers(logits[r0:r1],
+                                                                                              log_probs)
             del logits, log_probs
-        ctx.save_for_backward(hc, weight, labels, count)
+        if backward:
+            ctx.save_for_backward(hc, weight, labels, count, row_max, row_logsum)
+            ctx.group_rows, ctx.slabs = group_rows, slabs
         ctx.param, ctx.layer, ctx.use, ctx.dt, ctx.x_dtype = weight, layer, use, dt, hidden.dtype
         ctx.ignore_index, ctx.chunk_rows = ignore_index, chunk_rows
         if ctx.needs_input_grad[1]:
@@ -301,33 +333,45 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss):
         from forge_num.fused import _TIED_ROWS, fused_linear_backward
 
-        hc, weight, labels, count = ctx.saved_tensors
-        dt = ctx.dt
+        hc, weight, labels, count, row_max, row_logsum = ctx.saved_tensors
+        dt, n = ctx.dt, hc.shape[0]
         # the value torch's mean nll backward writes at each counted label (negated): grad / total_weight
         row_grad = grad_loss.to(torch.float32) / count
-        # every row's logits into dY, as the forward computed them; then each chunk's gradient over its logits
-        dy = _logits(hc, weight, dt, 0, hc.shape[0],
-                     out=torch.empty((hc.shape[0], weight.shape[0]), dtype=hc.dtype, device=hc.device))
-        for r0, r1 in _chunks(hc.shape[0], ctx.chunk_rows):
-            log_probs = _chunk_log_probs(dy[r0:r1])
-            # rounded to the logits' dtype, as the upcast's backward does; over the chunk's own logits, read
-            # (upcast) above
-            dy[r0:r1] = _chunk_logits_grad(log_probs, labels[r0:r1], ctx.ignore_index, row_grad)
-            del log_probs
         needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], False)
-        # dX with the pre-update weight, before the head's update: by slabs of the head cast one at a time
-        dx = _input_grad(dy, weight, dt).to(ctx.x_dtype) if needs[0] else None
-        if ctx.layer is not None:  # a fused head: the update in its backward (or dW where materialized)
-            _, dw, _ = fused_linear_backward(ctx.layer, ctx.use, ctx.param, hc, weight, None, dy, dt, ctx.x_dtype,
-                                             False, (False, needs[1], False))
-        else:  # as autograd for F.linear: dW = dYᵀ h in the compute dtype, cast back to the weight's
-            dw = None
-            rows = _TIED_ROWS.get(ctx.param) if needs[1] else None
-            # tied, in a stochastic regime: the rows the batch's tokens do not touch are updated now, in
-            # row blocks, and the touched rows' gradient waits for the embedding's backward
-            # (forge_num.fused._SplitHeadUpdate): no [V, H] product at all
-            split = rows is not None and rows.split_head_update(ctx.param, dy, hc, ctx)
-            if needs[1] and not split:
+        dx32 = torch.zeros((n, hc.shape[1]), dtype=torch.float32, device=hc.device) if needs[0] else None
+
+        def slab_grads():
+            """(v0, dY's columns [v0, v1)) for each slab, dX's share of it added before the slab is handed
+            on (with the slab's weight before any update of its rows)."""
+            for v0, v1 in ctx.slabs:
+                slab_weight = _slab_weight(weight, dt, v0, v1)
+                dy_slab = torch.empty((n, v1 - v0), dtype=hc.dtype, device=hc.device)
+                for g0, g1 in _chunks(n, ctx.group_rows):
+                    _slab_logits_grad(_block_logits(hc, slab_weight, g0, g1), row_max[g0:g1], row_logsum[g0:g1],
+                                      labels[g0:g1], v0, ctx.ignore_index, row_grad, dy_slab[g0:g1],
+                                      _piece_rows(ctx.chunk_rows, weight.shape[0], v1 - v0))
+                if dx32 is not None:
+                    _add_input_grad(dx32, dy_slab, slab_weight)
+                del slab_weight
+                yield v0, dy_slab
+                del dy_slab  # before the next slab: one alive at a time
+
+        dw = None
+        rows = _TIED_ROWS.get(ctx.param) if needs[1] and ctx.layer is None else None
+        # tied, where the optimizer splits the update: the rows the batch's tokens do not touch are updated
+        # slab by slab as dY's slabs come, the touched rows' gradient waits for the embedding's backward
+        # (forge_num.fused._SplitHeadUpdate): neither dY nor a [V, H] product ever exists whole
+        if rows is None or not rows.split_head_update(ctx.param, slab_grads(), hc, ctx):
+            dy = torch.empty((n, weight.shape[0]), dtype=hc.dtype, device=hc.device) if needs[1] else None
+            for v0, dy_slab in slab_grads():
+                if dy is not None:
+                    dy[:, v0:v0 + dy_slab.shape[1]] = dy_slab
+                del dy_slab
+            if ctx.layer is not None and needs[1]:  # a fused head: the update in its backward (or dW where
+                # materialized)
+                _, dw, _ = fused_linear_backward(ctx.layer, ctx.use, ctx.param, hc, weight, None, dy, dt,
+                                                 ctx.x_dtype, False, (False, True, False))
+            elif needs[1]:  # as autograd for F.linear: dW = dYᵀ h in the compute dtype, cast to the weight's
                 weight_grad = WeightGrad(dy, hc, weight.dtype)
                 del dy
                 if rows is not None and weight_grad.nbytes() < weight.numel() * weight.element_size():
@@ -342,4 +386,6 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     # instead of going to autograd, which would sum it with a second dense [V, H] gradient
                     if rows is not None and rows.deposit_head_grad(dw, ctx):
                         dw = None
+        # dX as autograd's linear gives it in the compute dtype, then cast back to the input's
+        dx = dx32.to(hc.dtype).to(ctx.x_dtype) if dx32 is not None else None
         return dx, dw, None, None, None, None, None

@@ -605,18 +605,18 @@ class ForgeOptimizer(torch.optim.Optimizer):
 
     def _may_split_rows(self, p) -> bool:
         """What _can_split_rows can say before the backward (an embedding's forward asks it: whether
-        to sort its tokens for a split now): a stochastic regime, this micro-batch the step's last with
-        no gradient from earlier ones, no data-parallel reduction, an unsharded parameter. (In a captured
-        step's optimizer the split keeps a fixed number of rows: forge_num.fused._StaticTokenRows.)"""
+        to sort its tokens for a split now): this micro-batch the step's last with no gradient from
+        earlier ones, no data-parallel reduction, an unsharded parameter. (In a captured step's optimizer
+        the split keeps a fixed number of rows: forge_num.fused._StaticTokenRows.) In every regime since
+        session 47 (the fp32 regime's too: bench/NOTES.md, v51)."""
         rec = self._recs.get(p)
-        return (rec is not None and self.precision != "fp32" and rec.events + 1 == self.accumulation_steps
+        return (rec is not None and rec.events + 1 == self.accumulation_steps
                 and rec.accum is None and p.grad is None and self._grad_reducer is None and not _is_dtensor(p))
 
     def _can_split_rows(self, p) -> bool:
         """Whether this backward's update of ``p`` may be applied in pieces by rows from its gradient's
-        pieces (forge_num.fused's tied head): a stochastic regime (the fp32 regime's tied head keeps
-        autograd's whole product: bench/NOTES.md, v26), a pass that updates (not the norm pass, not a
-        skipped step), the step's last micro-batch with no gradient from earlier ones, no data-parallel
+        pieces (forge_num.fused's tied head): a pass that updates (not the norm pass, not a skipped
+        step), the step's last micro-batch with no gradient from earlier ones, no data-parallel
         reduction, an unsharded parameter (_may_split_rows, with the pass known)."""
         return self._mode in ("idle", "update") and self._may_split_rows(p)
 

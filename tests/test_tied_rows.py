@@ -145,8 +145,11 @@ def test_training_takes_the_touched_rows_and_hands_the_deposit_to_the_hook_uncop
     head's deposited gradient, and the optimizer's hook receives that tensor itself as ``.grad``
     (autograd's AccumulateGrad steals it: no [V, H] copy); training equals torch bit for bit. The head
     defers its dW to the embedding's backward where dY and X are smaller than dW (2 x 11 rows of 256
-    logits against 64 columns), and deposits dW itself where they are not (2 x 48 rows)."""
+    logits against 64 columns), and deposits dW itself where they are not (2 x 48 rows). (The split update,
+    which a step of one micro-batch takes since session 47 in every regime, is turned off here: the deposit
+    is what a step of several micro-batches takes.)"""
     calls = _spy_on_touched_rows(monkeypatch)
+    monkeypatch.setattr(fn.optim.ForgeOptimizer, "_may_split_rows", lambda self, p: False)
     kinds = []
     original_deposit = fused._TiedRows.deposit_head_grad
 
@@ -182,8 +185,10 @@ def test_training_takes_the_touched_rows_and_hands_the_deposit_to_the_hook_uncop
 @needs_fused_aten
 def test_exact_clipping_deposits_in_each_of_its_two_passes(monkeypatch):
     """Exact clipping backwards the graph twice (the norm, then the update): each pass is a graph task
-    of its own, with its own deposit."""
+    of its own, with its own deposit (the update pass's split turned off, as a step of several micro-batches
+    has none)."""
     calls = _spy_on_touched_rows(monkeypatch)
+    monkeypatch.setattr(fn.optim.ForgeOptimizer, "_may_split_rows", lambda self, p: False)
     m1 = tiny_llama(tie=True)
     m2 = copy.deepcopy(m1)
     opt = fn.AdamW(m1.parameters(), max_grad_norm=0.05, clipping="exact", **ADAMW)
@@ -260,9 +265,9 @@ def test_the_deposit_changes_no_bit_in_any_regime(monkeypatch, precision, micro,
     """The same prepared model and data trained twice, with the tied rows and with the head's gradient
     handed to autograd (the deposit refused): equal weights and optimizer state after 3 steps,
     in each regime (bf16 weights and dW for bf16-sr and 8bit), with gradient accumulation and exact
-    clipping (whose norm pass backwards the last micro-batch's graph once more). Where the stochastic
-    regimes' update pass may split the head's update (a step's only micro-batch: _SplitHeadUpdate,
-    here one block, the whole product), it does, in place of adding the touched rows."""
+    clipping (whose norm pass backwards the last micro-batch's graph once more). Where the update pass
+    may split the head's update (a step's only micro-batch, in any regime since session 47:
+    _SplitHeadUpdate, here one block, the whole product), it does, in place of adding the touched rows."""
     calls = _spy_on_touched_rows(monkeypatch)
     original_finish = fused._SplitHeadUpdate.finish
     monkeypatch.setattr(fused._SplitHeadUpdate, "finish",
@@ -289,7 +294,7 @@ def test_the_deposit_changes_no_bit_in_any_regime(monkeypatch, precision, micro,
     passes = 3 * (micro + clip)  # an update pass per micro-batch, and the norm pass of a step's last
     m1, opt1 = train(True)
     assert len(calls) == passes
-    split = precision != "fp32" and micro == 1
+    split = micro == 1
     assert calls.count("split") == (3 if split else 0)
     m2, opt2 = train(False)
     assert len(calls) == passes  # none more without the deposit
@@ -343,7 +348,16 @@ def test_split_update_is_the_whole_update_across_blocks(monkeypatch, precision, 
         whole[100] = -0.0
         return whole
 
-    monkeypatch.setattr(fused, "head_grad_rows", lambda d, x_, r0, r1, dtype: head_grad(d, dtype)[r0:r1].clone())
+    at = []  # the block being computed: its first row (the blocks below record it)
+
+    def blocks(dy_step, rows=32):
+        for r0 in range(0, dy_step.shape[1], rows):
+            at[:] = [r0]
+            yield r0, dy_step[:, r0:r0 + rows]
+
+    monkeypatch.setattr(fused, "head_grad_rows",
+                        lambda d, x_, dtype: head_grad(dy_now[0], dtype)[at[0]:at[0] + d.shape[1]].clone())
+    dy_now = []
 
     def fresh():
         m = _tied_pair()
@@ -363,7 +377,8 @@ def test_split_update_is_the_whole_update_across_blocks(monkeypatch, precision, 
     def split(m, opt, dy, update=fused._SplitHeadUpdate, rows=fused._TokenRows):
         p = m.embed.weight
         s = update(rows(tokens, *p.shape))
-        s.apply_head(opt._start_row_updates(p, s), dy, x, p.dtype)
+        dy_now[:] = [dy]
+        s.apply_head(opt._start_row_updates(p, s), blocks(dy), x, p.dtype)
         s.finish(emb_grad, 7)
         opt.step()
 
@@ -403,7 +418,7 @@ def test_block_products_are_the_whole_products_rows(tokens):
     whole = WeightGrad(dy, x, torch.bfloat16)()
     rows = fused._SPLIT_BLOCK_ELEMENTS // hidden // fused._SPLIT_ROW_TILE * fused._SPLIT_ROW_TILE
     for r0 in range(0, vocab, rows):
-        block = fused.head_grad_rows(dy, x, r0, min(r0 + rows, vocab), torch.bfloat16)
+        block = fused.head_grad_rows(dy[:, r0:r0 + rows].contiguous(), x, torch.bfloat16)  # as the loss's slabs
         assert torch.equal(block.view(torch.int16), whole[r0:r0 + rows].view(torch.int16)), r0
 
 
@@ -571,13 +586,13 @@ def test_split_update_through_the_kernels_equals_the_torch_backend(monkeypatch, 
 @pytest.mark.parametrize("precision,micro,padding", [("8bit", 1, None), ("bf16-sr", 1, None), ("8bit", 1, 3),
                                                      ("fp32", 1, None), ("8bit", 2, None)])
 def test_the_split_sorts_its_tokens_in_the_forward(monkeypatch, precision, micro, padding):
-    """v30: where the head's update may split (a stochastic regime, the step's last micro-batch, and
-    the embedding's last backward took a split), the embedding's forward sorts the tokens, finds the
+    """v30: where the head's update may split (the step's last micro-batch, and the embedding's last
+    backward took a split), the embedding's forward sorts the tokens, finds the
     blocks' edges and the padding index's slot (torch.unique, transfers and a nonzero, each waiting for
     the device), and the split in the head's backward uses them: neither torch.unique nor nonzero runs
     in the backward (here made to fail there, where the unsplit path would call them too). The first
-    step sorts in its backward (no split before it); the fp32 regime and accumulated micro-batches sort
-    nothing. The weights are those of the split sorting in its backward, bit for bit."""
+    step sorts in its backward (no split before it); accumulated micro-batches sort nothing. The weights are
+    those of the split sorting in its backward, bit for bit."""
     monkeypatch.setattr(fused, "_SPLIT_ROW_TILE", 32)
     monkeypatch.setattr(fused, "_SPLIT_BLOCK_ELEMENTS", 32 * 64)
     real_unique = torch.unique
@@ -617,7 +632,7 @@ def test_the_split_sorts_its_tokens_in_the_forward(monkeypatch, precision, micro
     w_forward, sorted_in_forward = train(True)
     # accumulated micro-batches keep an fp32 buffer, so none of them splits (nor sorts); the first step
     # has no split before it
-    expected = [False] * micro + [precision != "fp32" and micro == 1] * micro
+    expected = [False] * micro + [micro == 1] * micro
     assert sorted_in_forward == expected
     w_backward, sorted_never = train(False)
     assert not any(sorted_never)

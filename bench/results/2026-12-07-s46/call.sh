@@ -7,12 +7,16 @@
 #          peak was the loss's loop with the cast in session 14) and Llama-1B at 1x1024 and 4x1024, the
 #          same two methods (the slabs' 24 GEMMs and casts a step where there were 3: tokens/s); first the
 #          loss's GPU tests (tests/test_loss.py on cuda: the recomputation's bits; the chunked-loss training
-#          cases of tests/test_gpu_training.py), into losstests.log
+#          cases of tests/test_gpu_training.py), into losstests.log. Session 47 (v51, before the call ran):
+#          the loss by blocks, dY by slabs from the forward's row normalizers, the tied head's split update
+#          fed slab by slab in every regime; its GPU tests too (the slab gradient against autograd, the
+#          split's block products from contiguous slabs, the tied split's backward without a sync)
 source bench/results/2026-12-07-s45/call.sh
 part_loss() {
   local mib
-  timeout "$(budget 100)" python3 -m pytest -q -rfE -p no:cacheprovider -W ignore::DeprecationWarning -k "cuda or chunked" \
-    tests/test_loss.py tests/test_gpu_training.py >"$R/losstests.log" 2>&1
+  timeout "$(budget 110)" python3 -m pytest -q -rfE -p no:cacheprovider -W ignore::DeprecationWarning \
+    -k "cuda or chunked or block_products or tied_split" \
+    tests/test_loss.py tests/test_gpu_training.py tests/test_tied_rows.py >"$R/losstests.log" 2>&1
   echo "loss tests rc=$?"; grep -E "^FAILED|^ERROR| passed| failed" "$R/losstests.log" | cut -c1-200 | tail -6
   mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
   if [ "${mib:-0}" -gt 100000 ]; then
