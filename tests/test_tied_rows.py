@@ -424,11 +424,13 @@ def test_block_products_are_the_whole_products_rows(tokens):
 
 @needs_fused_aten
 @pytest.mark.parametrize("capturable", [False, True], ids=["eager", "captured-paths"])
-def test_split_update_holds_no_vocabulary_sized_tensor(monkeypatch, capturable):
-    """With the head's update split (8bit, blocks of 32 rows), no tensor of the backward has as many
-    elements as the tied weight [V, H]: the head's product exists one block at a time, in a captured
-    step's optimizer too (opt._capturable: fused._StaticSplitHeadUpdate). Without the split (the deposit
-    refused) the [V, H] product is there: the check can fail."""
+@pytest.mark.parametrize("precision", ["8bit", "fp32"])
+def test_split_update_holds_no_vocabulary_sized_tensor(monkeypatch, capturable, precision):
+    """With the head's update split (blocks of 32 rows), no tensor of the backward has as many elements as
+    the tied weight [V, H], nor as the loss's dY [rows, V] (v51): the head's product and dY exist one block
+    (one slab of the vocabulary) at a time, in a captured step's optimizer too (opt._capturable:
+    fused._StaticSplitHeadUpdate). Without the split (the deposit refused) the [V, H] product is there, and
+    dY: the check can fail."""
     from torch.utils import _pytree as pytree
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -448,8 +450,10 @@ def test_split_update_holds_no_vocabulary_sized_tensor(monkeypatch, capturable):
             return out
 
     def largest_in_backward(split):
-        m = tiny_llama(tie=True).to(torch.bfloat16)
-        opt = fn.AdamW(m.parameters(), precision="8bit", seed=1, **ADAMW)
+        m = tiny_llama(tie=True)
+        if precision != "fp32":
+            m = m.to(torch.bfloat16)
+        opt = fn.AdamW(m.parameters(), precision=precision, seed=1, **ADAMW)
         prepare(m, opt)
         opt._capturable = capturable
         g = torch.Generator().manual_seed(2)
@@ -457,15 +461,15 @@ def test_split_update_holds_no_vocabulary_sized_tensor(monkeypatch, capturable):
             if not split:
                 patch.setattr(fused._TiedRows, "split_head_update", lambda self, *a: False)
             for step in range(2):  # the second step's: the first creates the optimizer's state
-                loss = chunked_lm_loss(m, torch.randint(0, 256, (2, 12), generator=g))
+                loss = chunked_lm_loss(m, torch.randint(0, 256, (4, 24), generator=g))
                 Largest.largest = 0
                 with Largest():
                     loss.backward()
                 opt.step()
         return Largest.largest
 
-    vh = 256 * 64
-    assert largest_in_backward(True) < vh <= largest_in_backward(False)
+    vh, dy = 256 * 64, 4 * 23 * 256  # dY [rows, V] outweighs the weight here, and every other tensor
+    assert largest_in_backward(True) < vh < dy <= largest_in_backward(False)
 
 
 def _two_heads_loss(m, ids):
