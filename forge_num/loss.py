@@ -58,6 +58,7 @@ __all__ = ["linear_cross_entropy"]
 _BYTES_PER_CHUNK_LOGIT = 12
 DEFAULT_CHUNK_BYTES = 128 * 2**20
 _CHUNK_ROW_TILE = 64
+_SUM = 2  # torch's reduction enum (at::Reduction::Sum), as F.nll_loss hands it to aten
 # Logits (in the compute dtype) of one group of rows, which the forward computes at once and log-softmaxes
 # chunk by chunk: 512 rows of Llama's vocabulary in bf16. Without a backward (evaluation) a group is one GEMM,
 # whose arithmetic intensity (~rows FLOP a byte of the head) at 512 rows passes the H100/H200's ~230 FLOP a
@@ -161,8 +162,8 @@ def _row_normalizers(logits, log_probs):
 
 def _slab_logits_grad(logits, row_max, row_logsum, labels, v0, ignore_index, row_grad, out, piece_rows):
     """dL/dlogits of one slab of the vocabulary [v0, v0 + w) for some rows, from their logits and the
-    forward's row normalizers, into ``out`` (the logits' dtype): the bits torch's whole-row backward
-    (_chunk_logits_grad) gives those columns. Each element of that backward depends on the row only
+    forward's row normalizers, into ``out`` (the logits' dtype): the bits torch's backward of the whole
+    row gives those columns (nll_loss_backward, then _log_softmax_backward_data, as autograd calls them). Each element of that backward depends on the row only
     through Σ_j dL/dlog_probs_j, which is −row_grad for a counted row (its label's entry) and 0 for an
     ignored one: so a slab takes one extra column that carries the label's entry where the label lies in
     another slab, with log-probability −inf (exp = 0), and the same aten calls then compute every other
@@ -170,13 +171,12 @@ def _slab_logits_grad(logits, row_max, row_logsum, labels, v0, ignore_index, row
     of ``piece_rows`` rows (_piece_rows), three fp32 [rows, w + 1] temporaries each."""
     aten = torch.ops.aten
     w = logits.shape[1]
-    piece = piece_rows
     # each row's target column: its label's, the extra column w where the label is in another slab, and -1
     # (the ignored index of these calls: never a column) where the row is ignored
     inside = (labels >= v0) & (labels < v0 + w)
     target = torch.where(labels == ignore_index, -1, torch.where(inside, labels - v0, w))
     unused_total_weight = row_grad  # a sum reduction does not divide by it
-    for a, b in _chunks(logits.shape[0], piece):
+    for a, b in _chunks(logits.shape[0], piece_rows):
         log_probs = torch.empty((b - a, w + 1), dtype=torch.float32, device=logits.device)
         log_probs[:, w] = float("-inf")
         shifted = log_probs[:, :w]
@@ -220,9 +220,6 @@ def _chunk_loss_sum(log_probs, labels, ignore_index):
     """Σ of the rows' cross-entropy terms: torch's nll loss with reduction "sum", as F.cross_entropy
     ends."""
     return F.nll_loss(log_probs, labels, ignore_index=ignore_index, reduction="sum")
-
-
-_SUM = 2  # torch's reduction enum (at::Reduction::Sum), as F.nll_loss hands it to aten
 
 
 class WeightGrad:
