@@ -74,7 +74,7 @@ def linear_cross_entropy(hidden: torch.Tensor, head: nn.Linear, labels: torch.Te
     nn.Linear [V, H] without bias (a forge_num fused layer or not), ``labels`` [...] integer class
     indices (shift them for next-token prediction first). ``chunk_rows``: rows whose fp32 temporaries
     (the log-softmax and its gradients, 12 bytes a logit of a whole row) exist at once, in the forward and,
-    as as many bytes over slabs of the vocabulary, in the backward (default: default_chunk_rows(vocabulary),
+    as many bytes over slabs of the vocabulary, in the backward (default: default_chunk_rows(vocabulary),
     128 MiB of them). Returns a 0-d tensor."""
     from forge_num.fused import _RUNTIME
 
