@@ -162,28 +162,34 @@ def _row_normalizers(logits, log_probs):
     return row_max.float().squeeze(1), log_probs.gather(1, at).squeeze(1).neg()
 
 
-def _slab_logits_grad(logits, row_max, row_logsum, labels, v0, ignore_index, row_grad, out, piece_rows):
+def _slab_targets(labels, v0, w, ignore_index):
+    """Each row's column in a slab [v0, v0 + w) plus its extra column w (_slab_logits_grad): its label's,
+    w where the label lies in another slab, and -1 (the ignored index of the slab's aten calls: never a
+    column) where the row is ignored."""
+    inside = (labels >= v0) & (labels < v0 + w)
+    return torch.where(labels == ignore_index, -1, torch.where(inside, labels - v0, w))
+
+
+def _slab_logits_grad(logits, row_max, row_logsum, targets, row_grad, out, piece_rows):
     """dL/dlogits of one slab of the vocabulary [v0, v0 + w) for some rows, from their logits and the
-    forward's row normalizers, into ``out`` (the logits' dtype): the bits torch's backward of the whole
-    row gives those columns (nll_loss_backward, then _log_softmax_backward_data, as autograd calls them). Each element of that backward depends on the row only
-    through Σ_j dL/dlog_probs_j, which is −row_grad for a counted row (its label's entry) and 0 for an
-    ignored one: so a slab takes one extra column that carries the label's entry where the label lies in
-    another slab, with log-probability −inf (exp = 0), and the same aten calls then compute every other
-    element as on the whole row. The log-probabilities are (x − max) − logsum (_row_normalizers). In pieces
-    of ``piece_rows`` rows (_piece_rows), three fp32 [rows, w + 1] temporaries each."""
+    forward's row normalizers, into ``out`` (the logits' dtype; ``logits`` itself may be it: each piece
+    reads its rows before it writes them): the bits torch's backward of the whole row gives those columns
+    (nll_loss_backward, then _log_softmax_backward_data, as autograd calls them). Each element of that
+    backward depends on the row only through Σ_j dL/dlog_probs_j, which is −row_grad for a counted row
+    (its label's entry) and 0 for an ignored one: so a slab takes one extra column that carries the
+    label's entry where the label lies in another slab (``targets``: _slab_targets), with log-probability
+    −inf (exp = 0), and the same aten calls then compute every other element as on the whole row. The
+    log-probabilities are (x − max) − logsum (_row_normalizers). In pieces of ``piece_rows`` rows
+    (_piece_rows), three fp32 [rows, w + 1] temporaries each."""
     aten = torch.ops.aten
     w = logits.shape[1]
-    # each row's target column: its label's, the extra column w where the label is in another slab, and -1
-    # (the ignored index of these calls: never a column) where the row is ignored
-    inside = (labels >= v0) & (labels < v0 + w)
-    target = torch.where(labels == ignore_index, -1, torch.where(inside, labels - v0, w))
     unused_total_weight = row_grad  # a sum reduction does not divide by it
     for a, b in _chunks(logits.shape[0], piece_rows):
         log_probs = torch.empty((b - a, w + 1), dtype=torch.float32, device=logits.device)
         log_probs[:, w] = float("-inf")
         shifted = log_probs[:, :w]
         shifted.copy_(logits[a:b]).sub_(row_max[a:b, None]).sub_(row_logsum[a:b, None])
-        grad_log_probs = aten.nll_loss_backward(row_grad, log_probs, target[a:b], None, _SUM, -1,
+        grad_log_probs = aten.nll_loss_backward(row_grad, log_probs, targets[a:b], None, _SUM, -1,
                                                 unused_total_weight)
         out[a:b] = aten._log_softmax_backward_data(grad_log_probs, log_probs, 1, torch.float32)[:, :w]
         del log_probs, shifted, grad_log_probs
@@ -344,11 +350,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
             on (with the slab's weight before any update of its rows)."""
             for v0, v1 in ctx.slabs:
                 slab_weight = _slab_weight(weight, dt, v0, v1)
+                # the slab's logits, block by block as the forward made them, then its gradient in place
                 dy_slab = torch.empty((n, v1 - v0), dtype=hc.dtype, device=hc.device)
                 for g0, g1 in _chunks(n, ctx.group_rows):
-                    _slab_logits_grad(_block_logits(hc, slab_weight, g0, g1), row_max[g0:g1], row_logsum[g0:g1],
-                                      labels[g0:g1], v0, ctx.ignore_index, row_grad, dy_slab[g0:g1],
-                                      _piece_rows(ctx.chunk_rows, weight.shape[0], v1 - v0))
+                    dy_slab[g0:g1] = _block_logits(hc, slab_weight, g0, g1)
+                _slab_logits_grad(dy_slab, row_max, row_logsum, _slab_targets(labels, v0, v1 - v0, ctx.ignore_index),
+                                  row_grad, dy_slab, _piece_rows(ctx.chunk_rows, weight.shape[0], v1 - v0))
                 if dx32 is not None:
                     _add_input_grad(dx32, dy_slab, slab_weight)
                 del slab_weight

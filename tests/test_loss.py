@@ -189,7 +189,7 @@ def test_a_slabs_gradient_is_autograds_bit_for_bit(seed, device):
     100 words, and one of all 301: equal as bits, with ignored rows (ignore_index -100, or 5 for odd seeds, a
     class some rows do take), every row ignored, and an infinite logit in a column (NaN where autograd's is,
     of either sign); on the GPU too where there is one."""
-    from forge_num.loss import _row_normalizers, _slab_logits_grad
+    from forge_num.loss import _row_normalizers, _slab_logits_grad, _slab_targets
 
     g = torch.Generator().manual_seed(seed)
     rows, hidden, vocab = 1 + seed * 7, 48, 301
@@ -213,8 +213,8 @@ def test_a_slabs_gradient_is_autograds_bit_for_bit(seed, device):
         for edges in ([0, 1, 150, 301], [0, 100, 200, 300, 301], [0, 301]):
             got = torch.full_like(logits, float("nan"))
             for v0, v1 in zip(edges, edges[1:]):
-                _slab_logits_grad(logits[:, v0:v1], row_max, row_logsum, y, v0, ignore, grad_sum, got[:, v0:v1],
-                                  piece_rows=3)
+                _slab_logits_grad(logits[:, v0:v1], row_max, row_logsum, _slab_targets(y, v0, v1 - v0, ignore),
+                                  grad_sum, got[:, v0:v1], piece_rows=3)
             want = expected.to(dtype)
             bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
             nan = torch.isnan(want)  # a NaN's sign and payload are no part of its value (the row's max is NaN)
