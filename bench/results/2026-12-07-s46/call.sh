@@ -18,14 +18,15 @@ part_loss() {
     -k "cuda or chunked or block_products or tied_split" \
     tests/test_loss.py tests/test_gpu_training.py tests/test_tied_rows.py >"$R/losstests.log" 2>&1
   echo "loss tests rc=$?"; grep -E "^FAILED|^ERROR| passed| failed" "$R/losstests.log" | cut -c1-200 | tail -6
+  # session 47: v51 moves the tied 3B and 1B most, so they run before 8B (whose fused head keeps dY whole)
+  train loss3b 90 - --methods forge+cl,torch_adamw+cl --models llama-3b --tokens 4x1024
+  train loss1b 150 - --methods forge+cl,torch_adamw+cl --models llama-1b --tokens 1x1024,4x1024
   mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
   if [ "${mib:-0}" -gt 100000 ]; then
     train loss8b 220 - --methods forge+cl,torch_adamw+cl --models llama-8b --tokens 4x1024 --steps 3
   else
     echo "loss8b: skipped (${mib} MiB: torch_adamw+cl at 8B 4x1024 needs ~120 GiB)"
   fi
-  train loss3b 90 - --methods forge+cl,torch_adamw+cl --models llama-3b --tokens 4x1024
-  train loss1b 150 - --methods forge+cl,torch_adamw+cl --models llama-1b --tokens 1x1024,4x1024
 }
 run_parts loss,pair
 exit 0
