@@ -316,10 +316,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 logits = torch.mm(hc[g0:g1], whole.t())
             for r0, r1 in _chunks(g1 - g0, chunk_rows):
                 log_probs = _chunk_log_probs(logits[r0:r1])
-                loss_sum = loss_sum + _chunk_loss_sum(log_probs, labels[g0 + r0:g0 + r1], ignore_index)
+                chunk = slice(g0 + r0, g0 + r1)
+                loss_sum = loss_sum + _chunk_loss_sum(log_probs, labels[chunk], ignore_index)
                 if backward:
-                    row_max[g0 + r0:g0 + r1], row_logsum[g0 + r0:g0 + r1] = _row_normalizers(logits[r0:r1],
-                                                                                              log_probs)
+                    row_max[chunk], row_logsum[chunk] = _row_normalizers(logits[r0:r1], log_probs)
             del logits, log_probs
         if backward:
             ctx.save_for_backward(hc, weight, labels, count, row_max, row_logsum)
@@ -373,8 +373,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 if dy is not None:
                     dy[:, v0:v0 + dy_slab.shape[1]] = dy_slab
                 del dy_slab
-            if ctx.layer is not None and needs[1]:  # a fused head: the update in its backward (or dW where
-                # materialized)
+            if ctx.layer is not None and needs[1]:  # a fused head: its update here (or dW, materialized)
                 _, dw, _ = fused_linear_backward(ctx.layer, ctx.use, ctx.param, hc, weight, None, dy, dt,
                                                  ctx.x_dtype, False, (False, True, False))
             elif needs[1]:  # as autograd for F.linear: dW = dYᵀ h in the compute dtype, cast to the weight's
